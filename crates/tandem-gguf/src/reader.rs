@@ -87,7 +87,10 @@ impl GgufFile {
     /// Maps and parses a file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let io_err = |source| GgufError::Io { path: path.to_path_buf(), source };
+        let io_err = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let file = File::open(path).map_err(io_err)?;
         // SAFETY: the mapping is read-only and private to this process; a file truncated underneath us by
         // another process is the one hazard memory maps carry, the same one llama.cpp accepts.
@@ -146,49 +149,73 @@ impl GgufFile {
     }
 
     fn type_error(&self, key: &str, expected: &str) -> GgufError {
-        let found = self.get(key).map(|v| v.value_type().to_string()).unwrap_or_default();
-        GgufError::Metadata { key: key.to_string(), reason: format!("expected {expected}, found {found}") }
+        let found = self
+            .get(key)
+            .map(|v| v.value_type().to_string())
+            .unwrap_or_default();
+        GgufError::Metadata {
+            key: key.to_string(),
+            reason: format!("expected {expected}, found {found}"),
+        }
     }
 
     /// An unsigned integer key of any width; `Ok(None)` when absent, an error when of another type.
     pub fn get_u64(&self, key: &str) -> Result<Option<u64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| self.type_error(key, "a non-negative integer")),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| self.type_error(key, "a non-negative integer")),
         }
     }
 
     pub fn get_f32(&self, key: &str) -> Result<Option<f32>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| self.type_error(key, "a number")),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| self.type_error(key, "a number")),
         }
     }
 
     pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.type_error(key, "a string")),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.type_error(key, "a string")),
         }
     }
 
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.type_error(key, "a bool")),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.type_error(key, "a bool")),
         }
     }
 
     pub fn get_array(&self, key: &str) -> Result<Option<&Array>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_array().map(Some).ok_or_else(|| self.type_error(key, "an array")),
+            Some(v) => v
+                .as_array()
+                .map(Some)
+                .ok_or_else(|| self.type_error(key, "an array")),
         }
     }
 
     /// A required key, with an error naming it when missing.
     pub fn require<T>(&self, key: &str, got: Result<Option<T>>) -> Result<T> {
-        got?.ok_or_else(|| GgufError::Metadata { key: key.to_string(), reason: "missing".into() })
+        got?.ok_or_else(|| GgufError::Metadata {
+            key: key.to_string(),
+            reason: "missing".into(),
+        })
     }
 
     /// `general.architecture`, which every model file carries.
@@ -201,11 +228,19 @@ impl GgufFile {
         let mut cur = Cursor { bytes, pos: 0 };
         let magic = cur.take(4, "magic")?;
         if magic != GGUF_MAGIC {
-            return Err(malformed("magic", 0, format!("expected \"GGUF\", found {magic:02x?}")));
+            return Err(malformed(
+                "magic",
+                0,
+                format!("expected \"GGUF\", found {magic:02x?}"),
+            ));
         }
         let version = cur.u32("version")?;
         if !(2..=3).contains(&version) {
-            return Err(malformed("version", 4, format!("version {version} is not supported (2 and 3 are)")));
+            return Err(malformed(
+                "version",
+                4,
+                format!("version {version} is not supported (2 and 3 are)"),
+            ));
         }
         let tensor_count = cur.u64("tensor_count")?;
         let kv_count = cur.u64("kv_count")?;
@@ -220,16 +255,24 @@ impl GgufFile {
             let what = format!("metadata value of {key:?}");
             let type_at = cur.pos as u64;
             let type_id = cur.u32(&what)?;
-            let ty = ValueType::from_id(type_id)
-                .ok_or_else(|| malformed(&what, type_at, format!("unknown value type {type_id}")))?;
+            let ty = ValueType::from_id(type_id).ok_or_else(|| {
+                malformed(&what, type_at, format!("unknown value type {type_id}"))
+            })?;
             let value = cur.value(ty, &what, 0)?;
             if metadata_index.insert(key.clone(), metadata.len()).is_some() {
-                return Err(malformed(&format!("metadata key {key:?}"), key_at, "duplicate key".into()));
+                return Err(malformed(
+                    &format!("metadata key {key:?}"),
+                    key_at,
+                    "duplicate key".into(),
+                ));
             }
             metadata.push((key, value));
         }
 
-        let alignment = match metadata_index.get("general.alignment").map(|&i| &metadata[i].1) {
+        let alignment = match metadata_index
+            .get("general.alignment")
+            .map(|&i| &metadata[i].1)
+        {
             None => DEFAULT_ALIGNMENT,
             Some(Value::U32(a)) if *a != 0 && a.is_power_of_two() => *a as u64,
             Some(other) => {
@@ -247,15 +290,28 @@ impl GgufFile {
         for i in 0..tensor_count {
             let start = cur.pos as u64;
             let info = cur.tensor_info(i, alignment)?;
-            if tensor_index.insert(info.name.clone(), infos.len()).is_some() {
-                return Err(malformed(&format!("tensor {:?}", info.name), start, "duplicate tensor name".into()));
+            if tensor_index
+                .insert(info.name.clone(), infos.len())
+                .is_some()
+            {
+                return Err(malformed(
+                    &format!("tensor {:?}", info.name),
+                    start,
+                    "duplicate tensor name".into(),
+                ));
             }
             infos.push(info);
         }
 
         let data_offset = align_up(cur.pos as u64, alignment)
             .filter(|&o| o <= bytes.len() as u64 || infos.is_empty())
-            .ok_or_else(|| malformed("data section", cur.pos as u64, "file ends before the data section".into()))?;
+            .ok_or_else(|| {
+                malformed(
+                    "data section",
+                    cur.pos as u64,
+                    "file ends before the data section".into(),
+                )
+            })?;
         let data_len = (bytes.len() as u64).saturating_sub(data_offset);
         check_tensor_extents(&infos, data_offset, data_len)?;
 
@@ -307,7 +363,11 @@ pub(crate) fn align_up(x: u64, alignment: u64) -> Option<u64> {
 }
 
 fn malformed(what: &str, offset: u64, reason: String) -> GgufError {
-    GgufError::Malformed { what: what.to_string(), offset, reason }
+    GgufError::Malformed {
+        what: what.to_string(),
+        offset,
+        reason,
+    }
 }
 
 struct Cursor<'a> {
@@ -354,7 +414,10 @@ impl<'a> Cursor<'a> {
             return Err(malformed(
                 what,
                 self.pos as u64,
-                format!("count {count} cannot fit in the {} bytes left", self.remaining()),
+                format!(
+                    "count {count} cannot fit in the {} bytes left",
+                    self.remaining()
+                ),
             ));
         }
         Ok(())
@@ -367,11 +430,15 @@ impl<'a> Cursor<'a> {
             return Err(malformed(
                 what,
                 at,
-                format!("string length {len} exceeds the {} bytes left", self.remaining()),
+                format!(
+                    "string length {len} exceeds the {} bytes left",
+                    self.remaining()
+                ),
             ));
         }
         let raw = self.take(len as usize, what)?;
-        String::from_utf8(raw.to_vec()).map_err(|e| malformed(what, at + 8, format!("string is not UTF-8: {e}")))
+        String::from_utf8(raw.to_vec())
+            .map_err(|e| malformed(what, at + 8, format!("string is not UTF-8: {e}")))
     }
 
     fn value(&mut self, ty: ValueType, what: &str, depth: u32) -> Result<Value> {
@@ -391,7 +458,13 @@ impl<'a> Cursor<'a> {
                 match self.array::<1>(what)?[0] {
                     0 => Value::Bool(false),
                     1 => Value::Bool(true),
-                    b => return Err(malformed(what, at, format!("bool byte {b} is neither 0 nor 1"))),
+                    b => {
+                        return Err(malformed(
+                            what,
+                            at,
+                            format!("bool byte {b} is neither 0 nor 1"),
+                        ))
+                    }
                 }
             }
             ValueType::String => Value::String(self.string(what)?),
@@ -402,7 +475,11 @@ impl<'a> Cursor<'a> {
     fn array_value(&mut self, what: &str, depth: u32) -> Result<Array> {
         let at = self.pos as u64;
         if depth >= MAX_ARRAY_DEPTH {
-            return Err(malformed(what, at, format!("arrays nested deeper than {MAX_ARRAY_DEPTH}")));
+            return Err(malformed(
+                what,
+                at,
+                format!("arrays nested deeper than {MAX_ARRAY_DEPTH}"),
+            ));
         }
         let type_id = self.u32(what)?;
         let ty = ValueType::from_id(type_id)
@@ -431,7 +508,12 @@ impl<'a> Cursor<'a> {
             ValueType::U64 => items!(U64, self.u64(what)?),
             ValueType::I64 => items!(I64, i64::from_le_bytes(self.array(what)?)),
             ValueType::F64 => items!(F64, f64::from_le_bytes(self.array(what)?)),
-            ValueType::Bool => items!(Bool, self.value(ValueType::Bool, what, depth)?.as_bool().unwrap_or(false)),
+            ValueType::Bool => items!(
+                Bool,
+                self.value(ValueType::Bool, what, depth)?
+                    .as_bool()
+                    .unwrap_or(false)
+            ),
             ValueType::String => items!(String, self.string(what)?),
             ValueType::Array => items!(Array, self.array_value(what, depth + 1)?),
         })
@@ -443,15 +525,22 @@ impl<'a> Cursor<'a> {
         let dims_at = self.pos as u64;
         let n_dims = self.u32(&what)?;
         if n_dims == 0 || n_dims > MAX_DIMS {
-            return Err(malformed(&what, dims_at, format!("{n_dims} dimensions (1 to {MAX_DIMS} allowed)")));
+            return Err(malformed(
+                &what,
+                dims_at,
+                format!("{n_dims} dimensions (1 to {MAX_DIMS} allowed)"),
+            ));
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
             dims.push(self.u64(&what)?);
         }
-        let n_elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).filter(|&n| n < i64::MAX as u64);
-        let n_elements =
-            n_elements.ok_or_else(|| malformed(&what, dims_at, format!("shape {dims:?} overflows")))?;
+        let n_elements = dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .filter(|&n| n < i64::MAX as u64);
+        let n_elements = n_elements
+            .ok_or_else(|| malformed(&what, dims_at, format!("shape {dims:?} overflows")))?;
         let type_at = self.pos as u64;
         let type_id = self.u32(&what)?;
         let ty = GgmlType::from_id(type_id)
@@ -460,12 +549,17 @@ impl<'a> Cursor<'a> {
             return Err(malformed(
                 &what,
                 dims_at,
-                format!("row length {} is not a multiple of {}'s block of {}", dims[0], ty, ty.block_elems()),
+                format!(
+                    "row length {} is not a multiple of {}'s block of {}",
+                    dims[0],
+                    ty,
+                    ty.block_elems()
+                ),
             ));
         }
-        let size = ty
-            .row_bytes(n_elements)
-            .ok_or_else(|| malformed(&what, dims_at, format!("shape {dims:?} of {ty} overflows")))?;
+        let size = ty.row_bytes(n_elements).ok_or_else(|| {
+            malformed(&what, dims_at, format!("shape {dims:?} of {ty} overflows"))
+        })?;
         let offset_at = self.pos as u64;
         let offset = self.u64(&what)?;
         if offset % alignment != 0 {
@@ -475,6 +569,12 @@ impl<'a> Cursor<'a> {
                 format!("data offset {offset} is not a multiple of the alignment {alignment}"),
             ));
         }
-        Ok(TensorInfo { name, dims, ty, offset, size })
+        Ok(TensorInfo {
+            name,
+            dims,
+            ty,
+            offset,
+            size,
+        })
     }
 }

@@ -134,7 +134,7 @@ impl GgmlType {
     /// Bytes of a row of `n` elements, or `None` when `n` is not a whole number of blocks or overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let (elems, bytes) = self.block_geometry();
-        if n % elems as u64 != 0 {
+        if !n.is_multiple_of(elems as u64) {
             return None;
         }
         (n / elems as u64).checked_mul(bytes as u64)
@@ -181,7 +181,10 @@ impl GgmlType {
 
     /// Parses a name case-insensitively (`q4_k`, `Q8_0`, `bf16`).
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
     }
 }
 

@@ -240,7 +240,13 @@ impl Array {
             .map(|v| format!("{v:?}"))
             .collect());
         let more = if self.len() > max_items { ", …" } else { "" };
-        format!("[{}; {}] [{}{}]", self.element_type(), self.len(), shown.join(", "), more)
+        format!(
+            "[{}; {}] [{}{}]",
+            self.element_type(),
+            self.len(),
+            shown.join(", "),
+            more
+        )
     }
 }
 

@@ -45,12 +45,16 @@ impl GgufWriter {
     pub fn add_metadata(&mut self, key: &str, value: impl Into<Value>) -> Result<()> {
         let value = value.into();
         if self.metadata.iter().any(|(k, _)| k == key) {
-            return Err(GgufError::Write(format!("metadata key {key:?} added twice")));
+            return Err(GgufError::Write(format!(
+                "metadata key {key:?} added twice"
+            )));
         }
         if key == "general.alignment" {
             let ok = matches!(value, Value::U32(a) if a != 0 && a.is_power_of_two());
             if !ok || !self.tensors.is_empty() {
-                return Err(GgufError::Write("general.alignment must be a power-of-two u32 set before tensors".into()));
+                return Err(GgufError::Write(
+                    "general.alignment must be a power-of-two u32 set before tensors".into(),
+                ));
             }
         }
         self.metadata.push((key.to_string(), value));
@@ -59,21 +63,42 @@ impl GgufWriter {
 
     /// Declares a tensor; its bytes are written later, in declaration order.
     pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType) -> Result<&TensorInfo> {
-        let err = |reason: String| GgufError::Tensor { name: name.to_string(), reason };
+        let err = |reason: String| GgufError::Tensor {
+            name: name.to_string(),
+            reason,
+        };
         if self.tensors.iter().any(|t| t.name == name) {
             return Err(err("declared twice".into()));
         }
         if dims.is_empty() || dims.len() > MAX_DIMS as usize {
-            return Err(err(format!("{} dimensions (1 to {MAX_DIMS} allowed)", dims.len())));
+            return Err(err(format!(
+                "{} dimensions (1 to {MAX_DIMS} allowed)",
+                dims.len()
+            )));
         }
-        let n: u64 = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).ok_or_else(|| err("shape overflows".into()))?;
-        if dims[0] % ty.block_elems() as u64 != 0 {
-            return Err(err(format!("row length {} is not a multiple of {}'s block", dims[0], ty)));
+        let n: u64 = dims
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| err("shape overflows".into()))?;
+        if !dims[0].is_multiple_of(ty.block_elems() as u64) {
+            return Err(err(format!(
+                "row length {} is not a multiple of {}'s block",
+                dims[0], ty
+            )));
         }
-        let size = ty.row_bytes(n).ok_or_else(|| err("size overflows".into()))?;
+        let size = ty
+            .row_bytes(n)
+            .ok_or_else(|| err("size overflows".into()))?;
         let offset = self.data_size;
-        self.data_size = align_up(offset + size, self.alignment()).ok_or_else(|| err("file too large".into()))?;
-        self.tensors.push(TensorInfo { name: name.to_string(), dims: dims.to_vec(), ty, offset, size });
+        self.data_size = align_up(offset + size, self.alignment())
+            .ok_or_else(|| err("file too large".into()))?;
+        self.tensors.push(TensorInfo {
+            name: name.to_string(),
+            dims: dims.to_vec(),
+            ty,
+            offset,
+            size,
+        });
         Ok(self.tensors.last().expect("just pushed"))
     }
 
@@ -114,11 +139,21 @@ impl GgufWriter {
     /// Writes the header and returns a sink that takes the tensors' bytes in declaration order.
     pub fn write_header<W: Write>(&self, mut out: W) -> Result<TensorSink<'_, W>> {
         out.write_all(&self.header_bytes())?;
-        Ok(TensorSink { out, tensors: &self.tensors, alignment: self.alignment(), current: 0, written: 0 })
+        Ok(TensorSink {
+            out,
+            tensors: &self.tensors,
+            alignment: self.alignment(),
+            current: 0,
+            written: 0,
+        })
     }
 
     /// Writes a whole file, asking `data` for each tensor's bytes.
-    pub fn write_all<'d, W: Write>(&self, out: W, mut data: impl FnMut(&TensorInfo) -> &'d [u8]) -> Result<W> {
+    pub fn write_all<'d, W: Write>(
+        &self,
+        out: W,
+        mut data: impl FnMut(&TensorInfo) -> &'d [u8],
+    ) -> Result<W> {
         let mut sink = self.write_header(out)?;
         for t in &self.tensors {
             sink.write(data(t))?;
@@ -145,7 +180,10 @@ impl<W: Write> TensorSink<'_, W> {
     pub fn write(&mut self, mut bytes: &[u8]) -> Result<()> {
         while !bytes.is_empty() {
             let Some(t) = self.tensors.get(self.current) else {
-                return Err(GgufError::Write(format!("{} bytes beyond the last tensor", bytes.len())));
+                return Err(GgufError::Write(format!(
+                    "{} bytes beyond the last tensor",
+                    bytes.len()
+                )));
             };
             let n = ((t.size - self.written) as usize).min(bytes.len());
             self.out.write_all(&bytes[..n])?;

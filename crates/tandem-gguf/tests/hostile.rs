@@ -6,13 +6,22 @@ use tandem_gguf::{GgmlType, GgufError, GgufFile, GgufWriter, Value};
 fn valid_file() -> (Vec<u8>, u64) {
     let mut w = GgufWriter::new();
     w.add_metadata("general.architecture", "llama").unwrap();
-    w.add_metadata("tokenizer.ggml.tokens", tandem_gguf::Array::String(vec!["a".into(), "bc".into()])).unwrap();
-    w.add_metadata("x.scores", tandem_gguf::Array::F32(vec![1.0, 2.0])).unwrap();
+    w.add_metadata(
+        "tokenizer.ggml.tokens",
+        tandem_gguf::Array::String(vec!["a".into(), "bc".into()]),
+    )
+    .unwrap();
+    w.add_metadata("x.scores", tandem_gguf::Array::F32(vec![1.0, 2.0]))
+        .unwrap();
     w.add_metadata("x.n", Value::U32(7)).unwrap();
     w.add_tensor("w", &[32, 2], GgmlType::Q8_0).unwrap();
     w.add_tensor("v", &[3], GgmlType::F32).unwrap();
     let data_end_rel = w.tensors().iter().map(|t| t.offset + t.size).max().unwrap();
-    let bytes = w.write_all(Vec::new(), |t| Box::leak(vec![1u8; t.size as usize].into_boxed_slice())).unwrap();
+    let bytes = w
+        .write_all(Vec::new(), |t| {
+            Box::leak(vec![1u8; t.size as usize].into_boxed_slice())
+        })
+        .unwrap();
     let f = GgufFile::from_bytes(bytes.clone()).unwrap();
     (bytes, f.data_offset + data_end_rel)
 }
@@ -20,7 +29,10 @@ fn valid_file() -> (Vec<u8>, u64) {
 #[test]
 fn every_truncation_before_the_last_tensor_byte_is_an_error() {
     let (bytes, data_end) = valid_file();
-    assert!(data_end > 150, "the sample must be big enough to give many cases");
+    assert!(
+        data_end > 150,
+        "the sample must be big enough to give many cases"
+    );
     let mut cases = 0;
     for len in 0..bytes.len() {
         let r = GgufFile::from_bytes(bytes[..len].to_vec());
@@ -98,7 +110,7 @@ fn tensor_file(n_dims: u32, dims: &[u64], ty: u32, offset: u64, data: usize) -> 
     }
     h.extend_from_slice(&ty.to_le_bytes());
     h.extend_from_slice(&offset.to_le_bytes());
-    while h.len() % 32 != 0 {
+    while !h.len().is_multiple_of(32) {
         h.push(0);
     }
     h.extend(std::iter::repeat_n(0u8, data));
@@ -126,7 +138,10 @@ fn hostile_headers_get_named_errors() {
     arr.extend_from_slice(&(1u64 << 60).to_le_bytes());
     kv(&mut h, "tokenizer.ggml.scores", 9, &arr);
     let e = err_of(h);
-    assert!(e.contains("tokenizer.ggml.scores") && e.contains("cannot fit"), "{e}");
+    assert!(
+        e.contains("tokenizer.ggml.scores") && e.contains("cannot fit"),
+        "{e}"
+    );
 
     let mut h = header(3, 0, 1);
     let mut nested = Vec::new();
@@ -180,7 +195,14 @@ fn hostile_tensor_infos_get_named_errors() {
     let mut bytes = w.write_all(Vec::new(), |_| &[0u8; 32]).unwrap();
     let f = GgufFile::from_bytes(bytes.clone()).unwrap();
     // Rewrite b's offset (the last 8 bytes of the header before padding) to 0.
-    let b_offset_at = bytes.windows(9).position(|w| w == b"\x01\0\0\0\0\0\0\0b").unwrap() + 9 + 4 + 8 + 4;
+    let b_offset_at = bytes
+        .windows(9)
+        .position(|w| w == b"\x01\0\0\0\0\0\0\0b")
+        .unwrap()
+        + 9
+        + 4
+        + 8
+        + 4;
     assert_eq!(&bytes[b_offset_at..b_offset_at + 8], &32u64.to_le_bytes());
     bytes[b_offset_at..b_offset_at + 8].copy_from_slice(&0u64.to_le_bytes());
     assert!(err_of(bytes).contains("overlaps"));
@@ -195,7 +217,10 @@ fn errors_opening_files_name_the_path() {
     std::fs::write(&p, b"GGUF\x03\0\0\0").unwrap();
     let e = GgufFile::open(&p).unwrap_err();
     assert!(matches!(e, GgufError::InFile { .. }));
-    assert!(e.to_string().contains("bad.gguf") && e.to_string().contains("tensor_count"), "{e}");
+    assert!(
+        e.to_string().contains("bad.gguf") && e.to_string().contains("tensor_count"),
+        "{e}"
+    );
     let e = GgufFile::open(dir.join("missing.gguf")).unwrap_err();
     assert!(e.to_string().contains("missing.gguf"));
     std::fs::remove_dir_all(&dir).ok();

@@ -19,12 +19,22 @@ fn sample_writer() -> (GgufWriter, Vec<Vec<u8>>) {
     w.add_metadata("t.i64", Value::I64(i64::MIN)).unwrap();
     w.add_metadata("t.f64", Value::F64(-2.5e300)).unwrap();
     w.add_metadata("t.empty", Array::String(vec![])).unwrap();
-    w.add_metadata("t.strings", Array::String(vec!["a".into(), "".into(), "▁b".into()])).unwrap();
-    w.add_metadata("t.floats", Array::F32(vec![0.5, -1.0])).unwrap();
-    w.add_metadata("t.bools", Array::Bool(vec![true, false])).unwrap();
+    w.add_metadata(
+        "t.strings",
+        Array::String(vec!["a".into(), "".into(), "▁b".into()]),
+    )
+    .unwrap();
+    w.add_metadata("t.floats", Array::F32(vec![0.5, -1.0]))
+        .unwrap();
+    w.add_metadata("t.bools", Array::Bool(vec![true, false]))
+        .unwrap();
     w.add_metadata(
         "t.nested",
-        Array::Array(vec![Array::I32(vec![1, 2, 3]), Array::String(vec!["x".into()]), Array::Array(vec![])]),
+        Array::Array(vec![
+            Array::I32(vec![1, 2, 3]),
+            Array::String(vec!["x".into()]),
+            Array::Array(vec![]),
+        ]),
     )
     .unwrap();
     let shapes: [(&str, Vec<u64>, GgmlType); 3] = [
@@ -35,7 +45,11 @@ fn sample_writer() -> (GgufWriter, Vec<Vec<u8>>) {
     let mut data = Vec::new();
     for (i, (name, dims, ty)) in shapes.iter().enumerate() {
         let info = w.add_tensor(name, dims, *ty).unwrap();
-        data.push((0..info.size).map(|b| (b as u8).wrapping_mul(31).wrapping_add(i as u8)).collect());
+        data.push(
+            (0..info.size)
+                .map(|b| (b as u8).wrapping_mul(31).wrapping_add(i as u8))
+                .collect(),
+        );
     }
     (w, data)
 }
@@ -89,7 +103,10 @@ fn writer_refuses_bad_declarations() {
     let mut w = GgufWriter::new();
     w.add_metadata("k", Value::U32(1)).unwrap();
     assert!(w.add_metadata("k", Value::U32(2)).is_err());
-    assert!(w.add_tensor("t", &[33], GgmlType::Q4_0).is_err(), "not whole blocks");
+    assert!(
+        w.add_tensor("t", &[33], GgmlType::Q4_0).is_err(),
+        "not whole blocks"
+    );
     assert!(w.add_tensor("t", &[], GgmlType::F32).is_err());
     assert!(w.add_tensor("t", &[1, 1, 1, 1, 1], GgmlType::F32).is_err());
     w.add_tensor("t", &[4], GgmlType::F32).unwrap();

@@ -1,0 +1,298 @@
+//! Helpers shared by the format modules: size-checked block views, f16 fields, ggml's rounding, the
+//! K-quant 6-bit scale packing and the scale searches of ggml's reference quantizers.
+
+use half::f16;
+
+/// Views a block and its output as fixed-size arrays, so the format code indexes without bounds checks.
+///
+/// # Panics
+/// If `a.len() != A` or `b.len() != B`; the public API checks sizes before calling a block function.
+#[inline]
+pub(crate) fn arrays<'a, 'b, T, U, const A: usize, const B: usize>(
+    a: &'a [T],
+    b: &'b mut [U],
+) -> (&'a [T; A], &'b mut [U; B]) {
+    let a: &[T; A] = a.try_into().expect("input block has the wrong length");
+    let b: &mut [U; B] = b.try_into().expect("output block has the wrong length");
+    (a, b)
+}
+
+/// Reads the little-endian IEEE half at `b[off..off + 2]` as f32.
+#[inline]
+pub(crate) fn get_f16(b: &[u8], off: usize) -> f32 {
+    f16::from_le_bytes([b[off], b[off + 1]]).to_f32()
+}
+
+/// Writes `v` as a little-endian IEEE half (round to nearest even, as `GGML_FP32_TO_FP16`).
+#[inline]
+pub(crate) fn put_f16(b: &mut [u8], off: usize, v: f32) {
+    b[off..off + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+}
+
+/// `v` after a trip through f16: what a dequantizer will read back from a stored scale.
+#[inline]
+pub(crate) fn via_f16(v: f32) -> f32 {
+    f16::from_f32(v).to_f32()
+}
+
+/// ggml's `nearest_int`: round half to even (ggml's magic-number trick does the same in its valid range).
+#[inline]
+pub(crate) fn nearest_int(v: f32) -> i32 {
+    v.round_ties_even() as i32
+}
+
+/// The signed value of largest magnitude (first one on ties), as ggml's quantizers pick `max`.
+#[inline]
+pub(crate) fn signed_absmax(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+/// Groups whose largest magnitude is below this are treated as all zero (ggml's `GROUP_MAX_EPS`).
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K block.
+///
+/// Bytes 0..4 hold scales 0..4 in their low 6 bits, bytes 4..8 mins 0..4; bytes 8..12 hold the low
+/// 4 bits of scales 4..8 (low nibble) and mins 4..8 (high nibble), whose top 2 bits sit in the top
+/// 2 bits of bytes 0..4 (scales) and 4..8 (mins).
+#[inline]
+pub(crate) fn get_scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// The inverse of [`get_scale_min_k4`]: packs 8 scales and 8 mins (each < 64).
+pub(crate) fn pack_scale_min_k4(scales: &[u8; 8], mins: &[u8; 8]) -> [u8; 12] {
+    let mut q = [0u8; 12];
+    for j in 0..8 {
+        let (ls, lm) = (scales[j].min(63), mins[j].min(63));
+        if j < 4 {
+            q[j] |= ls;
+            q[j + 4] |= lm;
+        } else {
+            q[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
+            q[j - 4] |= (ls >> 4) << 6;
+            q[j] |= (lm >> 4) << 6;
+        }
+    }
+    q
+}
+
+/// ggml's `make_qkx2_quants`: finds `scale` and `min` so that `x[i] ≈ scale * L[i] - min` with
+/// `L[i]` in `0..=nmax`, minimising the weighted error (squared, or absolute with `use_mad`) over a
+/// small grid of trial scales. Returns `(scale, min)` where `min >= 0` is the amount subtracted.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn make_qkx2_quants(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32],
+    l_out: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> (f32, f32) {
+    let n = x.len();
+    let err = |d: f32| if use_mad { d.abs() } else { d * d };
+    let mut min = x[0];
+    let mut max = x[0];
+    let mut sum_w = weights[0];
+    let mut sum_x = sum_w * x[0];
+    for i in 1..n {
+        min = min.min(x[i]);
+        max = max.max(x[i]);
+        sum_w += weights[i];
+        sum_x += weights[i] * x[i];
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max == min {
+        l_out.fill(0);
+        return (0.0, -min);
+    }
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best_error = 0.0f32;
+    for i in 0..n {
+        let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+        l_out[i] = l as u8;
+        best_error += weights[i] * err(scale * l as f32 + min - x[i]);
+    }
+    let mut laux = [0u8; 32];
+    let laux = &mut laux[..n];
+    for is in 0..=nstep {
+        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        for i in 0..n {
+            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            laux[i] = l as u8;
+            let (w, lf) = (weights[i], l as f32);
+            sum_l += w * lf;
+            sum_l2 += w * lf * lf;
+            sum_xl += w * lf * x[i];
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut cur_error = 0.0f32;
+            for i in 0..n {
+                cur_error += weights[i] * err(this_scale * laux[i] as f32 + this_min - x[i]);
+            }
+            if cur_error < best_error {
+                l_out.copy_from_slice(laux);
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    (scale, -min)
+}
+
+/// ggml's `make_qx_quants` with `rmse_type = 1` and no importance weights: a symmetric scale for
+/// `x[i] ≈ scale * (L[i] - nmax)` with `L[i]` in `0..2*nmax`, refined over 18 trial scales by
+/// x²-weighted least squares. Returns the scale (0 and all `L = 0` for an all-zero group).
+pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+    let max = signed_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
+        l_out.fill(0);
+        return 0.0;
+    }
+    let nmaxf = nmax as f32;
+    let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+    let sums = |iscale: f32| {
+        let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+        for &v in x {
+            let l = quant(iscale, v) as f32;
+            let w = v * v;
+            sumlx += w * v * l;
+            suml2 += w * l * l;
+        }
+        (sumlx, suml2)
+    };
+    let mut iscale = -nmaxf / max;
+    for (o, &v) in l_out.iter_mut().zip(x) {
+        *o = (quant(iscale, v) + nmax) as i8;
+    }
+    let (sumlx, suml2) = sums(iscale);
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in -9..=9 {
+        if is == 0 {
+            continue;
+        }
+        iscale = -(nmaxf + 0.1 * is as f32) / max;
+        let (sumlx, suml2) = sums(iscale);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            for (o, &v) in l_out.iter_mut().zip(x) {
+                *o = (quant(iscale, v) + nmax) as i8;
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// ggml's `make_q3_quants` with `do_rmse`: a symmetric scale for `x[i] ≈ scale * (L[i] - nmax)` with
+/// `L[i]` in `0..2*nmax`, improved by up to 5 passes of coordinate descent on the x²-weighted error.
+/// Returns the scale (0 and all `L = 0` for an all-zero group).
+pub(crate) fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+    let max = signed_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
+        l_out.fill(0);
+        return 0.0;
+    }
+    let iscale = -(nmax as f32) / max;
+    let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+    for (o, &v) in l_out.iter_mut().zip(x) {
+        let l = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+        *o = l as i8;
+        let (w, lf) = (v * v, l as f32);
+        sumlx += w * v * lf;
+        suml2 += w * lf * lf;
+    }
+    for _ in 0..5 {
+        let mut n_changed = 0;
+        for (o, &v) in l_out.iter_mut().zip(x) {
+            let w = v * v;
+            let cur = *o as f32;
+            let mut slx = sumlx - w * v * cur;
+            if slx > 0.0 {
+                let mut sl2 = suml2 - w * cur * cur;
+                let new_l = nearest_int(v * sl2 / slx).clamp(-nmax, nmax - 1);
+                if new_l != *o as i32 {
+                    let nl = new_l as f32;
+                    slx += w * v * nl;
+                    sl2 += w * nl * nl;
+                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        *o = new_l as i8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed += 1;
+                    }
+                }
+            }
+        }
+        if n_changed == 0 {
+            break;
+        }
+    }
+    for o in l_out.iter_mut() {
+        *o += nmax as i8;
+    }
+    sumlx / suml2
+}
+
+/// Packs 256 2-bit values the K-quant way: per 128-element half, byte `l` of its 32 holds elements
+/// `l`, `l+32`, `l+64`, `l+96` at bit offsets 0, 2, 4, 6.
+pub(crate) fn pack_2bit(l: &[u8; 256], qs: &mut [u8; 64]) {
+    for (half, q) in qs.chunks_exact_mut(32).enumerate() {
+        let l = &l[half * 128..];
+        for i in 0..32 {
+            q[i] = (l[i] & 3) | (l[i + 32] & 3) << 2 | (l[i + 64] & 3) << 4 | (l[i + 96] & 3) << 6;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_min_k4_round_trips() {
+        let scales = [0, 1, 17, 63, 32, 5, 40, 63];
+        let mins = [63, 2, 0, 31, 1, 62, 16, 47];
+        let q = pack_scale_min_k4(&scales, &mins);
+        for j in 0..8 {
+            assert_eq!(get_scale_min_k4(j, &q), (scales[j], mins[j]), "j={j}");
+        }
+    }
+
+    #[test]
+    fn nearest_int_rounds_half_to_even() {
+        assert_eq!(nearest_int(0.5), 0);
+        assert_eq!(nearest_int(1.5), 2);
+        assert_eq!(nearest_int(-2.5), -2);
+        assert_eq!(nearest_int(-2.6), -3);
+    }
+}
