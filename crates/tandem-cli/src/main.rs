@@ -1,1 +1,127 @@
-fn main() {}
+//! `tandem`: thin subcommands over the crates.
+
+mod inspect;
+mod registry;
+mod synth;
+mod tokenize;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use tandem_gguf::GgufFile;
+
+#[derive(Parser)]
+#[command(name = "tandem", version, about = "Tandem: an LLM inference engine for GGUF models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fetch a known model into $TANDEM_HOME/models (default ~/.cache/tandem); instant once cached.
+    Pull {
+        /// gemma3-270m or smollm2-135m; `all` fetches every known model.
+        #[arg(default_value = registry::DEFAULT_MODEL)]
+        alias: String,
+    },
+    /// Print a model file's metadata, tensor table and totals per type.
+    Inspect {
+        /// A GGUF path or a known model alias (pulled on first use).
+        #[arg(default_value = registry::DEFAULT_MODEL)]
+        model: String,
+        /// List every tensor rather than the first 40.
+        #[arg(long)]
+        all_tensors: bool,
+    },
+    /// Print the token ids that generation would see for a text.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Turn token ids back into text.
+    Detokenize(tokenize::DetokenizeArgs),
+    /// Write a model with random weights of a real architecture's shapes.
+    Synth {
+        /// llama or gemma3.
+        #[arg(long)]
+        arch: String,
+        /// tiny, smollm2-135m, llama3-8b (llama); tiny, gemma3-270m, gemma3-27b (gemma3).
+        #[arg(long)]
+        shape: String,
+        /// A quantization mix: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k…q6_k, q4_k_m, q5_k_m.
+        #[arg(long, default_value = "q4_k_m")]
+        quant: String,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write `tokenizer.ggml.model = none` instead of a byte-level vocabulary.
+        #[arg(long)]
+        no_vocab: bool,
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tandem: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn open_model(model: &str) -> Result<GgufFile> {
+    let path = registry::resolve(model)?;
+    Ok(GgufFile::open(&path)?)
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Pull { alias } => {
+            let specs: Vec<_> = if alias == "all" {
+                registry::MODELS.iter().collect()
+            } else {
+                vec![registry::find(&alias).with_context(|| {
+                    format!(
+                        "unknown model {alias:?}; known: {}, all",
+                        registry::MODELS.iter().map(|m| m.alias).collect::<Vec<_>>().join(", ")
+                    )
+                })?]
+            };
+            for spec in specs {
+                let path = registry::pull(spec)?;
+                println!("{}", path.display());
+            }
+        }
+        Command::Inspect { model, all_tensors } => {
+            let file = open_model(&model)?;
+            print!("{}", inspect::render(&file, all_tensors));
+        }
+        Command::Tokenize(args) => tokenize::tokenize(&args)?,
+        Command::Detokenize(args) => tokenize::detokenize(&args)?,
+        Command::Synth {
+            arch,
+            shape,
+            quant,
+            seed,
+            no_vocab,
+            output,
+        } => {
+            let arch = synth::shapes::Arch::parse(&arch)?;
+            let shape = synth::shapes::find(arch, &shape)?;
+            let mix = synth::mix::QuantMix::parse(&quant)?;
+            let opts = synth::SynthOptions {
+                shape,
+                mix,
+                seed,
+                no_vocab,
+                progress: true,
+            };
+            synth::write(&opts, &output)?;
+            eprintln!("tandem: wrote {}", output.display());
+        }
+    }
+    Ok(())
+}

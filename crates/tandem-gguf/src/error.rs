@@ -4,24 +4,13 @@ use std::path::PathBuf;
 /// a key, a tensor) and at which byte offset.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The inner errors are part of the message, not a `source`, so error chains do not print them twice.
+    #[error("{path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{path}: {inner}")]
-    InFile {
-        path: PathBuf,
-        #[source]
-        inner: Box<GgufError>,
-    },
+    InFile { path: PathBuf, inner: Box<GgufError> },
     #[error("malformed GGUF: {what} at byte {offset}: {reason}")]
-    Malformed {
-        what: String,
-        offset: u64,
-        reason: String,
-    },
+    Malformed { what: String, offset: u64, reason: String },
     #[error("metadata key {key:?}: {reason}")]
     Metadata { key: String, reason: String },
     #[error("tensor {name:?}: {reason}")]

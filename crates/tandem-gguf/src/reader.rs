@@ -87,9 +87,9 @@ impl GgufFile {
     /// Maps and parses a file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let io_err = |source| GgufError::Io {
+        let io_err = |error| GgufError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let file = File::open(path).map_err(io_err)?;
         // SAFETY: the mapping is read-only and private to this process; a file truncated underneath us by
@@ -149,10 +149,7 @@ impl GgufFile {
     }
 
     fn type_error(&self, key: &str, expected: &str) -> GgufError {
-        let found = self
-            .get(key)
-            .map(|v| v.value_type().to_string())
-            .unwrap_or_default();
+        let found = self.get(key).map(|v| v.value_type().to_string()).unwrap_or_default();
         GgufError::Metadata {
             key: key.to_string(),
             reason: format!("expected {expected}, found {found}"),
@@ -183,30 +180,21 @@ impl GgufFile {
     pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.type_error(key, "a string")),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.type_error(key, "a string")),
         }
     }
 
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.type_error(key, "a bool")),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.type_error(key, "a bool")),
         }
     }
 
     pub fn get_array(&self, key: &str) -> Result<Option<&Array>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_array()
-                .map(Some)
-                .ok_or_else(|| self.type_error(key, "an array")),
+            Some(v) => v.as_array().map(Some).ok_or_else(|| self.type_error(key, "an array")),
         }
     }
 
@@ -228,11 +216,7 @@ impl GgufFile {
         let mut cur = Cursor { bytes, pos: 0 };
         let magic = cur.take(4, "magic")?;
         if magic != GGUF_MAGIC {
-            return Err(malformed(
-                "magic",
-                0,
-                format!("expected \"GGUF\", found {magic:02x?}"),
-            ));
+            return Err(malformed("magic", 0, format!("expected \"GGUF\", found {magic:02x?}")));
         }
         let version = cur.u32("version")?;
         if !(2..=3).contains(&version) {
@@ -255,9 +239,8 @@ impl GgufFile {
             let what = format!("metadata value of {key:?}");
             let type_at = cur.pos as u64;
             let type_id = cur.u32(&what)?;
-            let ty = ValueType::from_id(type_id).ok_or_else(|| {
-                malformed(&what, type_at, format!("unknown value type {type_id}"))
-            })?;
+            let ty = ValueType::from_id(type_id)
+                .ok_or_else(|| malformed(&what, type_at, format!("unknown value type {type_id}")))?;
             let value = cur.value(ty, &what, 0)?;
             if metadata_index.insert(key.clone(), metadata.len()).is_some() {
                 return Err(malformed(
@@ -269,10 +252,7 @@ impl GgufFile {
             metadata.push((key, value));
         }
 
-        let alignment = match metadata_index
-            .get("general.alignment")
-            .map(|&i| &metadata[i].1)
-        {
+        let alignment = match metadata_index.get("general.alignment").map(|&i| &metadata[i].1) {
             None => DEFAULT_ALIGNMENT,
             Some(Value::U32(a)) if *a != 0 && a.is_power_of_two() => *a as u64,
             Some(other) => {
@@ -290,10 +270,7 @@ impl GgufFile {
         for i in 0..tensor_count {
             let start = cur.pos as u64;
             let info = cur.tensor_info(i, alignment)?;
-            if tensor_index
-                .insert(info.name.clone(), infos.len())
-                .is_some()
-            {
+            if tensor_index.insert(info.name.clone(), infos.len()).is_some() {
                 return Err(malformed(
                     &format!("tensor {:?}", info.name),
                     start,
@@ -414,10 +391,7 @@ impl<'a> Cursor<'a> {
             return Err(malformed(
                 what,
                 self.pos as u64,
-                format!(
-                    "count {count} cannot fit in the {} bytes left",
-                    self.remaining()
-                ),
+                format!("count {count} cannot fit in the {} bytes left", self.remaining()),
             ));
         }
         Ok(())
@@ -430,15 +404,11 @@ impl<'a> Cursor<'a> {
             return Err(malformed(
                 what,
                 at,
-                format!(
-                    "string length {len} exceeds the {} bytes left",
-                    self.remaining()
-                ),
+                format!("string length {len} exceeds the {} bytes left", self.remaining()),
             ));
         }
         let raw = self.take(len as usize, what)?;
-        String::from_utf8(raw.to_vec())
-            .map_err(|e| malformed(what, at + 8, format!("string is not UTF-8: {e}")))
+        String::from_utf8(raw.to_vec()).map_err(|e| malformed(what, at + 8, format!("string is not UTF-8: {e}")))
     }
 
     fn value(&mut self, ty: ValueType, what: &str, depth: u32) -> Result<Value> {
@@ -458,13 +428,7 @@ impl<'a> Cursor<'a> {
                 match self.array::<1>(what)?[0] {
                     0 => Value::Bool(false),
                     1 => Value::Bool(true),
-                    b => {
-                        return Err(malformed(
-                            what,
-                            at,
-                            format!("bool byte {b} is neither 0 nor 1"),
-                        ))
-                    }
+                    b => return Err(malformed(what, at, format!("bool byte {b} is neither 0 nor 1"))),
                 }
             }
             ValueType::String => Value::String(self.string(what)?),
@@ -510,9 +474,7 @@ impl<'a> Cursor<'a> {
             ValueType::F64 => items!(F64, f64::from_le_bytes(self.array(what)?)),
             ValueType::Bool => items!(
                 Bool,
-                self.value(ValueType::Bool, what, depth)?
-                    .as_bool()
-                    .unwrap_or(false)
+                self.value(ValueType::Bool, what, depth)?.as_bool().unwrap_or(false)
             ),
             ValueType::String => items!(String, self.string(what)?),
             ValueType::Array => items!(Array, self.array_value(what, depth + 1)?),
@@ -539,8 +501,7 @@ impl<'a> Cursor<'a> {
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
             .filter(|&n| n < i64::MAX as u64);
-        let n_elements = n_elements
-            .ok_or_else(|| malformed(&what, dims_at, format!("shape {dims:?} overflows")))?;
+        let n_elements = n_elements.ok_or_else(|| malformed(&what, dims_at, format!("shape {dims:?} overflows")))?;
         let type_at = self.pos as u64;
         let type_id = self.u32(&what)?;
         let ty = GgmlType::from_id(type_id)
@@ -557,9 +518,9 @@ impl<'a> Cursor<'a> {
                 ),
             ));
         }
-        let size = ty.row_bytes(n_elements).ok_or_else(|| {
-            malformed(&what, dims_at, format!("shape {dims:?} of {ty} overflows"))
-        })?;
+        let size = ty
+            .row_bytes(n_elements)
+            .ok_or_else(|| malformed(&what, dims_at, format!("shape {dims:?} of {ty} overflows")))?;
         let offset_at = self.pos as u64;
         let offset = self.u64(&what)?;
         if offset % alignment != 0 {

@@ -181,10 +181,7 @@ impl GgmlType {
 
     /// Parses a name case-insensitively (`q4_k`, `Q8_0`, `bf16`).
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL
-            .iter()
-            .copied()
-            .find(|t| t.name().eq_ignore_ascii_case(name))
+        Self::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))
     }
 }
 

@@ -45,9 +45,7 @@ impl GgufWriter {
     pub fn add_metadata(&mut self, key: &str, value: impl Into<Value>) -> Result<()> {
         let value = value.into();
         if self.metadata.iter().any(|(k, _)| k == key) {
-            return Err(GgufError::Write(format!(
-                "metadata key {key:?} added twice"
-            )));
+            return Err(GgufError::Write(format!("metadata key {key:?} added twice")));
         }
         if key == "general.alignment" {
             let ok = matches!(value, Value::U32(a) if a != 0 && a.is_power_of_two());
@@ -71,10 +69,7 @@ impl GgufWriter {
             return Err(err("declared twice".into()));
         }
         if dims.is_empty() || dims.len() > MAX_DIMS as usize {
-            return Err(err(format!(
-                "{} dimensions (1 to {MAX_DIMS} allowed)",
-                dims.len()
-            )));
+            return Err(err(format!("{} dimensions (1 to {MAX_DIMS} allowed)", dims.len())));
         }
         let n: u64 = dims
             .iter()
@@ -86,12 +81,9 @@ impl GgufWriter {
                 dims[0], ty
             )));
         }
-        let size = ty
-            .row_bytes(n)
-            .ok_or_else(|| err("size overflows".into()))?;
+        let size = ty.row_bytes(n).ok_or_else(|| err("size overflows".into()))?;
         let offset = self.data_size;
-        self.data_size = align_up(offset + size, self.alignment())
-            .ok_or_else(|| err("file too large".into()))?;
+        self.data_size = align_up(offset + size, self.alignment()).ok_or_else(|| err("file too large".into()))?;
         self.tensors.push(TensorInfo {
             name: name.to_string(),
             dims: dims.to_vec(),
@@ -149,11 +141,7 @@ impl GgufWriter {
     }
 
     /// Writes a whole file, asking `data` for each tensor's bytes.
-    pub fn write_all<'d, W: Write>(
-        &self,
-        out: W,
-        mut data: impl FnMut(&TensorInfo) -> &'d [u8],
-    ) -> Result<W> {
+    pub fn write_all<'d, W: Write>(&self, out: W, mut data: impl FnMut(&TensorInfo) -> &'d [u8]) -> Result<W> {
         let mut sink = self.write_header(out)?;
         for t in &self.tensors {
             sink.write(data(t))?;

@@ -18,9 +18,7 @@ fn valid_file() -> (Vec<u8>, u64) {
     w.add_tensor("v", &[3], GgmlType::F32).unwrap();
     let data_end_rel = w.tensors().iter().map(|t| t.offset + t.size).max().unwrap();
     let bytes = w
-        .write_all(Vec::new(), |t| {
-            Box::leak(vec![1u8; t.size as usize].into_boxed_slice())
-        })
+        .write_all(Vec::new(), |t| Box::leak(vec![1u8; t.size as usize].into_boxed_slice()))
         .unwrap();
     let f = GgufFile::from_bytes(bytes.clone()).unwrap();
     (bytes, f.data_offset + data_end_rel)
@@ -29,10 +27,7 @@ fn valid_file() -> (Vec<u8>, u64) {
 #[test]
 fn every_truncation_before_the_last_tensor_byte_is_an_error() {
     let (bytes, data_end) = valid_file();
-    assert!(
-        data_end > 150,
-        "the sample must be big enough to give many cases"
-    );
+    assert!(data_end > 150, "the sample must be big enough to give many cases");
     let mut cases = 0;
     for len in 0..bytes.len() {
         let r = GgufFile::from_bytes(bytes[..len].to_vec());
@@ -42,7 +37,7 @@ fn every_truncation_before_the_last_tensor_byte_is_an_error() {
             cases += 1;
         }
     }
-    assert!(cases >= 150, "{cases} truncations");
+    assert!(cases >= 200, "{cases} truncations");
 }
 
 /// xorshift: a fixed sequence, so a failure reproduces.
@@ -138,10 +133,7 @@ fn hostile_headers_get_named_errors() {
     arr.extend_from_slice(&(1u64 << 60).to_le_bytes());
     kv(&mut h, "tokenizer.ggml.scores", 9, &arr);
     let e = err_of(h);
-    assert!(
-        e.contains("tokenizer.ggml.scores") && e.contains("cannot fit"),
-        "{e}"
-    );
+    assert!(e.contains("tokenizer.ggml.scores") && e.contains("cannot fit"), "{e}");
 
     let mut h = header(3, 0, 1);
     let mut nested = Vec::new();
@@ -195,14 +187,7 @@ fn hostile_tensor_infos_get_named_errors() {
     let mut bytes = w.write_all(Vec::new(), |_| &[0u8; 32]).unwrap();
     let f = GgufFile::from_bytes(bytes.clone()).unwrap();
     // Rewrite b's offset (the last 8 bytes of the header before padding) to 0.
-    let b_offset_at = bytes
-        .windows(9)
-        .position(|w| w == b"\x01\0\0\0\0\0\0\0b")
-        .unwrap()
-        + 9
-        + 4
-        + 8
-        + 4;
+    let b_offset_at = bytes.windows(9).position(|w| w == b"\x01\0\0\0\0\0\0\0b").unwrap() + 9 + 4 + 8 + 4;
     assert_eq!(&bytes[b_offset_at..b_offset_at + 8], &32u64.to_le_bytes());
     bytes[b_offset_at..b_offset_at + 8].copy_from_slice(&0u64.to_le_bytes());
     assert!(err_of(bytes).contains("overlaps"));

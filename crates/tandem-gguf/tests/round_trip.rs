@@ -19,15 +19,10 @@ fn sample_writer() -> (GgufWriter, Vec<Vec<u8>>) {
     w.add_metadata("t.i64", Value::I64(i64::MIN)).unwrap();
     w.add_metadata("t.f64", Value::F64(-2.5e300)).unwrap();
     w.add_metadata("t.empty", Array::String(vec![])).unwrap();
-    w.add_metadata(
-        "t.strings",
-        Array::String(vec!["a".into(), "".into(), "▁b".into()]),
-    )
-    .unwrap();
-    w.add_metadata("t.floats", Array::F32(vec![0.5, -1.0]))
+    w.add_metadata("t.strings", Array::String(vec!["a".into(), "".into(), "▁b".into()]))
         .unwrap();
-    w.add_metadata("t.bools", Array::Bool(vec![true, false]))
-        .unwrap();
+    w.add_metadata("t.floats", Array::F32(vec![0.5, -1.0])).unwrap();
+    w.add_metadata("t.bools", Array::Bool(vec![true, false])).unwrap();
     w.add_metadata(
         "t.nested",
         Array::Array(vec![
@@ -103,10 +98,7 @@ fn writer_refuses_bad_declarations() {
     let mut w = GgufWriter::new();
     w.add_metadata("k", Value::U32(1)).unwrap();
     assert!(w.add_metadata("k", Value::U32(2)).is_err());
-    assert!(
-        w.add_tensor("t", &[33], GgmlType::Q4_0).is_err(),
-        "not whole blocks"
-    );
+    assert!(w.add_tensor("t", &[33], GgmlType::Q4_0).is_err(), "not whole blocks");
     assert!(w.add_tensor("t", &[], GgmlType::F32).is_err());
     assert!(w.add_tensor("t", &[1, 1, 1, 1, 1], GgmlType::F32).is_err());
     w.add_tensor("t", &[4], GgmlType::F32).unwrap();

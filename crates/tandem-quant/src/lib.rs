@@ -21,11 +21,7 @@ pub enum QuantError {
     #[error("{ty}: {n} elements is not a whole number of {}-element blocks", .ty.block_elems())]
     NotWholeBlocks { ty: GgmlType, n: usize },
     #[error("{ty}: expected {expected} bytes of quantized data, got {got}")]
-    SizeMismatch {
-        ty: GgmlType,
-        expected: usize,
-        got: usize,
-    },
+    SizeMismatch { ty: GgmlType, expected: usize, got: usize },
 }
 
 /// Whether this crate can quantize and dequantize `ty`.

@@ -1,9 +1,7 @@
 //! Geometry, supported types and error handling of the public API.
 
 use tandem_quant::formats::*;
-use tandem_quant::{
-    dequantize, dequantize_row, is_supported, quantize, quantize_row, GgmlType, QuantError,
-};
+use tandem_quant::{dequantize, dequantize_row, is_supported, quantize, quantize_row, GgmlType, QuantError};
 
 #[test]
 fn block_geometry_matches_gguf() {
@@ -33,12 +31,7 @@ fn block_geometry_matches_gguf() {
 
 #[test]
 fn unsupported_types_are_refused() {
-    for ty in [
-        GgmlType::IQ2_XXS,
-        GgmlType::Q8_1,
-        GgmlType::I32,
-        GgmlType::MXFP4,
-    ] {
+    for ty in [GgmlType::IQ2_XXS, GgmlType::Q8_1, GgmlType::I32, GgmlType::MXFP4] {
         assert!(!is_supported(ty));
         let n = ty.block_elems();
         let b = ty.block_bytes();
@@ -50,16 +43,10 @@ fn unsupported_types_are_refused() {
             Err(QuantError::Unsupported(_))
         ));
         let mut q = vec![0; b];
-        assert!(matches!(
-            quantize_row(ty, &y, &mut q),
-            Err(QuantError::Unsupported(_))
-        ));
+        assert!(matches!(quantize_row(ty, &y, &mut q), Err(QuantError::Unsupported(_))));
     }
     let e = quantize(GgmlType::IQ2_XXS, &[0.0; 256]).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "tensor type IQ2_XXS is not supported by tandem-quant"
-    );
+    assert_eq!(e.to_string(), "tensor type IQ2_XXS is not supported by tandem-quant");
 }
 
 #[test]
@@ -104,10 +91,7 @@ fn wrong_byte_lengths_are_refused() {
             got: 35
         }
     ));
-    assert_eq!(
-        e.to_string(),
-        "Q4_0: expected 36 bytes of quantized data, got 35"
-    );
+    assert_eq!(e.to_string(), "Q4_0: expected 36 bytes of quantized data, got 35");
 
     let mut q = [0u8; 145];
     let e = quantize_row(GgmlType::Q4_K, &[0.0; 256], &mut q).unwrap_err();

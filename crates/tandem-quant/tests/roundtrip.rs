@@ -77,19 +77,14 @@ fn round_trip_error_is_bounded() {
                     worst = (e, kind);
                 }
                 if e > row_bound {
-                    failures.push(format!(
-                        "{ty} {kind} seed {seed}: relative RMSE {e} > {row_bound}"
-                    ));
+                    failures.push(format!("{ty} {kind} seed {seed}: relative RMSE {e} > {row_bound}"));
                 }
                 xs.extend_from_slice(&x);
                 ys.extend_from_slice(&y);
             }
         }
         let e = rel_rmse(&xs, &ys);
-        report += &format!(
-            "{ty}: total {e:.5}, worst row {:.5} ({})\n",
-            worst.0, worst.1
-        );
+        report += &format!("{ty}: total {e:.5}, worst row {:.5} ({})\n", worst.0, worst.1);
         if e > total_bound {
             failures.push(format!("{ty}: relative RMSE {e} > {total_bound}"));
         }
@@ -115,10 +110,7 @@ fn constant_rows_are_nearly_exact() {
             let y = round_trip(ty, &x);
             let tol = if ty == GgmlType::BF16 { 4e-3 } else { 1e-3 };
             for &v in &y {
-                assert!(
-                    (v - c).abs() <= tol * c.abs(),
-                    "{ty}: constant {c} came back as {v}"
-                );
+                assert!((v - c).abs() <= tol * c.abs(), "{ty}: constant {c} came back as {v}");
             }
         }
     }
@@ -134,10 +126,7 @@ fn requantizing_is_idempotent_for_simple_types() {
             let y2 = round_trip(ty, &y1);
             let scale = rms(&x) as f32;
             for (i, (a, b)) in y1.iter().zip(&y2).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-3 * scale,
-                    "{ty} {kind} [{i}]: {a} then {b}"
-                );
+                assert!((a - b).abs() <= 1e-3 * scale, "{ty} {kind} [{i}]: {a} then {b}");
             }
         }
     }

@@ -57,11 +57,7 @@ pub fn quantize_block(x: &[f32], out: &mut [u8]) {
             packed[j] = nearest_int(iscale * scales[j]).clamp(0, 15) as u8;
         }
     }
-    let d = if max_scale > 0.0 {
-        max_scale / 15.0
-    } else {
-        0.0
-    };
+    let d = if max_scale > 0.0 { max_scale / 15.0 } else { 0.0 };
     if max_min > 0.0 {
         let iscale = 15.0 / max_min;
         for j in 0..16 {
@@ -74,11 +70,7 @@ pub fn quantize_block(x: &[f32], out: &mut [u8]) {
     b[..16].copy_from_slice(&packed);
 
     let (d, dmin) = (via_f16(d), via_f16(dmin));
-    for ((&sc, xs), ls) in packed
-        .iter()
-        .zip(x.chunks_exact(16))
-        .zip(l.chunks_exact_mut(16))
-    {
+    for ((&sc, xs), ls) in packed.iter().zip(x.chunks_exact(16)).zip(l.chunks_exact_mut(16)) {
         let dl = d * (sc & 0xF) as f32;
         if dl == 0.0 {
             continue;

@@ -84,18 +84,13 @@ pub fn quantize_block(x: &[f32], out: &mut [u8]) {
     b.fill(0);
     if max_scale != 0.0 {
         let iscale = -32.0 / max_scale;
-        let ls: [u8; 16] =
-            std::array::from_fn(|j| (nearest_int(iscale * scales[j]).clamp(-32, 31) + 32) as u8);
+        let ls: [u8; 16] = std::array::from_fn(|j| (nearest_int(iscale * scales[j]).clamp(-32, 31) + 32) as u8);
         b[96..108].copy_from_slice(&pack_scales(&ls));
         put_f16(b, 108, 1.0 / iscale);
     }
     let d_all = get_f16(b, 108);
     let sc = unpack_scales(&b[96..108]);
-    for ((&sc, xs), ls) in sc
-        .iter()
-        .zip(x.chunks_exact(16))
-        .zip(l.chunks_exact_mut(16))
-    {
+    for ((&sc, xs), ls) in sc.iter().zip(x.chunks_exact(16)).zip(l.chunks_exact_mut(16)) {
         let d = d_all * sc as f32;
         if d == 0.0 {
             continue;

@@ -6,8 +6,7 @@
 //! Element = `d * scale * q - dmin * min`.
 
 use super::common::{
-    arrays, get_f16, get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, put_f16,
-    via_f16,
+    arrays, get_f16, get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, put_f16, via_f16,
 };
 
 pub const BLOCK_ELEMS: usize = 256;
@@ -17,11 +16,7 @@ pub fn dequantize_block(block: &[u8], out: &mut [f32]) {
     let (b, y) = arrays::<_, _, BLOCK_BYTES, BLOCK_ELEMS>(block, out);
     let (d, dmin) = (get_f16(b, 0), get_f16(b, 2));
     let scales: &[u8; 12] = b[4..16].try_into().unwrap();
-    for (c, (q, y)) in b[16..]
-        .chunks_exact(32)
-        .zip(y.chunks_exact_mut(64))
-        .enumerate()
-    {
+    for (c, (q, y)) in b[16..].chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
         let (sc1, m1) = get_scale_min_k4(2 * c, scales);
         let (sc2, m2) = get_scale_min_k4(2 * c + 1, scales);
         let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
@@ -58,11 +53,7 @@ pub(crate) fn quantize_scales_mins(
     }
     let max_scale = scales.iter().fold(0f32, |a, &s| a.max(s));
     let max_min = mins.iter().fold(0f32, |a, &m| a.max(m));
-    let inv_scale = if max_scale > 0.0 {
-        63.0 / max_scale
-    } else {
-        0.0
-    };
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let q6 = |v: f32| nearest_int(v).clamp(0, 63) as u8;
     let ls: [u8; 8] = std::array::from_fn(|j| q6(inv_scale * scales[j]));

@@ -16,11 +16,7 @@ pub fn dequantize_block(block: &[u8], out: &mut [f32]) {
     let scales: &[u8; 12] = b[4..16].try_into().unwrap();
     let qh = &b[16..48];
     let (mut u1, mut u2) = (1u8, 2u8);
-    for (c, (ql, y)) in b[48..]
-        .chunks_exact(32)
-        .zip(y.chunks_exact_mut(64))
-        .enumerate()
-    {
+    for (c, (ql, y)) in b[48..].chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
         let (sc1, m1) = get_scale_min_k4(2 * c, scales);
         let (sc2, m2) = get_scale_min_k4(2 * c + 1, scales);
         let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);

@@ -5,9 +5,7 @@
 //! k=0: `ql[l] & 0xF`, k=1: `ql[l + 32] & 0xF`, k=2: `ql[l] >> 4`, k=3: `ql[l + 32] >> 4`, each
 //! with high bits `(qh[l] >> 2k) & 3` on top (bits 4..6). Element = `d * scale * (q - 32)`.
 
-use super::common::{
-    arrays, get_f16, make_qx_quants, nearest_int, put_f16, via_f16, GROUP_MAX_EPS,
-};
+use super::common::{arrays, get_f16, make_qx_quants, nearest_int, put_f16, via_f16, GROUP_MAX_EPS};
 
 pub const BLOCK_ELEMS: usize = 256;
 pub const BLOCK_BYTES: usize = 210;
@@ -71,8 +69,7 @@ pub fn quantize_block(x: &[f32], out: &mut [u8]) {
             let q = |k: usize| l[i + 32 * k] as u8;
             b[64 * h + i] = (q(0) & 0xF) | ((q(2) & 0xF) << 4);
             b[64 * h + i + 32] = (q(1) & 0xF) | ((q(3) & 0xF) << 4);
-            b[128 + 32 * h + i] =
-                (q(0) >> 4) | ((q(1) >> 4) << 2) | ((q(2) >> 4) << 4) | ((q(3) >> 4) << 6);
+            b[128 + 32 * h + i] = (q(0) >> 4) | ((q(1) >> 4) << 2) | ((q(2) >> 4) << 4) | ((q(3) >> 4) << 6);
         }
     }
 }

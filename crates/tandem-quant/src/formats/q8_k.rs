@@ -30,10 +30,7 @@ pub fn quantize_block(x: &[f32], out: &mut [u8]) {
         b[4 + j] = nearest_int(iscale * x[j]).clamp(-128, 127) as i8 as u8;
     }
     for i in 0..16 {
-        let sum: i32 = b[4 + 16 * i..4 + 16 * i + 16]
-            .iter()
-            .map(|&q| q as i8 as i32)
-            .sum();
+        let sum: i32 = b[4 + 16 * i..4 + 16 * i + 16].iter().map(|&q| q as i8 as i32).sum();
         b[260 + 2 * i..262 + 2 * i].copy_from_slice(&(sum as i16).to_le_bytes());
     }
     b[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());

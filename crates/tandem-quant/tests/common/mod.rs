@@ -35,9 +35,7 @@ pub const ROW: usize = 1024;
 /// Named kinds of rows, each `ROW` elements.
 pub fn rows(seed: u64) -> Vec<(&'static str, Vec<f32>)> {
     let mut r = Rng::new(seed);
-    let mut gauss = |scale: f32, offset: f32| -> Vec<f32> {
-        (0..ROW).map(|_| r.gauss() * scale + offset).collect()
-    };
+    let mut gauss = |scale: f32, offset: f32| -> Vec<f32> { (0..ROW).map(|_| r.gauss() * scale + offset).collect() };
     let mut rows = vec![
         ("gauss", gauss(1.0, 0.0)),
         ("gauss-small", gauss(0.01, 0.0)),
@@ -51,10 +49,7 @@ pub fn rows(seed: u64) -> Vec<(&'static str, Vec<f32>)> {
         outliers[i] *= 20.0;
     }
     rows.push(("outliers", outliers));
-    rows.push((
-        "uniform",
-        (0..ROW).map(|_| r2.uniform() * 2.0 - 1.0).collect(),
-    ));
+    rows.push(("uniform", (0..ROW).map(|_| r2.uniform() * 2.0 - 1.0).collect()));
     rows.push(("constant", vec![3.25; ROW]));
     rows.push(("negative-constant", vec![-0.75; ROW]));
     rows

@@ -1,0 +1,176 @@
+//! The `tandem` binary end to end: synth, inspect, tokenize, detokenize, pull (cached), errors.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Instant;
+
+fn tandem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(args)
+        .output()
+        .expect("run tandem")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = tandem(args);
+    assert!(
+        out.status.success(),
+        "tandem {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 stdout")
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tandem-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn synth(dir: &Path, arch: &str, quant: &str, seed: u64, extra: &[&str]) -> PathBuf {
+    let p = dir.join(format!("{arch}-{quant}-{seed}{}.gguf", extra.join("")));
+    let seed = seed.to_string();
+    let mut args = vec![
+        "synth", "--arch", arch, "--shape", "tiny", "--quant", quant, "--seed", &seed, "-o",
+    ];
+    args.push(p.to_str().unwrap());
+    args.extend_from_slice(extra);
+    ok(&args);
+    p
+}
+
+#[test]
+fn synth_is_deterministic_and_loadable() {
+    let dir = temp_dir("synth");
+    for (arch, quant) in [
+        ("llama", "q4_k_m"),
+        ("gemma3", "q8_0"),
+        ("llama", "f16"),
+        ("gemma3", "q4_0"),
+    ] {
+        let a = synth(&dir, arch, quant, 7, &[]);
+        let b_path = dir.join("again.gguf");
+        ok(&[
+            "synth",
+            "--arch",
+            arch,
+            "--shape",
+            "tiny",
+            "--quant",
+            quant,
+            "--seed",
+            "7",
+            "-o",
+            b_path.to_str().unwrap(),
+        ]);
+        let (bytes_a, bytes_b) = (std::fs::read(&a).unwrap(), std::fs::read(&b_path).unwrap());
+        assert!(bytes_a == bytes_b, "{arch} {quant}: same seed, different bytes");
+        let c = synth(&dir, arch, quant, 8, &[]);
+        assert!(std::fs::read(&c).unwrap() != bytes_a, "{arch} {quant}: seed ignored");
+
+        let file = tandem_gguf::GgufFile::open(&a).unwrap();
+        assert_eq!(file.architecture().unwrap(), arch);
+        let tok = tandem_tokenizer::Tokenizer::from_gguf(&file).unwrap();
+        let ids = tok.encode("héllo", true, false);
+        assert_eq!(tok.decode(&ids, false), "héllo");
+        let info = ok(&["inspect", a.to_str().unwrap()]);
+        assert!(
+            info.contains("general.architecture") && info.contains("totals per type"),
+            "{info}"
+        );
+    }
+    // Norms near 1, matrices centred on 0.
+    let file = tandem_gguf::GgufFile::open(synth(&dir, "gemma3", "f32", 1, &[])).unwrap();
+    let (_, norm) = file.tensor("blk.0.attn_norm.weight").unwrap();
+    let norm = tandem_quant::dequantize(tandem_gguf::GgmlType::F32, norm).unwrap();
+    let mean = norm.iter().sum::<f32>() / norm.len() as f32;
+    assert!((mean - 1.0).abs() < 0.05, "norm mean {mean}");
+    let no_vocab = synth(&dir, "llama", "q8_0", 1, &["--no-vocab"]);
+    let file = tandem_gguf::GgufFile::open(&no_vocab).unwrap();
+    assert_eq!(file.get_str("tokenizer.ggml.model").unwrap(), Some("none"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let dir = temp_dir("errors");
+    let junk = dir.join("junk.gguf");
+    std::fs::write(&junk, b"GGUF\x03\0\0\0\xff\xff\xff\xff\xff\xff\xff\xff").unwrap();
+    let out = tandem(&["inspect", junk.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("junk.gguf") && err.contains("kv_count at byte 16"),
+        "{err}"
+    );
+
+    let out = tandem(&["inspect", "no-such-model"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("known"));
+    let out = tandem(&["synth", "--arch", "llama", "--shape", "gemma3-27b", "-o", "/dev/null"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("no shape"));
+    let out = tandem(&[
+        "synth",
+        "--arch",
+        "llama",
+        "--shape",
+        "tiny",
+        "--quant",
+        "q9_9",
+        "-o",
+        "/dev/null",
+    ]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unknown quantization"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn tokenize_and_detokenize_the_real_models() {
+    // `pull` of a cached model is instant (the README's test command pulled both already).
+    let start = Instant::now();
+    ok(&["pull", "gemma3-270m"]);
+    ok(&["pull", "smollm2-135m"]);
+    assert!(
+        start.elapsed().as_secs_f64() < 5.0,
+        "cached pull took {:?}",
+        start.elapsed()
+    );
+
+    let ids = ok(&[
+        "tokenize",
+        "--model",
+        "gemma3-270m",
+        "--json",
+        "The capital of France is",
+    ]);
+    assert_eq!(ids.trim(), "[2,818,5279,529,7001,563]");
+    let ids = ok(&[
+        "tokenize",
+        "--model",
+        "gemma3-270m",
+        "--json",
+        "--no-bos",
+        "Hello world",
+    ]);
+    assert_eq!(ids.trim(), "[9259,1902]");
+    let ids = ok(&[
+        "tokenize",
+        "--model",
+        "smollm2-135m",
+        "--json",
+        "The capital of France is",
+    ]);
+    assert_eq!(ids.trim(), "[504,3575,282,4649,314]");
+    let special = ok(&[
+        "tokenize",
+        "--model",
+        "smollm2-135m",
+        "--json",
+        "--special",
+        "<|im_start|>user",
+    ]);
+    assert!(special.trim().starts_with("[1,"), "{special}");
+    let text = ok(&["detokenize", "--model", "gemma3-270m", "9259", "1902"]);
+    assert_eq!(text.trim_end_matches('\n'), "Hello world");
+    let out = tandem(&["detokenize", "--model", "gemma3-270m", "999999999"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("outside the vocabulary"));
+}
