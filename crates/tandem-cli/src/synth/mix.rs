@@ -86,7 +86,7 @@ impl QuantMix {
                 }
             }
         };
-        if row_len % chosen.block_elems() as u64 == 0 {
+        if row_len.is_multiple_of(chosen.block_elems() as u64) {
             chosen
         } else {
             fallback(chosen)
@@ -97,7 +97,8 @@ impl QuantMix {
 /// llama.cpp's rule for the layers of a "_M" mix that get more bits: the first and last eighth, and every
 /// third layer in between.
 fn use_more_bits(layer: u64, n_layer: u64) -> bool {
-    layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer >= n_layer / 8 && (layer - n_layer / 8) % 3 == 2)
+    let eighth = n_layer / 8;
+    layer < eighth || layer >= 7 * n_layer / 8 || (layer - eighth) % 3 == 2
 }
 
 /// A 32-element type for rows that K-quants cannot tile.
