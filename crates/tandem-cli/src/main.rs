@@ -1,7 +1,10 @@
 //! `tandem`: thin subcommands over the crates.
 
+mod bench;
+mod generate;
 mod inspect;
 mod registry;
+mod score;
 mod synth;
 mod tokenize;
 
@@ -36,6 +39,14 @@ enum Command {
         #[arg(long)]
         all_tensors: bool,
     },
+    /// Generate text from a prompt, streaming it; prints TTFT and prefill/decode speed to stderr.
+    Run(generate::RunArgs),
+    /// An interactive conversation with the model's chat template.
+    Chat(generate::ChatArgs),
+    /// Teacher-forced scoring: mean NLL, perplexity, top logits, sha256 of all logits.
+    Score(score::ScoreArgs),
+    /// Prompt-processing and generation throughput, as llama-bench measures them.
+    Bench(bench::BenchArgs),
     /// Print the token ids that generation would see for a text.
     Tokenize(tokenize::TokenizeArgs),
     /// Turn token ids back into text.
@@ -99,6 +110,10 @@ fn run(cli: Cli) -> Result<()> {
             let file = open_model(&model)?;
             print!("{}", inspect::render(&file, all_tensors));
         }
+        Command::Run(args) => generate::run(&args)?,
+        Command::Chat(args) => generate::chat(&args)?,
+        Command::Score(args) => score::score(&args)?,
+        Command::Bench(args) => bench::bench(&args)?,
         Command::Tokenize(args) => tokenize::tokenize(&args)?,
         Command::Detokenize(args) => tokenize::detokenize(&args)?,
         Command::Synth {

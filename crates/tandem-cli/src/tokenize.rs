@@ -9,7 +9,7 @@ use tandem_tokenizer::Tokenizer;
 #[derive(Args)]
 pub struct TokenizeArgs {
     /// A GGUF path or a known model alias.
-    #[arg(long, default_value = crate::registry::DEFAULT_MODEL)]
+    #[arg(long, short = 'm', default_value = crate::registry::DEFAULT_MODEL)]
     model: String,
     /// Leave out the BOS token the model would add.
     #[arg(long)]
@@ -30,7 +30,7 @@ pub struct TokenizeArgs {
 
 #[derive(Args)]
 pub struct DetokenizeArgs {
-    #[arg(long, default_value = crate::registry::DEFAULT_MODEL)]
+    #[arg(long, short = 'm', default_value = crate::registry::DEFAULT_MODEL)]
     model: String,
     /// Render control tokens such as `<bos>` as text.
     #[arg(long)]

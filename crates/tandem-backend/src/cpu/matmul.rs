@@ -1,0 +1,398 @@
+//! `out = x · Wᵀ` for a weight matrix in any supported ggml type.
+//!
+//! The activation rows are quantized once per call (Q8 or Q8_K, into a reusable [`Scratch`]),
+//! then one of two routes runs:
+//!
+//! * **Row route** (one activation row, i.e. decode; or small batches; or no GEMM kernel for the
+//!   type/ISA): the weight rows are split across threads in chunks, and each weight row is
+//!   streamed once through the row kernels of `dot`, four rows per call where a 4-row kernel
+//!   exists. The four rows of a call come from the four quarters of the chunk, so the weights
+//!   are read as four long sequential streams (see `dot_rows`). With several activation rows,
+//!   chunks are small enough to stay in L2 while every activation row passes over them (float
+//!   weights then go through 4 × 4 register tiles of weight rows × activation rows).
+//! * **GEMM route** (AVX-512 VNNI, quantized weights, `t >= GEMM_MIN_T`): tasks are (chunk of
+//!   weight rows) × (span of activation groups); a task decodes its weight rows once and runs the
+//!   register-tiled microkernels of `dot::gemm_avx512` over them (each decoded weight byte is
+//!   reused for `NR·16` activation rows straight from registers).
+//!
+//! Exactness: every route computes an output element with the same float operations in the same
+//! order (`dot::avx512` documents the canonical order at that level; the other levels use their
+//! row kernels on both routes), so `out[r][j]` is bit-identical whatever `t`, the thread count,
+//! the route, or where row `r` falls in a tile.
+
+use std::cell::RefCell;
+
+use tandem_gguf::GgmlType;
+
+#[cfg(target_arch = "x86_64")]
+use super::act_quant::AVec;
+use super::act_quant::QuantizedActs;
+use super::dot::{row_kernel, RowKernel, TileF, WeightClass};
+use super::pool::{SendPtr, ThreadPool};
+use crate::BackendError;
+
+/// A row-major weight matrix in ggml layout: `rows` rows (outputs) of `cols` elements (inputs),
+/// each `ty.row_bytes(cols)` bytes — ggml's layout for a tensor of dims `[cols, rows]`.
+#[derive(Clone, Copy, Debug)]
+pub struct WeightMatrix<'a> {
+    pub ty: GgmlType,
+    pub data: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl WeightMatrix<'_> {
+    /// Bytes of one row, after checking the type has a kernel and the sizes agree.
+    fn validate(&self) -> Result<usize, BackendError> {
+        let ty = self.ty;
+        WeightClass::of(ty).ok_or(BackendError::UnsupportedType(ty))?;
+        let block = ty.block_elems();
+        if !self.cols.is_multiple_of(block) {
+            return Err(BackendError::NotWholeBlocks {
+                ty,
+                cols: self.cols,
+                block,
+            });
+        }
+        let row_bytes = self.cols / block * ty.block_bytes();
+        let expected = row_bytes.checked_mul(self.rows).ok_or(BackendError::Overflow)?;
+        if self.data.len() != expected {
+            let (rows, cols, got) = (self.rows, self.cols, self.data.len());
+            return Err(BackendError::WeightSize {
+                ty,
+                rows,
+                cols,
+                expected,
+                got,
+            });
+        }
+        Ok(row_bytes)
+    }
+
+    fn row(&self, j: usize, row_bytes: usize) -> &[u8] {
+        &self.data[j * row_bytes..(j + 1) * row_bytes]
+    }
+}
+
+/// Reusable buffers for quantized and packed activations. Keep one per calling thread (as
+/// [`matmul`] does) so steady-state calls do not allocate.
+#[derive(Default)]
+pub struct Scratch {
+    acts: QuantizedActs,
+    #[cfg(target_arch = "x86_64")]
+    packed: AVec<u8>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// `out[r·rows + j] = Σ_k W[j][k]·x[r·cols + k]` for `r < t`, `j < rows`, with a scratch buffer
+/// owned by the calling thread. See [`matmul_with`].
+pub fn matmul(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], t: usize, out: &mut [f32]) -> Result<(), BackendError> {
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => matmul_with(pool, &mut s, w, x, t, out),
+        // Re-entered on this thread (from inside a task): use a temporary.
+        Err(_) => matmul_with(pool, &mut Scratch::default(), w, x, t, out),
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+/// Smallest batch that goes to the AVX-512 GEMM (smaller ones use the row kernels per row).
+const GEMM_MIN_T: usize = 4;
+
+/// `x` (`t × cols`, row-major) times the transposed weights into `out` (`t × rows`), on `pool`
+/// with the pool's instruction set. Sizes are validated first; nothing is written on error.
+pub fn matmul_with(
+    pool: &ThreadPool,
+    scratch: &mut Scratch,
+    w: &WeightMatrix,
+    x: &[f32],
+    t: usize,
+    out: &mut [f32],
+) -> Result<(), BackendError> {
+    let row_bytes = w.validate()?;
+    let (rows, cols) = (w.rows, w.cols);
+    let n_in = t.checked_mul(cols).ok_or(BackendError::Overflow)?;
+    if x.len() != n_in {
+        return Err(BackendError::InputSize {
+            t,
+            cols,
+            expected: n_in,
+            got: x.len(),
+        });
+    }
+    let n_out = t.checked_mul(rows).ok_or(BackendError::Overflow)?;
+    if out.len() != n_out {
+        return Err(BackendError::OutputSize {
+            t,
+            rows,
+            expected: n_out,
+            got: out.len(),
+        });
+    }
+    if n_out == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    let isa = pool.isa();
+    let class = WeightClass::of(w.ty).ok_or(BackendError::UnsupportedType(w.ty))?;
+    if let Some(format) = class.act_format() {
+        scratch.acts.quantize(pool, isa, format, x, t, cols);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if t >= GEMM_MIN_T {
+        if let Some(task) = super::dot::gemm_task(isa, w.ty) {
+            gemm::run(pool, task, w, row_bytes, scratch, t, out);
+            return Ok(());
+        }
+    }
+    let kernel = row_kernel(isa, w.ty).ok_or(BackendError::UnsupportedType(w.ty))?;
+    row_route(pool, kernel, w, row_bytes, &scratch.acts, x, t, out);
+    Ok(())
+}
+
+/// One activation row against weight rows `j0..j1`, four at a time where a 4-row kernel
+/// exists (the last group repeats its final row; extra results are dropped).
+///
+/// # Safety
+/// The kernel's ISA must be available and all sizes validated (as `matmul_with` does).
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_rows(
+    kernel: RowKernel,
+    w: &WeightMatrix,
+    row_bytes: usize,
+    acts: &QuantizedActs,
+    x: &[f32],
+    r: usize,
+    j0: usize,
+    j1: usize,
+    out: &mut [f32],
+) {
+    let cols = w.cols;
+    // The 4-row kernels take rows j, j + q, j + 2q, j + 3q (q = a quarter of the range) so the
+    // weights are read as four long sequential streams, which hardware prefetchers follow; four
+    // adjacent short rows read as interleaved streams run at a third of the DRAM bandwidth.
+    let q = (j1 - j0).div_ceil(4);
+    let rows4 = |j: usize| -> [&[u8]; 4] { std::array::from_fn(|i| w.row((j + i * q).min(j1 - 1), row_bytes)) };
+    // The kernels prefetch ahead within each stream; fetch each stream's start here.
+    if j1 > j0 {
+        for i in 0..4 {
+            let start = (j0 + i * q).min(j1 - 1) * row_bytes;
+            super::dot::prefetch(&w.data[start..(start + super::dot::PREFETCH_BYTES).min(w.data.len())]);
+        }
+    }
+    let put4 = |out: &mut [f32], j: usize, v: [f32; 4]| {
+        for (i, v) in v.into_iter().enumerate() {
+            if j + i * q < j1 {
+                out[j + i * q - j0] = v;
+            }
+        }
+    };
+    // SAFETY (all kernel calls): per the function contract.
+    unsafe {
+        match kernel {
+            RowKernel::Q8 { dot, dot4 } => {
+                let a = acts.q8_row(r);
+                match dot4 {
+                    Some(dot4) => (j0..j0 + q).for_each(|j| put4(out, j, dot4(rows4(j), &a))),
+                    None => (j0..j1).for_each(|j| out[j - j0] = dot(w.row(j, row_bytes), &a)),
+                }
+            }
+            RowKernel::Q8K { dot, dot4 } => {
+                let a = acts.q8k_row(r);
+                match dot4 {
+                    Some(dot4) => (j0..j0 + q).for_each(|j| put4(out, j, dot4(rows4(j), &a))),
+                    None => (j0..j1).for_each(|j| out[j - j0] = dot(w.row(j, row_bytes), &a)),
+                }
+            }
+            RowKernel::Float { dot, dot4, .. } => {
+                let xr = &x[r * cols..(r + 1) * cols];
+                match dot4 {
+                    Some(dot4) => (j0..j0 + q).for_each(|j| put4(out, j, dot4(rows4(j), xr))),
+                    None => (j0..j1).for_each(|j| out[j - j0] = dot(w.row(j, row_bytes), xr)),
+                }
+            }
+        }
+    }
+}
+
+/// Float weights, several activation rows: 4 × 4 tiles of (weight rows, activation rows) over
+/// weight rows `j0..j1` (padding rows repeat the last one; their results are dropped).
+///
+/// # Safety
+/// As for [`dot_rows`]; `out` must be valid for `t · rows` floats, columns `j0..j1` this
+/// caller's alone.
+#[allow(clippy::too_many_arguments)]
+unsafe fn float_tiles(
+    tile: TileF,
+    w: &WeightMatrix,
+    row_bytes: usize,
+    x: &[f32],
+    t: usize,
+    j0: usize,
+    j1: usize,
+    out: SendPtr<f32>,
+) {
+    let cols = w.cols;
+    let xrow = |r: usize| &x[r.min(t - 1) * cols..][..cols];
+    for r0 in (0..t).step_by(4) {
+        let xs = [xrow(r0), xrow(r0 + 1), xrow(r0 + 2), xrow(r0 + 3)];
+        for j in (j0..j1).step_by(4) {
+            let ws: [&[u8]; 4] = std::array::from_fn(|i| w.row((j + i).min(j1 - 1), row_bytes));
+            // SAFETY: per the function contract.
+            let v = unsafe { tile(ws, xs) };
+            for (i, v) in v.iter().enumerate().take(j1 - j) {
+                for (c, &v) in v.iter().enumerate().take(t - r0) {
+                    // SAFETY: (r0 + c) < t and j + i < j1 <= rows.
+                    unsafe { *out.0.add((r0 + c) * w.rows + j + i) = v };
+                }
+            }
+        }
+    }
+}
+
+/// Row kernels over (chunk of weight rows) × (activation row) tasks. The weight rows of a task
+/// stay in cache while every activation row passes over them.
+#[allow(clippy::too_many_arguments)]
+fn row_route(
+    pool: &ThreadPool,
+    kernel: RowKernel,
+    w: &WeightMatrix,
+    row_bytes: usize,
+    acts: &QuantizedActs,
+    x: &[f32],
+    t: usize,
+    out: &mut [f32],
+) {
+    let rows = w.rows;
+    // Enough chunks to balance (4 per thread; more, shorter chunks make the weight streams too
+    // short for the prefetchers). With several activation rows, also small enough (≤ 64 KiB of
+    // weights) that a chunk stays in L2 while they all pass over it.
+    let by_balance = rows.div_ceil(4 * pool.n_threads());
+    let by_cache = if t > 1 {
+        (65536 / row_bytes.max(1)).max(4)
+    } else {
+        usize::MAX
+    };
+    let chunk = by_balance.min(by_cache).max(16).next_multiple_of(4);
+    let n_chunks = rows.div_ceil(chunk);
+    let outp = SendPtr(out.as_mut_ptr());
+    if let (RowKernel::Float { tile: Some(tile), .. }, true) = (kernel, t > 1) {
+        pool.run(n_chunks, &|c| {
+            let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(rows));
+            // SAFETY: validated sizes; this task alone writes columns j0..j1 of `out`.
+            unsafe { float_tiles(tile, w, row_bytes, x, t, j0, j1, outp) };
+        });
+        return;
+    }
+    pool.run(n_chunks, &|c| {
+        let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(rows));
+        for r in 0..t {
+            // SAFETY: validated sizes; this task alone writes out[r·rows + j0 .. r·rows + j1].
+            unsafe {
+                dot_rows(
+                    kernel,
+                    w,
+                    row_bytes,
+                    acts,
+                    x,
+                    r,
+                    j0,
+                    j1,
+                    outp.slice(r * rows + j0, j1 - j0),
+                )
+            };
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod gemm {
+    use std::cell::RefCell;
+
+    use super::super::dot::gemm_avx512::{self as g, OutTile, Panel, TaskSpec};
+    use super::super::dot::{GemmTask, WeightClass};
+    use super::super::pool::{SendPtr, ThreadPool};
+    use super::{Scratch, WeightMatrix};
+
+    thread_local! {
+        static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
+    }
+
+    /// Weight rows per task at most (the decoded panel, 64 × cols bytes, stays in L2).
+    const MAX_CHUNK: usize = 64;
+    /// Activation groups (of 16 rows) per task: two register tiles' worth (`NR = 3`), so a task
+    /// re-decodes its weight rows once per 96 activation rows.
+    const GROUP_SPAN: usize = 2 * g::NR;
+
+    pub(super) fn run(
+        pool: &ThreadPool,
+        task: GemmTask,
+        w: &WeightMatrix,
+        row_bytes: usize,
+        scratch: &mut Scratch,
+        t: usize,
+        out: &mut [f32],
+    ) {
+        let (rows, k) = (w.rows, w.cols);
+        let kq = WeightClass::of(w.ty) == Some(WeightClass::KQuant);
+        let groups = t.div_ceil(g::LANES);
+        let gbytes = g::group_bytes(kq, k);
+        scratch.packed.resize(g::packed_len(kq, t, k));
+        {
+            let acts = &scratch.acts;
+            let packed = SendPtr(scratch.packed.as_mut_slice().as_mut_ptr());
+            pool.run(groups, &|gi| {
+                // SAFETY: each group's bytes are written by one task only.
+                let dst = unsafe { packed.slice(gi * gbytes, gbytes) };
+                if kq {
+                    g::pack_group_q8k(acts, gi, dst)
+                } else {
+                    g::pack_group_q8(acts, gi, dst)
+                }
+            });
+        }
+        let packed = scratch.packed.as_slice();
+
+        let spans = groups.div_ceil(GROUP_SPAN);
+        let chunks_wanted = (4 * pool.n_threads()).div_ceil(spans);
+        let chunk = rows
+            .div_ceil(chunks_wanted)
+            .next_multiple_of(g::MR)
+            .clamp(g::MR, MAX_CHUNK);
+        let n_chunks = rows.div_ceil(chunk);
+        let out = OutTile {
+            out: out.as_mut_ptr(),
+            rows,
+            t,
+            row0: 0,
+            act0: 0,
+        };
+        pool.run(n_chunks * spans, &|task_id| {
+            let (c, s) = (task_id / spans, task_id % spans);
+            let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(rows));
+            let mut row_refs: [&[u8]; MAX_CHUNK] = [&[]; MAX_CHUNK];
+            for (i, j) in (j0..j1).enumerate() {
+                row_refs[i] = w.row(j, row_bytes);
+            }
+            let spec = TaskSpec {
+                rows: &row_refs[..j1 - j0],
+                k,
+                packed,
+                group_bytes: gbytes,
+                groups: s * GROUP_SPAN..((s + 1) * GROUP_SPAN).min(groups),
+            };
+            let tile = out.at_row(j0);
+            PANEL.with(|p| {
+                let mut panel = p.borrow_mut();
+                // SAFETY: `task` exists only for an available AVX-512 level; the task writes only
+                // rows j0..j1 × its activation groups of `out`, disjoint from other tasks.
+                unsafe { task(&spec, &mut panel, tile) };
+            });
+        });
+    }
+}

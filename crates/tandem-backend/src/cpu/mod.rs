@@ -1,0 +1,8 @@
+//! CPU compute kernels.
+
+pub mod act_quant;
+pub mod attention;
+pub mod dot;
+pub mod matmul;
+pub mod ops;
+pub mod pool;

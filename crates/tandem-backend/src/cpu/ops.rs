@@ -1,0 +1,188 @@
+//! Row-wise element operations of the layer graph: RMS norm, RoPE, activations. Each works on one row
+//! at a time with a fixed operation order, so a row's result never depends on how many rows came with it.
+
+/// RMS-normalizes each `group`-wide slice of `x` in place and multiplies by `weight` (length `group`).
+/// ggml's order: the sum of squares in f64, then one f32 scale.
+pub fn rms_norm(x: &mut [f32], group: usize, weight: Option<&[f32]>, eps: f32) {
+    for g in x.chunks_exact_mut(group) {
+        let sum: f64 = g.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let mean = (sum / group as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        match weight {
+            Some(w) => g.iter_mut().zip(w).for_each(|(v, &w)| *v = (*v * scale) * w),
+            None => g.iter_mut().for_each(|v| *v *= scale),
+        }
+    }
+}
+
+/// Which elements RoPE rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (x[2i], x[2i+1]): llama.cpp's "normal" RoPE, used by Llama GGUFs.
+    Interleaved,
+    /// Halves (x[i], x[i + d/2]): GPT-NeoX style, used by Gemma.
+    Neox,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub style: RopeStyle,
+    /// Rotated dimensions per head (≤ head_dim); the rest pass through.
+    pub n_rot: usize,
+    pub freq_base: f32,
+    /// Linear position scaling (1 / factor).
+    pub freq_scale: f32,
+}
+
+/// The cos/sin table for one position: computed as ggml does (theta multiplied down by a constant ratio
+/// in f32, not a fresh `powf` per pair), which keeps Tandem's angles within an ulp of llama.cpp's.
+pub fn rope_angles(pos: usize, p: &RopeParams, out: &mut Vec<(f32, f32)>) {
+    out.clear();
+    let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+    let mut theta = pos as f32;
+    for _ in 0..p.n_rot / 2 {
+        let t = p.freq_scale * theta;
+        out.push((t.cos(), t.sin()));
+        theta *= theta_scale;
+    }
+}
+
+/// Rotates every head of one row (`n_heads` heads of `head_dim`) by precomputed angles.
+pub fn rope_row(row: &mut [f32], head_dim: usize, angles: &[(f32, f32)], style: RopeStyle) {
+    let n_rot = angles.len() * 2;
+    for head in row.chunks_exact_mut(head_dim) {
+        match style {
+            RopeStyle::Interleaved => {
+                for (i, &(c, s)) in angles.iter().enumerate() {
+                    let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+                    head[2 * i] = x0 * c - x1 * s;
+                    head[2 * i + 1] = x0 * s + x1 * c;
+                }
+            }
+            RopeStyle::Neox => {
+                let half = n_rot / 2;
+                for (i, &(c, s)) in angles.iter().enumerate() {
+                    let (x0, x1) = (head[i], head[i + half]);
+                    head[i] = x0 * c - x1 * s;
+                    head[i + half] = x0 * s + x1 * c;
+                }
+            }
+        }
+    }
+}
+
+/// GELU, tanh approximation, in f32.
+pub fn gelu_tanh_f32(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044_715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+/// GELU as llama.cpp's CPU backend evaluates it (the parity reference): the input rounded to f16 and
+/// looked up in a table of f16 results, 0 below -10 and the identity above 10.
+pub fn gelu_tanh(x: f32) -> f32 {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    if x <= -10.0 {
+        return 0.0;
+    }
+    if x >= 10.0 {
+        return x;
+    }
+    let table = TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|bits| half::f16::from_f32(gelu_tanh_f32(half::f16::from_bits(bits).to_f32())).to_f32())
+            .collect()
+    });
+    table[half::f16::from_f32(x).to_bits() as usize]
+}
+
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `gate[i] = act(gate[i]) * up[i]`: the gated FFN's middle.
+pub fn gated(gate: &mut [f32], up: &[f32], act: fn(f32) -> f32) {
+    gate.iter_mut().zip(up).for_each(|(g, &u)| *g = act(*g) * u);
+}
+
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, &b)| *a += b);
+}
+
+pub fn scale_in_place(x: &mut [f32], s: f32) {
+    x.iter_mut().for_each(|v| *v *= s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_normalizes_each_group() {
+        let mut x = vec![3.0, 4.0, 1.0, 1.0];
+        rms_norm(&mut x, 2, Some(&[1.0, 2.0]), 0.0);
+        let r = (12.5f32).sqrt();
+        assert!((x[0] - 3.0 / r).abs() < 1e-6 && (x[1] - 8.0 / r).abs() < 1e-6);
+        assert!((x[2] - 1.0).abs() < 1e-6 && (x[3] - 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_preserves_norm_and_is_identity_at_zero() {
+        let p = RopeParams {
+            style: RopeStyle::Neox,
+            n_rot: 8,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+        };
+        let mut angles = Vec::new();
+        rope_angles(0, &p, &mut angles);
+        let orig: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.7).collect();
+        let mut x = orig.clone();
+        rope_row(&mut x, 8, &angles, RopeStyle::Neox);
+        assert_eq!(x, orig);
+        for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
+            rope_angles(37, &p, &mut angles);
+            let mut x = orig.clone();
+            rope_row(&mut x, 8, &angles, style);
+            let n0: f32 = orig.iter().map(|v| v * v).sum();
+            let n1: f32 = x.iter().map(|v| v * v).sum();
+            assert!((n0 - n1).abs() < 1e-4, "{style:?}");
+            assert_ne!(x, orig);
+        }
+    }
+
+    #[test]
+    fn rope_rotates_relative_positions() {
+        // <rope(q, m), rope(k, n)> depends only on m - n.
+        let p = RopeParams {
+            style: RopeStyle::Interleaved,
+            n_rot: 4,
+            freq_base: 100.0,
+            freq_scale: 1.0,
+        };
+        let dot_at = |m: usize, n: usize| {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            rope_angles(m, &p, &mut a);
+            rope_angles(n, &p, &mut b);
+            let mut q = vec![0.3, -1.0, 0.5, 2.0];
+            let mut k = vec![1.0, 0.2, -0.4, 0.9];
+            rope_row(&mut q, 4, &a, p.style);
+            rope_row(&mut k, 4, &b, p.style);
+            q.iter().zip(&k).map(|(x, y)| x * y).sum::<f32>()
+        };
+        assert!((dot_at(10, 7) - dot_at(5, 2)).abs() < 1e-4);
+    }
+
+    #[test]
+    fn activations() {
+        assert!((gelu_tanh_f32(1.0) - 0.841_192).abs() < 1e-5);
+        assert!(
+            (gelu_tanh(1.0) - 0.841_192).abs() < 1e-3,
+            "the f16 table is within f16 precision"
+        );
+        assert_eq!(gelu_tanh(-11.0), 0.0);
+        assert_eq!(gelu_tanh(12.5), 12.5);
+        assert_eq!(gelu_tanh(0.0), 0.0);
+        assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,295 @@
+//! `tandem run` (one prompt, streamed) and `tandem chat` (an interactive REPL with the chat template).
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use tandem_engine::{Engine, GenerateOptions, SamplingParams, Timings};
+use tandem_model::Model;
+use tandem_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+
+/// Options shared by every command that loads a model and runs it.
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// A GGUF path or a known model alias (pulled on first use).
+    #[arg(long, short = 'm', default_value = crate::registry::DEFAULT_MODEL)]
+    pub model: String,
+    /// Worker threads (default: all cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: the model's, at most 8192).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Rows per prefill chunk (1 = every prompt token through the decode route).
+    #[arg(long, default_value_t = tandem_engine::DEFAULT_PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
+    /// Print model, memory and route details to stderr.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+}
+
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// Maximum tokens to generate.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            ..SamplingParams::default()
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Read the prompt from a file.
+    #[arg(long, conflicts_with = "prompt")]
+    pub prompt_file: Option<PathBuf>,
+    /// The prompt (raw text; `tandem chat` applies the chat template).
+    pub prompt: Option<String>,
+    /// Parse special tokens such as `<start_of_turn>` in the prompt.
+    #[arg(long)]
+    pub special: bool,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output_format: OutputFormat,
+}
+
+/// A loaded model with its tokenizer.
+pub struct Loaded {
+    pub engine: Engine,
+    pub tokenizer: Tokenizer,
+    pub n_ctx: usize,
+}
+
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let path = crate::registry::resolve(&args.model)?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let file = tandem_gguf::GgufFile::open(&path)?;
+    let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let model = Model::from_file(file, threads).with_context(|| format!("loading {}", path.display()))?;
+    let n_ctx = args.ctx.unwrap_or(model.config.context_length.min(8192)).max(1);
+    if args.verbose {
+        let c = &model.config;
+        eprintln!(
+            "model: {} ({:?}), {} layers, d_model {}, {} heads / {} kv heads × {}, vocab {}, {} threads",
+            path.display(),
+            c.arch,
+            c.n_layer(),
+            c.d_model,
+            c.n_head,
+            c.n_kv_head,
+            c.head_dim,
+            c.n_vocab,
+            threads
+        );
+        let windows: Vec<String> = c
+            .layers
+            .iter()
+            .map(|l| l.window.map_or("global".into(), |w| w.to_string()))
+            .collect();
+        eprintln!("layers: [{}]", windows.join(", "));
+        eprintln!(
+            "weights streamed per decode step: {:.1} MB",
+            model.weights.decode_bytes() as f64 / 1e6
+        );
+    }
+    Ok(Loaded {
+        engine: Engine::new(model),
+        tokenizer,
+        n_ctx,
+    })
+}
+
+fn print_kv(loaded: &Loaded, kv: &tandem_model::SequenceKv) {
+    eprintln!(
+        "kv cache: {} positions, {:.2} MB allocated, {:.2} MB at the full context of {} (f16)",
+        kv.len(),
+        kv.bytes_allocated() as f64 / 1e6,
+        kv.bytes_at_capacity() as f64 / 1e6,
+        loaded.n_ctx
+    );
+}
+
+fn print_timings(t: &Timings) {
+    eprintln!(
+        "\nprompt {} tokens: TTFT {:.1} ms, prefill {:.1} tok/s; decode {} tokens, {:.1} tok/s",
+        t.prompt_tokens,
+        t.ttft.as_secs_f64() * 1e3,
+        t.prefill_tok_s(),
+        t.decode_tokens,
+        t.decode_tok_s()
+    );
+}
+
+pub fn run(args: &RunArgs) -> Result<()> {
+    let prompt = match (&args.prompt_file, &args.prompt) {
+        (Some(p), _) => std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        (None, Some(p)) => p.clone(),
+        (None, None) => bail!("give a prompt or --prompt-file"),
+    };
+    let mut loaded = load(&args.model)?;
+    let ids = loaded.tokenizer.try_encode(&prompt, true, args.special)?;
+    let opts = GenerateOptions {
+        max_tokens: args.sampling.max_tokens,
+        prefill_chunk: args.model.prefill_chunk,
+        sampling: args.sampling.params(),
+        stop_ids: loaded.tokenizer.eog_ids(),
+    };
+    let mut kv = loaded.engine.new_sequence(loaded.n_ctx);
+    let mut stream = loaded.tokenizer.stream_decoder(false);
+    let text_mode = args.output_format == OutputFormat::Text;
+    let mut stdout = std::io::stdout().lock();
+    if text_mode {
+        write!(stdout, "{prompt}")?;
+        stdout.flush()?;
+    }
+    let (completion, timings) = loaded.engine.generate(&mut kv, &ids, &opts, |id| {
+        if text_mode {
+            let piece = stream.push(id);
+            // A closed pipe ends generation rather than the process.
+            write!(stdout, "{piece}").and_then(|_| stdout.flush()).is_ok()
+        } else {
+            true
+        }
+    })?;
+    if text_mode {
+        writeln!(stdout, "{}", stream.flush())?;
+    } else {
+        let out = json!({
+            "prompt_ids": ids,
+            "completion_ids": completion,
+            "text": loaded.tokenizer.decode(&completion, false),
+            "timings": {
+                "prompt_tokens": timings.prompt_tokens,
+                "ttft_ms": timings.ttft.as_secs_f64() * 1e3,
+                "prefill_tok_s": timings.prefill_tok_s(),
+                "decode_tokens": timings.decode_tokens,
+                "decode_tok_s": timings.decode_tok_s(),
+            }
+        });
+        writeln!(stdout, "{out}")?;
+    }
+    print_timings(&timings);
+    if args.model.verbose {
+        print_kv(&loaded, &kv);
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// A system message.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+/// An interactive conversation. Each turn re-renders the whole conversation with the chat template and
+/// feeds only what the cache has not seen yet (the cached tokens are a prefix of the new prompt).
+pub fn chat(args: &ChatArgs) -> Result<()> {
+    let mut loaded = load(&args.model)?;
+    let file = tandem_gguf::GgufFile::open(crate::registry::resolve(&args.model.model)?)?;
+    let template = ChatTemplate::from_gguf(&file)?;
+    let mut messages: Vec<ChatMessage> = args.system.iter().map(ChatMessage::system).collect();
+    let mut kv = loaded.engine.new_sequence(loaded.n_ctx);
+    let mut cached: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    eprintln!("tandem chat: type a message, an empty line or Ctrl-D to quit");
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+            break;
+        }
+        messages.push(ChatMessage::user(line.trim_end()));
+        let prompt = template.render(&messages, true)?;
+        let ids = loaded.tokenizer.try_encode(&prompt, true, true)?;
+        // Strip the BOS the template may have written besides the tokenizer's own.
+        let ids = dedup_bos(&loaded.tokenizer, ids);
+        let new = if ids.starts_with(&cached) && cached.len() < ids.len() {
+            &ids[cached.len()..]
+        } else {
+            kv = loaded.engine.new_sequence(loaded.n_ctx);
+            cached.clear();
+            &ids[..]
+        };
+        let opts = GenerateOptions {
+            max_tokens: args.sampling.max_tokens,
+            prefill_chunk: args.model.prefill_chunk,
+            sampling: args.sampling.params(),
+            stop_ids: loaded.tokenizer.eog_ids(),
+        };
+        let mut stream = loaded.tokenizer.stream_decoder(false);
+        let mut out = std::io::stdout().lock();
+        let (completion, timings) = loaded.engine.generate(&mut kv, new, &opts, |id| {
+            let piece = stream.push(id);
+            write!(out, "{piece}").and_then(|_| out.flush()).is_ok()
+        })?;
+        writeln!(out, "{}", stream.flush())?;
+        cached = ids.clone();
+        cached.extend(&completion);
+        // The last sampled token was never fed to the model: the cache holds everything before it.
+        cached.pop();
+        let reply = loaded.tokenizer.decode(&completion, false);
+        messages.push(ChatMessage::assistant(reply.trim_end()));
+        if args.model.verbose {
+            print_timings(&timings);
+            print_kv(&loaded, &kv);
+        }
+    }
+    Ok(())
+}
+
+fn dedup_bos(tok: &Tokenizer, mut ids: Vec<u32>) -> Vec<u32> {
+    if let Some(bos) = tok.bos() {
+        while ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+            ids.remove(0);
+        }
+    }
+    ids
+}

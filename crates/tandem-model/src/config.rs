@@ -1,0 +1,196 @@
+//! Model hyper-parameters from GGUF metadata, with llama.cpp's defaults where a key is missing.
+
+use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+use tandem_gguf::GgufFile;
+
+use crate::ModelError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Gemma3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    GeluTanh,
+}
+
+/// What differs between layers: the attention span and the rotary embedding.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerSpec {
+    /// Sliding window (keys k with p - window < k <= p), or `None` for a global layer.
+    pub window: Option<usize>,
+    pub rope: RopeParams,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub n_vocab: usize,
+    pub d_model: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub d_ff: usize,
+    pub eps: f32,
+    /// The context the model was trained for.
+    pub context_length: usize,
+    pub layers: Vec<LayerSpec>,
+    /// Multiplies q·k.
+    pub attn_scale: f32,
+    /// Gemma multiplies the embeddings by sqrt(d_model).
+    pub embed_scale: Option<f32>,
+    pub activation: Activation,
+    /// Gemma 3: RMS norm of each q and k head before RoPE.
+    pub qk_norm: bool,
+    /// Gemma 3: norms after attention and after the FFN as well as before ("sandwich").
+    pub post_norms: bool,
+}
+
+impl ModelConfig {
+    pub fn n_layer(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn q_width(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    pub fn kv_width(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+
+    pub fn from_gguf(file: &GgufFile) -> Result<Self, ModelError> {
+        let arch_name = file.architecture()?;
+        let arch = match arch_name {
+            "llama" => Arch::Llama,
+            "gemma3" => Arch::Gemma3,
+            other => {
+                return Err(ModelError::Unsupported(format!(
+                    "architecture {other:?} (llama, gemma3)"
+                )))
+            }
+        };
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let req = |k: &str| -> Result<usize, ModelError> {
+            let name = key(k);
+            Ok(file.require(&name, file.get_u64(&name))? as usize)
+        };
+        let opt_u = |k: &str| -> Result<Option<usize>, ModelError> { Ok(file.get_u64(&key(k))?.map(|v| v as usize)) };
+        let opt_f = |k: &str| -> Result<Option<f32>, ModelError> { Ok(file.get_f32(&key(k))?) };
+
+        let d_model = req("embedding_length")?;
+        let n_layer = req("block_count")?;
+        let n_head = req("attention.head_count")?;
+        let n_kv_head = opt_u("attention.head_count_kv")?.unwrap_or(n_head);
+        let d_ff = req("feed_forward_length")?;
+        let context_length = req("context_length")?;
+        if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 || d_model == 0 || n_layer == 0 {
+            return Err(ModelError::Config(format!(
+                "inconsistent heads: {n_head} query heads, {n_kv_head} kv heads, d_model {d_model}, {n_layer} layers"
+            )));
+        }
+        let head_dim = opt_u("attention.key_length")?.unwrap_or(d_model / n_head);
+        let v_dim = opt_u("attention.value_length")?.unwrap_or(head_dim);
+        if v_dim != head_dim || head_dim == 0 || head_dim % 2 != 0 {
+            return Err(ModelError::Unsupported(format!(
+                "key length {head_dim} with value length {v_dim}"
+            )));
+        }
+        let eps = opt_f("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5);
+        let freq_base = opt_f("rope.freq_base")?.unwrap_or(10_000.0);
+        let n_rot = opt_u("rope.dimension_count")?.unwrap_or(head_dim);
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(ModelError::Config(format!(
+                "rope.dimension_count {n_rot} with head dim {head_dim}"
+            )));
+        }
+        let freq_scale = match (file.get_str(&key("rope.scaling.type"))?, opt_f("rope.scaling.factor")?) {
+            (Some("linear"), Some(f)) if f > 0.0 => 1.0 / f,
+            (Some("linear"), Some(f)) => return Err(ModelError::Config(format!("rope scaling factor {f}"))),
+            (None | Some("none"), _) | (Some("linear"), None) => 1.0,
+            (Some(other), _) => return Err(ModelError::Unsupported(format!("rope scaling {other:?}"))),
+        };
+        let n_vocab = match opt_u("vocab_size")? {
+            Some(n) => n,
+            None => file
+                .tensor_info("token_embd.weight")
+                .and_then(|t| t.dims.get(1).copied())
+                .ok_or_else(|| ModelError::Config("no vocab_size and no token_embd.weight".into()))?
+                as usize,
+        };
+
+        let rope = |base: f32, scale: f32, style| RopeParams {
+            style,
+            n_rot,
+            freq_base: base,
+            freq_scale: scale,
+        };
+        let (layers, attn_scale, embed_scale, activation, qk_norm, post_norms) = match arch {
+            Arch::Llama => {
+                let spec = LayerSpec {
+                    window: None,
+                    rope: rope(freq_base, freq_scale, RopeStyle::Interleaved),
+                };
+                (
+                    vec![spec; n_layer],
+                    1.0 / (head_dim as f32).sqrt(),
+                    None,
+                    Activation::Silu,
+                    false,
+                    false,
+                )
+            }
+            Arch::Gemma3 => {
+                // llama.cpp's Gemma 3: every 6th layer global, the rest sliding-window with a local RoPE base
+                // of 10000 and no scaling; the global layers use rope.freq_base and the scaling.
+                let window = opt_u("attention.sliding_window")?.unwrap_or(4096);
+                let layers = (0..n_layer)
+                    .map(|i| {
+                        if i % 6 == 5 {
+                            LayerSpec {
+                                window: None,
+                                rope: rope(freq_base, freq_scale, RopeStyle::Neox),
+                            }
+                        } else {
+                            LayerSpec {
+                                window: Some(window),
+                                rope: rope(10_000.0, 1.0, RopeStyle::Neox),
+                            }
+                        }
+                    })
+                    .collect();
+                // Gemma 3 27B scales queries by 1/sqrt(d_model / n_head) rather than by the head dim.
+                let scale_dim = if n_layer == 62 { d_model / n_head } else { head_dim };
+                let embed_scale = Some((d_model as f32).sqrt());
+                (
+                    layers,
+                    1.0 / (scale_dim as f32).sqrt(),
+                    embed_scale,
+                    Activation::GeluTanh,
+                    true,
+                    true,
+                )
+            }
+        };
+        Ok(ModelConfig {
+            arch,
+            n_vocab,
+            d_model,
+            n_head,
+            n_kv_head,
+            head_dim,
+            d_ff,
+            eps,
+            context_length,
+            layers,
+            attn_scale,
+            embed_scale,
+            activation,
+            qk_norm,
+            post_norms,
+        })
+    }
+}

@@ -1,0 +1,324 @@
+//! The KV cache of one sequence: per layer, f16 K and V rows under a `RingPlacement`.
+//!
+//! Every chunk is stored before it is attended, and attention reads f16 rows (from the cache or from a
+//! staged copy of it), so a prefilled position is attended with exactly the bits a later decode step reads.
+
+mod placement;
+
+pub use placement::{ChunkRoute, RingPlacement};
+
+use half::f16;
+use tandem_backend::cpu::attention::KvRows;
+
+use crate::config::ModelConfig;
+use crate::ModelError;
+
+/// Storage grows in steps of this many rows, so a short conversation does not pay for the whole context.
+const GROW_ROWS: usize = 256;
+
+pub struct LayerCache {
+    pub placement: RingPlacement,
+    pub window: Option<usize>,
+    width: usize,
+    k: Vec<f16>,
+    v: Vec<f16>,
+}
+
+/// Scratch for the staged route, reused across layers and chunks.
+#[derive(Default)]
+pub struct StagingBuffers {
+    k: Vec<f16>,
+    v: Vec<f16>,
+}
+
+impl LayerCache {
+    fn new(capacity: usize, window: Option<usize>, width: usize) -> Self {
+        LayerCache {
+            placement: RingPlacement::new(capacity),
+            window,
+            width,
+            k: Vec::new(),
+            v: Vec::new(),
+        }
+    }
+
+    fn allocated_rows(&self) -> usize {
+        self.k.len() / self.width
+    }
+
+    fn ensure_rows(&mut self, rows: usize) {
+        if rows > self.allocated_rows() {
+            let target = rows
+                .div_ceil(GROW_ROWS)
+                .saturating_mul(GROW_ROWS)
+                .min(self.placement.capacity);
+            let extra = (target * self.width).saturating_sub(self.k.len());
+            self.k.reserve_exact(extra);
+            self.v.reserve_exact(extra);
+            self.k.resize(target * self.width, f16::ZERO);
+            self.v.resize(target * self.width, f16::ZERO);
+        }
+    }
+
+    /// Writes `t` rows of K and V (f32, `width` each) at the end of the cache, evicting the oldest rows
+    /// of a full ring.
+    fn commit(&mut self, k: &[f32], v: &[f32], t: usize) {
+        let (rows, after) = self.placement.append(t);
+        let needed = rows.iter().flatten().max().map_or(0, |&r| r + 1);
+        self.ensure_rows(needed);
+        let w = self.width;
+        for (i, phys) in rows.iter().enumerate() {
+            if let Some(r) = *phys {
+                to_f16(&k[i * w..(i + 1) * w], &mut self.k[r * w..(r + 1) * w]);
+                to_f16(&v[i * w..(i + 1) * w], &mut self.v[r * w..(r + 1) * w]);
+            }
+        }
+        self.placement = after;
+    }
+
+    /// Stores a chunk of `t` rows and calls `attend` with a view of every row its queries may see.
+    /// The route (store then attend, or stage → attend → commit) follows `RingPlacement::route`.
+    pub fn store_and_attend(
+        &mut self,
+        k: &[f32],
+        v: &[f32],
+        t: usize,
+        staging: &mut StagingBuffers,
+        attend: impl FnOnce(&dyn KvRows),
+    ) {
+        match self.placement.route(t, self.window) {
+            ChunkRoute::StoreThenAttend => {
+                self.commit(k, v, t);
+                attend(&CacheView { layer: self });
+            }
+            ChunkRoute::Staged { retained_from } => {
+                let w = self.width;
+                let end = self.placement.end();
+                let rows = end - retained_from + t;
+                staging.k.clear();
+                staging.v.clear();
+                staging.k.reserve(rows * w);
+                staging.v.reserve(rows * w);
+                for logical in retained_from..end {
+                    let r = self.placement.physical(logical).expect("retained rows are cached");
+                    staging.k.extend_from_slice(&self.k[r * w..(r + 1) * w]);
+                    staging.v.extend_from_slice(&self.v[r * w..(r + 1) * w]);
+                }
+                let old = staging.k.len();
+                staging.k.resize(rows * w, f16::ZERO);
+                staging.v.resize(rows * w, f16::ZERO);
+                to_f16(k, &mut staging.k[old..]);
+                to_f16(v, &mut staging.v[old..]);
+                attend(&StagedView {
+                    k: &staging.k,
+                    v: &staging.v,
+                    first: retained_from,
+                    width: w,
+                });
+                // Committed only after attention consumed the staged rows.
+                self.commit(k, v, t);
+            }
+        }
+    }
+}
+
+fn to_f16(src: &[f32], dst: &mut [f16]) {
+    use half::slice::HalfFloatSliceExt;
+    dst.convert_from_f32_slice(src);
+}
+
+struct CacheView<'a> {
+    layer: &'a LayerCache,
+}
+
+impl KvRows for CacheView<'_> {
+    fn k_row(&self, pos: usize) -> &[f16] {
+        let r = self
+            .layer
+            .placement
+            .physical(pos)
+            .expect("attention reads only cached rows");
+        &self.layer.k[r * self.layer.width..(r + 1) * self.layer.width]
+    }
+
+    fn v_row(&self, pos: usize) -> &[f16] {
+        let r = self
+            .layer
+            .placement
+            .physical(pos)
+            .expect("attention reads only cached rows");
+        &self.layer.v[r * self.layer.width..(r + 1) * self.layer.width]
+    }
+}
+
+struct StagedView<'a> {
+    k: &'a [f16],
+    v: &'a [f16],
+    first: usize,
+    width: usize,
+}
+
+impl KvRows for StagedView<'_> {
+    fn k_row(&self, pos: usize) -> &[f16] {
+        let i = pos - self.first;
+        &self.k[i * self.width..(i + 1) * self.width]
+    }
+
+    fn v_row(&self, pos: usize) -> &[f16] {
+        let i = pos - self.first;
+        &self.v[i * self.width..(i + 1) * self.width]
+    }
+}
+
+/// All layers' caches of one sequence.
+pub struct SequenceKv {
+    pub layers: Vec<LayerCache>,
+    pub n_ctx: usize,
+}
+
+impl SequenceKv {
+    /// A cache for up to `n_ctx` positions: global layers may grow to `n_ctx` rows, sliding-window layers
+    /// to their window.
+    pub fn new(config: &ModelConfig, n_ctx: usize) -> Self {
+        let layers = config
+            .layers
+            .iter()
+            .map(|l| {
+                let capacity = l.window.map_or(n_ctx, |w| w.min(n_ctx));
+                LayerCache::new(capacity, l.window, config.kv_width())
+            })
+            .collect();
+        SequenceKv { layers, n_ctx }
+    }
+
+    /// Positions cached so far (the next position to be written).
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.placement.end())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checks that `t` more rows fit in the context.
+    pub fn check_room(&self, t: usize) -> Result<(), ModelError> {
+        if self.len() + t > self.n_ctx {
+            return Err(ModelError::ContextFull {
+                n_ctx: self.n_ctx,
+                len: self.len(),
+                adding: t,
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes of K and V storage allocated now.
+    pub fn bytes_allocated(&self) -> usize {
+        self.layers.iter().map(|l| (l.k.capacity() + l.v.capacity()) * 2).sum()
+    }
+
+    /// Bytes the cache would hold with every layer full.
+    pub fn bytes_at_capacity(&self) -> usize {
+        self.layers.iter().map(|l| l.placement.capacity * l.width * 2 * 2).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Activation, Arch, LayerSpec};
+    use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+
+    /// Gemma 3 270M's shape: 18 layers, every 6th global, window 512, one KV head of 256.
+    fn gemma3_270m() -> ModelConfig {
+        let rope = RopeParams {
+            style: RopeStyle::Neox,
+            n_rot: 256,
+            freq_base: 10_000.0,
+            freq_scale: 1.0,
+        };
+        ModelConfig {
+            arch: Arch::Gemma3,
+            n_vocab: 262144,
+            d_model: 640,
+            n_head: 4,
+            n_kv_head: 1,
+            head_dim: 256,
+            d_ff: 2048,
+            eps: 1e-6,
+            context_length: 32768,
+            layers: (0..18)
+                .map(|i| LayerSpec {
+                    window: (i % 6 != 5).then_some(512),
+                    rope,
+                })
+                .collect(),
+            attn_scale: 1.0 / 16.0,
+            embed_scale: Some(640f32.sqrt()),
+            activation: Activation::GeluTanh,
+            qk_norm: true,
+            post_norms: true,
+        }
+    }
+
+    #[test]
+    fn gemma3_kv_at_32k_context_fits_110_mb() {
+        let config = gemma3_270m();
+        let mut kv = SequenceKv::new(&config, 32768);
+        assert_eq!(kv.bytes_at_capacity(), 3 * 32768 * 1024 + 15 * 512 * 1024);
+        let mut staging = StagingBuffers::default();
+        let width = config.kv_width();
+        let chunk = 512;
+        let k = vec![0.5f32; chunk * width];
+        while kv.len() < 32768 {
+            for layer in &mut kv.layers {
+                layer.store_and_attend(&k, &k, chunk, &mut staging, |_| {});
+            }
+        }
+        assert_eq!(kv.len(), 32768);
+        assert!(
+            kv.bytes_allocated() <= 110_000_000,
+            "{} bytes of KV",
+            kv.bytes_allocated()
+        );
+        assert_eq!(kv.bytes_allocated(), kv.bytes_at_capacity());
+        assert!(kv.check_room(1).is_err(), "the context is full");
+    }
+
+    /// Rows seen by the attention callback for each chunk, checked against the window rule.
+    #[test]
+    fn every_route_shows_exactly_the_visible_rows() {
+        let config = ModelConfig {
+            layers: vec![gemma3_270m().layers[0]; 1],
+            ..gemma3_270m()
+        };
+        let window = 512;
+        for chunks in [
+            vec![1138],
+            vec![1; 1100],
+            vec![600, 1, 1, 64, 64, 7, 400],
+            vec![511, 65, 65, 65, 512],
+        ] {
+            let mut kv = SequenceKv::new(&config, 4096);
+            let mut staging = StagingBuffers::default();
+            let width = config.kv_width();
+            for t in chunks {
+                let start = kv.len();
+                // Row values encode their position, so a view that returns the wrong row is caught.
+                let k: Vec<f32> = (0..t * width).map(|i| ((start + i / width) % 2048) as f32).collect();
+                kv.layers[0].store_and_attend(&k, &k, t, &mut staging, |view| {
+                    for p in start..start + t {
+                        for key in (p + 1).saturating_sub(window)..=p {
+                            assert_eq!(
+                                view.k_row(key)[0].to_f32(),
+                                (key % 2048) as f32,
+                                "key {key} for query {p}"
+                            );
+                            assert_eq!(view.v_row(key)[width - 1].to_f32(), (key % 2048) as f32);
+                        }
+                    }
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Model graphs configured from GGUF metadata, and the KV cache they attend through.
+//!
+//! - `config`: hyper-parameters per architecture (llama, gemma3), llama.cpp's defaults where keys are missing.
+//! - `weights`: tensors checked at load and left in the memory-mapped file.
+//! - `graph`: the layer graph, written once for one row (decode) or many (prefill) and any mix of sequences.
+//! - `kv`: per-sequence f16 caches with ring placement for sliding-window layers.
+
+pub mod config;
+pub mod graph;
+pub mod kv;
+pub mod weights;
+
+use std::path::Path;
+
+use tandem_backend::cpu::pool::ThreadPool;
+use tandem_gguf::GgufFile;
+
+pub use config::{Arch, ModelConfig};
+pub use graph::{LogitRows, Span, Workspace};
+pub use kv::SequenceKv;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] tandem_gguf::GgufError),
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    #[error("model config: {0}")]
+    Config(String),
+    #[error("tensor {name:?}: {reason}")]
+    Tensor { name: String, reason: String },
+    #[error("kernel: {0}")]
+    Kernel(String),
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    Token { id: u32, n_vocab: usize },
+    #[error("context full: {len} of {n_ctx} positions used, {adding} more requested")]
+    ContextFull { n_ctx: usize, len: usize, adding: usize },
+}
+
+/// A loaded model: configuration, weights (in the mapped file) and the threads its kernels run on.
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: weights::Weights,
+    pub file: GgufFile,
+    pub pool: ThreadPool,
+}
+
+impl Model {
+    pub fn load(path: &Path, threads: usize) -> Result<Self, ModelError> {
+        let file = GgufFile::open(path)?;
+        Self::from_file(file, threads)
+    }
+
+    pub fn from_file(file: GgufFile, threads: usize) -> Result<Self, ModelError> {
+        let config = ModelConfig::from_gguf(&file)?;
+        let weights = weights::Weights::load(&file, &config)?;
+        Ok(Model {
+            config,
+            weights,
+            file,
+            pool: ThreadPool::new(threads.max(1)),
+        })
+    }
+
+    /// A fresh KV cache for one sequence of up to `n_ctx` positions.
+    pub fn new_sequence(&self, n_ctx: usize) -> SequenceKv {
+        SequenceKv::new(&self.config, n_ctx)
+    }
+}

@@ -1,0 +1,157 @@
+//! The model's tensors: matrices stay in the memory-mapped file (zero-copy), small vectors (norms) are
+//! read into f32. Every tensor's presence, type and shape is checked at load, with errors naming it.
+
+use tandem_gguf::{GgmlType, GgufFile, TensorInfo};
+
+use crate::config::ModelConfig;
+use crate::ModelError;
+
+/// A weight matrix inside the file: `rows` rows of `cols` elements (ggml dims `[cols, rows]`).
+#[derive(Clone, Debug)]
+pub struct Matrix {
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    offset: usize,
+    len: usize,
+}
+
+impl Matrix {
+    pub fn bytes<'f>(&self, file: &'f GgufFile) -> &'f [u8] {
+        &file.bytes()[self.offset..self.offset + self.len]
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.len / self.rows.max(1)
+    }
+}
+
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: Matrix,
+    pub wk: Matrix,
+    pub wv: Matrix,
+    pub wo: Matrix,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub gate: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+pub struct Weights {
+    pub token_embd: Matrix,
+    /// The output projection; the token embedding itself when the model ties them.
+    pub output: Matrix,
+    pub output_norm: Vec<f32>,
+    pub layers: Vec<LayerWeights>,
+}
+
+fn info<'f>(file: &'f GgufFile, name: &str) -> Result<&'f TensorInfo, ModelError> {
+    file.tensor_info(name).ok_or_else(|| ModelError::Tensor {
+        name: name.into(),
+        reason: "missing".into(),
+    })
+}
+
+fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Matrix, ModelError> {
+    let t = info(file, name)?;
+    if t.dims != [cols as u64, rows as u64] {
+        return Err(ModelError::Tensor {
+            name: name.into(),
+            reason: format!("shape {:?}, expected [{cols}, {rows}]", t.dims),
+        });
+    }
+    if tandem_backend::WeightClass::of(t.ty).is_none() {
+        return Err(ModelError::Tensor {
+            name: name.into(),
+            reason: format!("type {} has no CPU kernel", t.ty),
+        });
+    }
+    Ok(Matrix {
+        name: name.into(),
+        ty: t.ty,
+        rows,
+        cols,
+        offset: (file.data_offset + t.offset) as usize,
+        len: t.size as usize,
+    })
+}
+
+fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    let t = info(file, name)?;
+    if t.dims != [len as u64] {
+        return Err(ModelError::Tensor {
+            name: name.into(),
+            reason: format!("shape {:?}, expected [{len}]", t.dims),
+        });
+    }
+    tandem_quant::dequantize(t.ty, file.tensor_data(t)).map_err(|e| ModelError::Tensor {
+        name: name.into(),
+        reason: e.to_string(),
+    })
+}
+
+fn optional_vector(file: &GgufFile, name: &str, len: usize, wanted: bool) -> Result<Option<Vec<f32>>, ModelError> {
+    if wanted {
+        vector(file, name, len).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+impl Weights {
+    pub fn load(file: &GgufFile, c: &ModelConfig) -> Result<Self, ModelError> {
+        let d = c.d_model;
+        let token_embd = matrix(file, "token_embd.weight", d, c.n_vocab)?;
+        let output = match file.tensor_info("output.weight") {
+            Some(_) => matrix(file, "output.weight", d, c.n_vocab)?,
+            None => token_embd.clone(),
+        };
+        let output_norm = vector(file, "output_norm.weight", d)?;
+        let mut layers = Vec::with_capacity(c.n_layer());
+        for i in 0..c.n_layer() {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            layers.push(LayerWeights {
+                attn_norm: vector(file, &n("attn_norm"), d)?,
+                wq: matrix(file, &n("attn_q"), d, c.q_width())?,
+                wk: matrix(file, &n("attn_k"), d, c.kv_width())?,
+                wv: matrix(file, &n("attn_v"), d, c.kv_width())?,
+                wo: matrix(file, &n("attn_output"), c.q_width(), d)?,
+                q_norm: optional_vector(file, &n("attn_q_norm"), c.head_dim, c.qk_norm)?,
+                k_norm: optional_vector(file, &n("attn_k_norm"), c.head_dim, c.qk_norm)?,
+                post_attn_norm: optional_vector(file, &n("post_attention_norm"), d, c.post_norms)?,
+                ffn_norm: vector(file, &n("ffn_norm"), d)?,
+                gate: matrix(file, &n("ffn_gate"), d, c.d_ff)?,
+                up: matrix(file, &n("ffn_up"), d, c.d_ff)?,
+                down: matrix(file, &n("ffn_down"), c.d_ff, d)?,
+                post_ffn_norm: optional_vector(file, &n("post_ffw_norm"), d, c.post_norms)?,
+            });
+        }
+        Ok(Weights {
+            token_embd,
+            output,
+            output_norm,
+            layers,
+        })
+    }
+
+    /// Bytes of weights one decode step streams: every layer matrix and the output projection.
+    pub fn decode_bytes(&self) -> usize {
+        let layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|m| m.len)
+                    .sum::<usize>()
+            })
+            .sum();
+        layer + self.output.len
+    }
+}
