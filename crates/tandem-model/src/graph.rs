@@ -33,7 +33,6 @@ pub struct Span<'a> {
 #[derive(Default)]
 pub struct Workspace {
     staging: StagingBuffers,
-    angles: Vec<(f32, f32)>,
 }
 
 /// Row-major f32 activations: `rows` rows of `width`.
@@ -60,6 +59,15 @@ impl Rows {
 }
 
 impl Model {
+    /// RMS norm of every `group`-wide slice of every row, times `weight`, rows spread over the pool.
+    fn norm(&self, x: &mut Rows, group: usize, weight: &[f32]) {
+        let width = x.width;
+        let eps = self.config.eps;
+        ops::par_rows(&self.pool, &mut x.data, width, &|_, row| {
+            ops::rms_norm(row, group, Some(weight), eps)
+        });
+    }
+
     fn matmul(&self, m: &crate::weights::Matrix, x: &Rows) -> Result<Rows, ModelError> {
         let mut out = Rows::zeros(x.n_rows(), m.rows);
         let w = tandem_backend::cpu::matmul::WeightMatrix {
@@ -109,13 +117,16 @@ impl Model {
             let mut k = self.matmul(&lw.wk, &h)?;
             let v = self.matmul(&lw.wv, &h)?;
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                ops::rms_norm(&mut q.data, c.head_dim, Some(qn), c.eps);
-                ops::rms_norm(&mut k.data, c.head_dim, Some(kn), c.eps);
+                self.norm(&mut q, c.head_dim, qn);
+                self.norm(&mut k, c.head_dim, kn);
             }
-            for (r, &pos) in positions.iter().enumerate() {
-                rope_angles(pos, &spec.rope, &mut ws.angles);
-                rope_row(q.row_mut(r), c.head_dim, &ws.angles, spec.rope.style);
-                rope_row(k.row_mut(r), c.head_dim, &ws.angles, spec.rope.style);
+            for rows in [&mut q, &mut k] {
+                let width = rows.width;
+                ops::par_rows(&self.pool, &mut rows.data, width, &|r, row| {
+                    let mut angles = Vec::with_capacity(spec.rope.n_rot / 2);
+                    rope_angles(positions[r], &spec.rope, &mut angles);
+                    rope_row(row, c.head_dim, &angles, spec.rope.style);
+                });
             }
             let mut attn = Rows::zeros(t, c.q_width());
             let shape = attn_shape(spec.window);
@@ -134,7 +145,7 @@ impl Model {
             }
             let mut o = self.matmul(&lw.wo, &attn)?;
             if let Some(n) = &lw.post_attn_norm {
-                ops::rms_norm(&mut o.data, c.d_model, Some(n), c.eps);
+                self.norm(&mut o, c.d_model, n);
             }
             ops::add_in_place(&mut x.data, &o.data);
 
@@ -150,10 +161,13 @@ impl Model {
                 Activation::Silu => ops::silu,
                 Activation::GeluTanh => ops::gelu_tanh,
             };
-            ops::gated(&mut gate.data, &up.data, act);
+            let d_ff = gate.width;
+            ops::par_rows(&self.pool, &mut gate.data, d_ff, &|r, row| {
+                ops::gated(row, &up.data[r * d_ff..][..d_ff], act)
+            });
             let mut f = self.matmul(&lw.down, &gate)?;
             if let Some(n) = &lw.post_ffn_norm {
-                ops::rms_norm(&mut f.data, c.d_model, Some(n), c.eps);
+                self.norm(&mut f, c.d_model, n);
             }
             ops::add_in_place(&mut x.data, &f.data);
         }

@@ -58,7 +58,10 @@ impl OutPtr {
     }
 }
 
-/// `out[r]` = attention of query row `r` (at `positions[r]`) over `kv`. `q` and `out` are
+/// Consecutive query rows one task handles: they share each key/value tile converted to f32 once.
+const Q_BLOCK: usize = 8;
+
+/// `out[r]` = attention of query row `r` (at `positions[r]`, ascending) over `kv`. `q` and `out` are
 /// `positions.len()` rows of `n_head * head_dim`.
 pub fn attend(
     pool: &ThreadPool,
@@ -75,91 +78,181 @@ pub fn attend(
         shape.n_kv_head > 0 && shape.n_head.is_multiple_of(shape.n_kv_head),
         "GQA grouping"
     );
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "positions ascend");
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let n_tasks = positions.len() * shape.n_kv_head;
-    pool.run(n_tasks, &|task| {
-        let (row, kv_head) = (task / shape.n_kv_head, task % shape.n_kv_head);
-        let group = shape.n_head / shape.n_kv_head;
-        let heads = kv_head * group..(kv_head + 1) * group;
-        let q_row = &q[row * width..(row + 1) * width];
-        let q_heads = &q_row[heads.start * shape.head_dim..heads.end * shape.head_dim];
-        // SAFETY: task (row, kv_head) alone writes this row's heads of this group; `out` outlives `run`.
-        let out_heads = unsafe {
-            std::slice::from_raw_parts_mut(
-                out_ptr.get().add(row * width + heads.start * shape.head_dim),
-                group * shape.head_dim,
-            )
+    let n_blocks = positions.len().div_ceil(Q_BLOCK);
+    let isa = Simd::detect();
+    pool.run(n_blocks * shape.n_kv_head, &|task| {
+        let (block, kv_head) = (task / shape.n_kv_head, task % shape.n_kv_head);
+        let rows = block * Q_BLOCK..((block + 1) * Q_BLOCK).min(positions.len());
+        let job = Block {
+            q,
+            positions: &positions[rows.clone()],
+            first_row: rows.start,
+            kv,
+            kv_head,
+            shape,
+            simd: isa,
         };
-        attend_group(q_heads, positions[row], kv, kv_head, shape, out_heads);
+        match isa {
+            // SAFETY: `Simd::detect` checked the CPU has these features.
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 => unsafe { job.run_avx512(&out_ptr) },
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx2 => unsafe { job.run_avx2(&out_ptr) },
+            _ => job.run(&out_ptr),
+        }
     });
 }
 
-/// One query row's heads that share `kv_head`.
-fn attend_group(q: &[f32], pos: usize, kv: &dyn KvRows, kv_head: usize, shape: &AttentionShape, out: &mut [f32]) {
-    let d = shape.head_dim;
-    let group = q.len() / d;
-    let lo = shape.first_visible(pos);
-    let n_keys = pos + 1 - lo;
-    let kv_cols = kv_head * d..(kv_head + 1) * d;
+/// The widest vectors the attention loops may be compiled for. Every level runs the same operations in
+/// the same order (no fused multiply-add), so the level changes speed, never bits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Simd {
+    Baseline,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
 
-    // The query as f16 values, as llama.cpp converts it for its f16 × f16 dot products.
-    let q16: Vec<f32> = q.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
-    let mut k_row = vec![0f32; d];
-    let mut v_row = vec![0f32; d];
-    let mut scores = vec![0f32; group * n_keys];
-
-    // Sweep 1: scores, tile by tile.
-    for tile in lo / KV_TILE..=pos / KV_TILE {
-        let first = (tile * KV_TILE).max(lo);
-        let last = (tile * KV_TILE + KV_TILE - 1).min(pos);
-        for p in first..=last {
-            to_f32(&kv.k_row(p)[kv_cols.clone()], &mut k_row);
-            for h in 0..group {
-                scores[h * n_keys + p - lo] = dot(&q16[h * d..(h + 1) * d], &k_row) * shape.scale;
+impl Simd {
+    fn detect() -> Simd {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Simd::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return Simd::Avx2;
             }
         }
-    }
-    // Sweep 2: softmax weights, each rounded to f16 (llama.cpp converts them for the f16 V product).
-    for h in 0..group {
-        let s = &mut scores[h * n_keys..(h + 1) * n_keys];
-        let max = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f64;
-        for x in s.iter_mut() {
-            *x = (*x - max).exp();
-            sum += *x as f64;
-        }
-        let inv = (1.0 / sum) as f32;
-        s.iter_mut().for_each(|x| *x = f16::from_f32(*x * inv).to_f32());
-    }
-    // Sweep 3: weighted values, one partial sum per tile, tiles added in order.
-    out.iter_mut().for_each(|v| *v = 0.0);
-    let mut partial = vec![0f32; group * d];
-    for tile in lo / KV_TILE..=pos / KV_TILE {
-        let first = (tile * KV_TILE).max(lo);
-        let last = (tile * KV_TILE + KV_TILE - 1).min(pos);
-        partial.iter_mut().for_each(|v| *v = 0.0);
-        for p in first..=last {
-            to_f32(&kv.v_row(p)[kv_cols.clone()], &mut v_row);
-            for h in 0..group {
-                axpy(&mut partial[h * d..(h + 1) * d], scores[h * n_keys + p - lo], &v_row);
-            }
-        }
-        add(out, &partial);
+        Simd::Baseline
     }
 }
 
+/// A block of consecutive query rows and the heads that share one KV head.
+struct Block<'a> {
+    q: &'a [f32],
+    positions: &'a [usize],
+    first_row: usize,
+    kv: &'a dyn KvRows,
+    kv_head: usize,
+    shape: &'a AttentionShape,
+    simd: Simd,
+}
+
+impl Block<'_> {
+    /// The same code compiled for AVX2 and AVX-512: wider vectors, the same operations in the same
+    /// order (no fused multiply-add), so the same bits.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_avx2(&self, out: &OutPtr) {
+        self.run(out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn run_avx512(&self, out: &OutPtr) {
+        self.run(out)
+    }
+
+    #[inline(always)]
+    fn run(&self, out_ptr: &OutPtr) {
+        let shape = self.shape;
+        let d = shape.head_dim;
+        let group = shape.n_head / shape.n_kv_head;
+        let width = shape.n_head * d;
+        let kv_cols = self.kv_head * d..(self.kv_head + 1) * d;
+        let head_of = |r: usize, h: usize| (self.first_row + r) * width + (self.kv_head * group + h) * d;
+        let lo = shape.first_visible(self.positions[0]);
+        let hi = *self.positions.last().expect("a block has rows");
+
+        // The queries as f16 values, as llama.cpp converts them for its f16 × f16 dot products.
+        let n = self.positions.len();
+        let q16: Vec<f32> = (0..n * group)
+            .flat_map(|i| &self.q[head_of(i / group, i % group)..][..d])
+            .map(|&x| f16::from_f32(x).to_f32())
+            .collect();
+        // Scores per (row, head), indexed by key position from each row's own first visible key.
+        let spans: Vec<(usize, usize)> = self.positions.iter().map(|&p| (shape.first_visible(p), p)).collect();
+        let mut scores: Vec<Vec<f32>> = (0..n * group)
+            .map(|i| vec![0f32; spans[i / group].1 + 1 - spans[i / group].0])
+            .collect();
+
+        let mut tile_rows = vec![0f32; KV_TILE * d];
+        // Sweep 1: scores, tile by tile; each tile converted once for the whole block.
+        for tile in lo / KV_TILE..=hi / KV_TILE {
+            let (first, last) = ((tile * KV_TILE).max(lo), (tile * KV_TILE + KV_TILE - 1).min(hi));
+            for p in first..=last {
+                to_f32(
+                    &self.kv.k_row(p)[kv_cols.clone()],
+                    &mut tile_rows[(p - first) * d..][..d],
+                );
+            }
+            for (i, s) in scores.iter_mut().enumerate() {
+                let (from, to) = spans[i / group];
+                let qh = &q16[i * d..(i + 1) * d];
+                for p in first.max(from)..=last.min(to) {
+                    s[p - from] = self.simd.dot(qh, &tile_rows[(p - first) * d..][..d]) * shape.scale;
+                }
+            }
+        }
+        // Sweep 2: softmax weights, each rounded to f16 (llama.cpp converts them for the f16 V product).
+        for s in &mut scores {
+            let max = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f64;
+            for x in s.iter_mut() {
+                *x = (*x - max).exp();
+                sum += *x as f64;
+            }
+            let inv = (1.0 / sum) as f32;
+            s.iter_mut().for_each(|x| *x = f16::from_f32(*x * inv).to_f32());
+        }
+        // Sweep 3: weighted values, one partial sum per tile, tiles added in order.
+        // SAFETY: this task alone writes these (row, head) slices of the output (see `attend`), which
+        // outlives the task; each slice lies inside it.
+        let mut outs: Vec<&mut [f32]> = (0..n * group)
+            .map(|i| unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(head_of(i / group, i % group)), d) })
+            .collect();
+        outs.iter_mut().for_each(|o| o.iter_mut().for_each(|v| *v = 0.0));
+        let mut partial = vec![0f32; d];
+        for tile in lo / KV_TILE..=hi / KV_TILE {
+            let (first, last) = ((tile * KV_TILE).max(lo), (tile * KV_TILE + KV_TILE - 1).min(hi));
+            for p in first..=last {
+                to_f32(
+                    &self.kv.v_row(p)[kv_cols.clone()],
+                    &mut tile_rows[(p - first) * d..][..d],
+                );
+            }
+            for (i, s) in scores.iter().enumerate() {
+                let (from, to) = spans[i / group];
+                if first.max(from) > last.min(to) {
+                    continue;
+                }
+                partial.iter_mut().for_each(|v| *v = 0.0);
+                for p in first.max(from)..=last.min(to) {
+                    axpy(&mut partial, s[p - from], &tile_rows[(p - first) * d..][..d]);
+                }
+                add(outs[i], &partial);
+            }
+        }
+    }
+}
+
+#[inline(always)]
 fn add(acc: &mut [f32], x: &[f32]) {
     acc.iter_mut().zip(x).for_each(|(a, &b)| *a += b);
 }
 
+#[inline(always)]
 fn to_f32(src: &[f16], dst: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     src.convert_to_f32_slice(dst);
 }
 
-/// A dot product with 16 independent partial sums combined in a fixed tree: the same bits on any ISA
-/// (no fused multiply-add, no reassociation), and easy for the compiler to vectorize.
-#[inline]
+/// A dot product with 16 independent partial sums (element i goes to sum i mod 16) combined in a fixed
+/// tree: the same bits on any ISA (no fused multiply-add, no reassociation).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let chunks = a.len() / 16;
@@ -169,7 +262,13 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[i] += x[i] * y[i];
         }
     }
-    for i in chunks * 16..a.len() {
+    finish_dot(acc, a, b, chunks * 16)
+}
+
+/// Adds the tail (elements from `from`) to the partial sums and reduces them: 16 → 8 → 4 → 2 → 1.
+#[inline(always)]
+fn finish_dot(mut acc: [f32; 16], a: &[f32], b: &[f32], from: usize) -> f32 {
+    for i in from..a.len() {
         acc[i % 16] += a[i] * b[i];
     }
     let mut width = 8;
@@ -182,7 +281,59 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc[0]
 }
 
-#[inline]
+impl Simd {
+    /// `dot` with the partial sums held in vector registers.
+    #[inline(always)]
+    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        debug_assert_eq!(a.len(), b.len());
+        match self {
+            // SAFETY: `Simd::detect` checked the features; loads stay inside the slices (whole chunks).
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 => unsafe { dot_avx512(a, b) },
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx2 => unsafe { dot_avx2(a, b) },
+            Simd::Baseline => dot(a, b),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let chunks = a.len().min(b.len()) / 16;
+    let mut acc = _mm512_setzero_ps();
+    for c in 0..chunks {
+        let x = _mm512_loadu_ps(a.as_ptr().add(16 * c));
+        let y = _mm512_loadu_ps(b.as_ptr().add(16 * c));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(x, y));
+    }
+    let mut lanes = [0f32; 16];
+    _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
+    finish_dot(lanes, a, b, chunks * 16)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let chunks = a.len().min(b.len()) / 16;
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for c in 0..chunks {
+        let (pa, pb) = (a.as_ptr().add(16 * c), b.as_ptr().add(16 * c));
+        lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(pa), _mm256_loadu_ps(pb)));
+        hi = _mm256_add_ps(
+            hi,
+            _mm256_mul_ps(_mm256_loadu_ps(pa.add(8)), _mm256_loadu_ps(pb.add(8))),
+        );
+    }
+    let mut lanes = [0f32; 16];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), lo);
+    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi);
+    finish_dot(lanes, a, b, chunks * 16)
+}
+
+#[inline(always)]
 fn axpy(acc: &mut [f32], w: f32, v: &[f32]) {
     acc.iter_mut().zip(v).for_each(|(a, &x)| *a += w * x);
 }
@@ -286,6 +437,17 @@ mod tests {
                 );
                 assert_eq!(single, out[r * qw..(r + 1) * qw], "row {r}");
             }
+        }
+    }
+
+    #[test]
+    fn every_simd_level_gives_the_same_bits() {
+        let a = values(300, 5);
+        let b = values(300, 6);
+        for len in [0, 7, 16, 37, 256, 300] {
+            let want = dot(&a[..len], &b[..len]);
+            let got = Simd::detect().dot(&a[..len], &b[..len]);
+            assert_eq!(got.to_bits(), want.to_bits(), "len {len}");
         }
     }
 

@@ -1,6 +1,42 @@
 //! Row-wise element operations of the layer graph: RMS norm, RoPE, activations. Each works on one row
 //! at a time with a fixed operation order, so a row's result never depends on how many rows came with it.
 
+/// Runs `f(row_index, row)` over every `width`-wide row of `data`, rows shared out across the pool in
+/// contiguous runs. Each row is processed whole by one call, so the result is the same whatever the
+/// split.
+pub fn par_rows(
+    pool: &super::pool::ThreadPool,
+    data: &mut [f32],
+    width: usize,
+    f: &(dyn Fn(usize, &mut [f32]) + Sync),
+) {
+    let n_rows = data.len() / width;
+    // Below a few rows the hand-off costs more than it saves.
+    if n_rows < 4 || pool.n_threads() == 1 {
+        data.chunks_exact_mut(width).enumerate().for_each(|(r, row)| f(r, row));
+        return;
+    }
+    let per_task = n_rows.div_ceil(pool.n_threads() * 4);
+    let base = RowsPtr(data.as_mut_ptr());
+    pool.run(n_rows.div_ceil(per_task), &|task| {
+        for r in task * per_task..((task + 1) * per_task).min(n_rows) {
+            // SAFETY: each row index belongs to exactly one task, and `data` outlives `run`.
+            let row = unsafe { std::slice::from_raw_parts_mut(base.get().add(r * width), width) };
+            f(r, row);
+        }
+    });
+}
+
+struct RowsPtr(*mut f32);
+// SAFETY: `par_rows` hands each row to one task only.
+unsafe impl Sync for RowsPtr {}
+
+impl RowsPtr {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// RMS-normalizes each `group`-wide slice of `x` in place and multiplies by `weight` (length `group`).
 /// ggml's order: the sum of squares in f64, then one f32 scale.
 pub fn rms_norm(x: &mut [f32], group: usize, weight: Option<&[f32]>, eps: f32) {
