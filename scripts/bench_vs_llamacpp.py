@@ -58,7 +58,8 @@ def main():
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--tandem", default="target/release/tandem")
-    ap.add_argument("--llama-bench", default=shutil.which("llama-bench") or "llama-bench")
+    ap.add_argument("--llama-bench", default=shutil.which("llama-bench") or "llama-bench",
+                    help="llama-bench executable (LD_LIBRARY_PATH must reach its libraries)")
     args = ap.parse_args()
 
     rows = []
