@@ -2,6 +2,7 @@
 
 pub mod sampling;
 pub mod score;
+pub mod serve;
 
 use std::time::{Duration, Instant};
 

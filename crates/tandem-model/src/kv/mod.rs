@@ -16,6 +16,7 @@ use crate::ModelError;
 /// Storage grows in steps of this many rows, so a short conversation does not pay for the whole context.
 const GROW_ROWS: usize = 256;
 
+#[derive(Clone)]
 pub struct LayerCache {
     pub placement: RingPlacement,
     pub window: Option<usize>,
@@ -170,7 +171,39 @@ impl KvRows for StagedView<'_> {
     }
 }
 
+/// A copy of a sequence's sliding-window layers at one position: enough, with the global layers cut back
+/// to the same position, to continue from there after the rings have moved on.
+#[derive(Clone)]
+pub struct Checkpoint {
+    pub pos: usize,
+    rings: Vec<(usize, LayerCache)>,
+}
+
+impl Checkpoint {
+    pub fn bytes(&self) -> usize {
+        self.rings
+            .iter()
+            .map(|(_, l)| (l.k.capacity() + l.v.capacity()) * 2)
+            .sum()
+    }
+}
+
+impl LayerCache {
+    /// Whether the cache still holds every row a query at `pos` would see, once rows from `pos` on
+    /// are dropped.
+    fn can_truncate(&self, pos: usize) -> bool {
+        let needed_from = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let p = &self.placement;
+        p.origin_logical <= needed_from && p.origin_logical <= pos && pos <= p.end()
+    }
+
+    fn truncate(&mut self, pos: usize) {
+        self.placement.len = pos - self.placement.origin_logical;
+    }
+}
+
 /// All layers' caches of one sequence.
+#[derive(Clone)]
 pub struct SequenceKv {
     pub layers: Vec<LayerCache>,
     pub n_ctx: usize,
@@ -212,9 +245,65 @@ impl SequenceKv {
         Ok(())
     }
 
+    /// Drops every position from `pos` on, keeping the sequence usable from there; false (and nothing
+    /// changed) when a sliding-window layer has already overwritten rows a query at `pos` would need.
+    pub fn truncate(&mut self, pos: usize) -> bool {
+        if !self.layers.iter().all(|l| l.can_truncate(pos)) {
+            return false;
+        }
+        self.layers.iter_mut().for_each(|l| l.truncate(pos));
+        true
+    }
+
+    /// Copies the sliding-window layers at the current position.
+    pub fn checkpoint(&self) -> Checkpoint {
+        let rings = self
+            .layers
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.window.is_some())
+            .map(|(i, l)| (i, l.clone()))
+            .collect();
+        Checkpoint { pos: self.len(), rings }
+    }
+
+    /// Goes back to a checkpoint taken earlier on this sequence: global layers are cut back to its
+    /// position, sliding-window layers replaced by its copies.
+    pub fn restore(&mut self, cp: &Checkpoint) -> bool {
+        let ring_for = |i: usize| cp.rings.iter().find(|(j, _)| *j == i).map(|(_, l)| l);
+        let fits = self.layers.iter().enumerate().all(|(i, l)| match ring_for(i) {
+            Some(_) => true,
+            None => l.window.is_none() && l.can_truncate(cp.pos),
+        });
+        if !fits {
+            return false;
+        }
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            match ring_for(i) {
+                Some(ring) => *layer = ring.clone(),
+                None => layer.truncate(cp.pos),
+            }
+        }
+        true
+    }
+
     /// Bytes of K and V storage allocated now.
     pub fn bytes_allocated(&self) -> usize {
         self.layers.iter().map(|l| (l.k.capacity() + l.v.capacity()) * 2).sum()
+    }
+
+    /// Bytes the cache will hold once it has `len` positions (storage grows in steps of 256 rows).
+    pub fn bytes_at(&self, len: usize) -> usize {
+        self.layers
+            .iter()
+            .map(|l| {
+                let rows = len
+                    .div_ceil(GROW_ROWS)
+                    .saturating_mul(GROW_ROWS)
+                    .min(l.placement.capacity);
+                rows * l.width * 2 * 2
+            })
+            .sum()
     }
 
     /// Bytes the cache would hold with every layer full.
@@ -283,6 +372,35 @@ mod tests {
         );
         assert_eq!(kv.bytes_allocated(), kv.bytes_at_capacity());
         assert!(kv.check_room(1).is_err(), "the context is full");
+    }
+
+    #[test]
+    fn truncate_and_checkpoints() {
+        let config = ModelConfig {
+            layers: gemma3_270m().layers[..6].to_vec(),
+            ..gemma3_270m()
+        };
+        let width = config.kv_width();
+        let mut staging = StagingBuffers::default();
+        let fill = |kv: &mut SequenceKv, t: usize, staging: &mut StagingBuffers| {
+            let k = vec![1.0f32; t * width];
+            for layer in &mut kv.layers {
+                layer.store_and_attend(&k, &k, t, staging, |_| {});
+            }
+        };
+        let mut kv = SequenceKv::new(&config, 4096);
+        fill(&mut kv, 300, &mut staging);
+        assert!(kv.truncate(200), "rings have not wrapped: any point works");
+        assert_eq!(kv.len(), 200);
+        let cp = kv.checkpoint();
+        fill(&mut kv, 700, &mut staging);
+        assert_eq!(kv.len(), 900);
+        assert!(!kv.truncate(500), "the rings lost rows 389..500 needs");
+        assert_eq!(kv.len(), 900, "a refused truncate changes nothing");
+        assert!(kv.truncate(899), "dropping the newest row keeps the window");
+        assert!(kv.restore(&cp));
+        assert_eq!(kv.len(), 200);
+        assert!(kv.layers.iter().all(|l| l.placement.end() == 200));
     }
 
     /// Rows seen by the attention callback for each chunk, checked against the window rule.

@@ -1,0 +1,114 @@
+//! What the serving engine offers the HTTP layer: submit a generation, receive its events, read stats.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::SamplingParams;
+
+/// One generation request, already tokenized (the server owns the tokenizer and the chat template).
+#[derive(Clone, Debug)]
+pub struct GenerationRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Token ids that end the generation (the model's end-of-generation tokens).
+    pub stop_ids: Vec<u32>,
+    /// Report the chosen token's logprob and this many alternatives per step (`None`: no logprobs).
+    pub top_logprobs: Option<usize>,
+}
+
+/// The log-probability of a token, with the best alternatives when asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// `max_tokens` reached.
+    Length,
+    /// An end-of-generation token was sampled (it is reported as the last `Token`).
+    Stop,
+    /// The context filled up.
+    ContextFull,
+}
+
+/// What a submitted request hears back, in order: `Started`, zero or more `Token`s, then `Done` or
+/// `Failed`. Dropping the receiver cancels the request and frees its KV cache at once.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// Prefill began: `prompt_tokens = reused + read` (`reused` came from the prefix cache).
+    Started {
+        prompt_tokens: usize,
+        reused: usize,
+    },
+    Token {
+        id: u32,
+        logprob: Option<TokenLogprob>,
+    },
+    Done {
+        reason: FinishReason,
+        timings: RequestTimings,
+    },
+    Failed(String),
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RequestTimings {
+    /// Waiting in the queue before prefill started.
+    pub queued: Duration,
+    /// Submission to first token.
+    pub ttft: Duration,
+    /// First token to last token.
+    pub decode: Duration,
+    pub completion_tokens: usize,
+}
+
+/// Why a request was refused before it ran.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the prompt has {n_prompt} tokens but the context holds {n_ctx}")]
+    PromptTooLong { n_prompt: usize, n_ctx: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("max_tokens {requested} is over the limit of {limit}")]
+    MaxTokens { requested: usize, limit: usize },
+    #[error("the server is busy: {queued} requests already wait")]
+    QueueFull { queued: usize },
+    #[error("the engine has stopped")]
+    ShuttingDown,
+}
+
+/// A snapshot of the engine for `/metrics`, `/health` and `/slots`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub queued: usize,
+    pub running: usize,
+    pub kv_bytes_used: usize,
+    pub kv_bytes_budget: usize,
+    pub cached_sequences: usize,
+    pub prefill_tokens_total: u64,
+    pub decode_tokens_total: u64,
+    pub prefix_hits_total: u64,
+    pub prefix_tokens_reused_total: u64,
+    pub requests_total: u64,
+    pub n_ctx: usize,
+    /// Seconds spent in prefill chunks and in decode steps (for tokens/s).
+    pub prefill_seconds_total: f64,
+    pub decode_seconds_total: f64,
+    /// The longest prefill chunk taken while a decoder was waiting, and the longest decode step.
+    pub max_busy_prefill_chunk_seconds: f64,
+    pub max_decode_step_seconds: f64,
+}
+
+/// The interface the HTTP layer programs against (the real engine, or a fake in tests).
+pub trait EngineHandle: Send + Sync + 'static {
+    fn submit(&self, request: GenerationRequest) -> Result<mpsc::UnboundedReceiver<Event>, SubmitError>;
+    fn stats(&self) -> EngineStats;
+    /// Drops every cached (finished) conversation; returns how many.
+    fn flush_cache(&self) -> usize;
+    /// Stops accepting work; running requests finish or are cancelled by their deadline.
+    fn shutdown(&self);
+}

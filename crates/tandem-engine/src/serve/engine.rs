@@ -1,0 +1,584 @@
+//! The serving loop: one thread owns the model and every sequence.
+//!
+//! Each turn of the loop grants work in two classes, decode first:
+//! 1. **Decode**: every sequence that has a sampled token waiting advances by one row, all of them in one
+//!    forward pass (one pass over the weights for the whole batch).
+//! 2. **Prefill**: the oldest sequence still reading its prompt reads one chunk — `prefill_chunk` rows
+//!    (512), or `prefill_chunk_busy` (64) while any decoder is running, so a long prompt never holds a
+//!    decoder back by more than one short chunk.
+//!
+//! A row's logits do not depend on what it was batched with (every kernel is row-exact), so a sequence
+//! produces the same tokens alone or beside others, whatever the chunking.
+//!
+//! Memory: each admitted sequence reserves the KV bytes it can reach (prompt + max_tokens, capped by the
+//! context); requests that do not fit wait in a bounded queue; beyond it they are refused. Finished
+//! conversations stay in an LRU cache (within `cache_budget_bytes`) so a follow-up turn reuses their KV:
+//! the cached sequence is cut back to the common prefix when every layer still holds what that needs,
+//! else restored from the checkpoint taken when its prompt was read (sliding-window rings move on during
+//! decoding, so only the checkpoint can take them back).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tandem_model::kv::Checkpoint;
+use tandem_model::{LogitRows, Model, SequenceKv, Span, Workspace};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+
+use super::api::*;
+use crate::score::{log_sum_exp, top_k};
+use crate::Sampler;
+
+#[derive(Clone, Debug)]
+pub struct ServingConfig {
+    /// Context per sequence.
+    pub n_ctx: usize,
+    pub prefill_chunk: usize,
+    /// Prefill chunk while any decoder is running.
+    pub prefill_chunk_busy: usize,
+    /// KV bytes all running sequences may reserve together.
+    pub kv_budget_bytes: usize,
+    /// KV bytes finished conversations may keep for reuse.
+    pub cache_budget_bytes: usize,
+    /// Requests waiting for memory beyond which new ones are refused.
+    pub max_queue: usize,
+    pub max_tokens_limit: usize,
+}
+
+impl Default for ServingConfig {
+    fn default() -> Self {
+        ServingConfig {
+            n_ctx: 4096,
+            prefill_chunk: 512,
+            prefill_chunk_busy: 64,
+            kv_budget_bytes: 1 << 30,
+            cache_budget_bytes: 256 << 20,
+            max_queue: 64,
+            max_tokens_limit: 4096,
+        }
+    }
+}
+
+struct Pending {
+    request: GenerationRequest,
+    events: UnboundedSender<Event>,
+    submitted: Instant,
+}
+
+struct Shared {
+    inbox: Mutex<VecDeque<Pending>>,
+    wake: Condvar,
+    stats: Mutex<EngineStats>,
+    stopping: AtomicBool,
+    flush: Mutex<Option<std::sync::mpsc::Sender<usize>>>,
+}
+
+/// The engine handle: cheap to share, talks to the loop thread.
+pub struct ServingEngine {
+    shared: Arc<Shared>,
+    config: ServingConfig,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl ServingEngine {
+    /// Starts the loop thread, which takes ownership of the model.
+    pub fn start(model: Model, config: ServingConfig) -> Self {
+        let shared = Arc::new(Shared {
+            inbox: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            stats: Mutex::new(EngineStats {
+                kv_bytes_budget: config.kv_budget_bytes,
+                n_ctx: config.n_ctx,
+                ..Default::default()
+            }),
+            stopping: AtomicBool::new(false),
+            flush: Mutex::new(None),
+        });
+        let loop_shared = Arc::clone(&shared);
+        let loop_config = config.clone();
+        let thread = std::thread::Builder::new()
+            .name("tandem-engine".into())
+            .spawn(move || Loop::new(model, loop_config, loop_shared).run())
+            .expect("spawning the engine thread");
+        ServingEngine {
+            shared,
+            config,
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+}
+
+impl EngineHandle for ServingEngine {
+    fn submit(&self, request: GenerationRequest) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, SubmitError> {
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        if request.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if request.prompt.len() >= self.config.n_ctx {
+            return Err(SubmitError::PromptTooLong {
+                n_prompt: request.prompt.len(),
+                n_ctx: self.config.n_ctx,
+            });
+        }
+        if request.max_tokens > self.config.max_tokens_limit {
+            return Err(SubmitError::MaxTokens {
+                requested: request.max_tokens,
+                limit: self.config.max_tokens_limit,
+            });
+        }
+        let mut inbox = self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        if inbox.len() >= self.config.max_queue {
+            return Err(SubmitError::QueueFull { queued: inbox.len() });
+        }
+        let (tx, rx) = unbounded_channel();
+        inbox.push_back(Pending {
+            request,
+            events: tx,
+            submitted: Instant::now(),
+        });
+        drop(inbox);
+        self.shared.wake.notify_one();
+        Ok(rx)
+    }
+
+    fn stats(&self) -> EngineStats {
+        self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn flush_cache(&self) -> usize {
+        let (tx, rx) = std::sync::mpsc::channel();
+        *self.shared.flush.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        self.shared.wake.notify_one();
+        rx.recv_timeout(Duration::from_secs(10)).unwrap_or(0)
+    }
+
+    fn shutdown(&self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        self.shared.wake.notify_one();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ServingEngine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+enum Phase {
+    /// `read` prompt tokens are in the cache.
+    Prefill { read: usize },
+    /// `next` was sampled and sent, and is fed in the next decode step.
+    Decode { next: u32 },
+}
+
+struct Sequence {
+    request: GenerationRequest,
+    events: UnboundedSender<Event>,
+    kv: SequenceKv,
+    /// Tokens whose K/V are in `kv`, in order.
+    fed: Vec<u32>,
+    phase: Phase,
+    sampler: Sampler,
+    history: Vec<u32>,
+    generated: usize,
+    reserved: usize,
+    /// Checkpoints at the ends of this conversation's prompts (oldest first, at most `MAX_CHECKPOINTS`).
+    checkpoints: Vec<Checkpoint>,
+    submitted: Instant,
+    started: Instant,
+    first_token: Option<Instant>,
+    /// Finished (its last event sent); leaves the running set at the end of the step.
+    done: bool,
+}
+
+/// Checkpoints kept per conversation: the ends of its last few prompts.
+const MAX_CHECKPOINTS: usize = 4;
+
+struct Cached {
+    fed: Vec<u32>,
+    kv: SequenceKv,
+    checkpoints: Vec<Checkpoint>,
+    last_used: Instant,
+}
+
+impl Cached {
+    fn bytes(&self) -> usize {
+        self.kv.bytes_allocated() + self.checkpoints.iter().map(Checkpoint::bytes).sum::<usize>()
+    }
+}
+
+struct Loop {
+    model: Model,
+    config: ServingConfig,
+    shared: Arc<Shared>,
+    ws: Workspace,
+    queue: VecDeque<Pending>,
+    running: Vec<Sequence>,
+    cache: Vec<Cached>,
+    reserved: usize,
+}
+
+impl Loop {
+    fn new(model: Model, config: ServingConfig, shared: Arc<Shared>) -> Self {
+        Loop {
+            model,
+            config,
+            shared,
+            ws: Workspace::default(),
+            queue: VecDeque::new(),
+            running: Vec::new(),
+            cache: Vec::new(),
+            reserved: 0,
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            self.take_inbox();
+            if self.shared.stopping.load(Ordering::Acquire) {
+                for s in self.running.drain(..) {
+                    let _ = s.events.send(Event::Failed("the server is shutting down".into()));
+                }
+                for p in self.queue.drain(..) {
+                    let _ = p.events.send(Event::Failed("the server is shutting down".into()));
+                }
+                return;
+            }
+            self.handle_flush();
+            self.drop_cancelled();
+            self.admit();
+            let decoded = self.decode_step();
+            let prefilled = self.prefill_step();
+            self.publish_stats();
+            if !decoded && !prefilled {
+                self.wait_for_work();
+            }
+        }
+    }
+
+    fn take_inbox(&mut self) {
+        let mut inbox = self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        self.queue.extend(inbox.drain(..));
+    }
+
+    fn wait_for_work(&mut self) {
+        let inbox = self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        if inbox.is_empty() && !self.shared.stopping.load(Ordering::Acquire) {
+            let _ = self.shared.wake.wait_timeout(inbox, Duration::from_millis(50));
+        }
+    }
+
+    fn handle_flush(&mut self) {
+        let reply = self.shared.flush.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(reply) = reply {
+            let n = self.cache.len();
+            self.cache.clear();
+            let _ = reply.send(n);
+        }
+    }
+
+    /// A client that went away frees its sequence at once.
+    fn drop_cancelled(&mut self) {
+        let before = self.running.len();
+        let mut freed = 0;
+        self.running.retain(|s| {
+            let keep = !s.events.is_closed();
+            if !keep {
+                freed += s.reserved;
+            }
+            keep
+        });
+        self.reserved -= freed;
+        if self.running.len() != before {
+            self.queue.retain(|p| !p.events.is_closed());
+        }
+    }
+
+    fn cache_bytes(&self) -> usize {
+        self.cache.iter().map(Cached::bytes).sum()
+    }
+
+    /// Moves queued requests into the running set while their KV reservation fits the budget.
+    fn admit(&mut self) {
+        while let Some(p) = self.queue.front() {
+            if p.events.is_closed() {
+                self.queue.pop_front();
+                continue;
+            }
+            let len = (p.request.prompt.len() + p.request.max_tokens).min(self.config.n_ctx);
+            let need = self.model.new_sequence(self.config.n_ctx).bytes_at(len);
+            // Cached conversations give way to running ones.
+            while self.reserved + need + self.cache_bytes() > self.config.kv_budget_bytes && !self.cache.is_empty() {
+                self.evict_lru();
+            }
+            if self.reserved + need > self.config.kv_budget_bytes && !self.running.is_empty() {
+                return;
+            }
+            let Some(p) = self.queue.pop_front() else { return };
+            let (kv, fed, checkpoints, reused) = self.reuse_prefix(&p.request.prompt);
+            let _ = p.events.send(Event::Started {
+                prompt_tokens: p.request.prompt.len(),
+                reused,
+            });
+            {
+                let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+                st.requests_total += 1;
+                if reused > 0 {
+                    st.prefix_hits_total += 1;
+                    st.prefix_tokens_reused_total += reused as u64;
+                }
+            }
+            self.reserved += need;
+            let sampler = Sampler::new(p.request.sampling.clone());
+            self.running.push(Sequence {
+                history: p.request.prompt.clone(),
+                phase: Phase::Prefill { read: reused },
+                request: p.request,
+                events: p.events,
+                kv,
+                fed,
+                sampler,
+                generated: 0,
+                reserved: need,
+                checkpoints,
+                submitted: p.submitted,
+                started: Instant::now(),
+                first_token: None,
+                done: false,
+            });
+        }
+    }
+
+    fn evict_lru(&mut self) {
+        if let Some(i) = (0..self.cache.len()).min_by_key(|&i| self.cache[i].last_used) {
+            self.cache.swap_remove(i);
+        }
+    }
+
+    /// The best cached conversation for `prompt`: its KV cut back (or restored) to the longest prefix
+    /// it can serve, leaving at least one prompt token to read.
+    fn reuse_prefix(&mut self, prompt: &[u32]) -> (SequenceKv, Vec<u32>, Vec<Checkpoint>, usize) {
+        let limit = prompt.len() - 1;
+        let mut best: Option<(usize, usize)> = None;
+        for (i, c) in self.cache.iter().enumerate() {
+            let common = c.fed.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(limit);
+            if common > best.map_or(0, |b| b.1) {
+                best = Some((i, common));
+            }
+        }
+        if let Some((i, common)) = best {
+            let mut c = self.cache.swap_remove(i);
+            c.checkpoints.retain(|cp| cp.pos <= common);
+            if c.kv.truncate(common) {
+                c.fed.truncate(common);
+                return (c.kv, c.fed, c.checkpoints, common);
+            }
+            // The latest checkpoint inside the common prefix.
+            while let Some(cp) = c.checkpoints.last() {
+                if cp.pos > 0 && c.kv.restore(cp) {
+                    let pos = cp.pos;
+                    c.fed.truncate(pos);
+                    return (c.kv, c.fed, c.checkpoints, pos);
+                }
+                c.checkpoints.pop();
+            }
+        }
+        (self.model.new_sequence(self.config.n_ctx), Vec::new(), Vec::new(), 0)
+    }
+
+    /// One decode step for every sequence with a token waiting: one forward pass for the whole batch.
+    fn decode_step(&mut self) -> bool {
+        let decoding: Vec<usize> = (0..self.running.len())
+            .filter(|&i| matches!(self.running[i].phase, Phase::Decode { .. }))
+            .collect();
+        if decoding.is_empty() {
+            return false;
+        }
+        let tokens: Vec<[u32; 1]> = decoding
+            .iter()
+            .map(|&i| match self.running[i].phase {
+                Phase::Decode { next } => [next],
+                Phase::Prefill { .. } => unreachable!("filtered above"),
+            })
+            .collect();
+        let mut picked: Vec<&mut Sequence> = Vec::with_capacity(decoding.len());
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if decoding.contains(&i) {
+                picked.push(s);
+            }
+        }
+        let mut spans: Vec<Span> = picked
+            .iter_mut()
+            .zip(&tokens)
+            .map(|(s, t)| Span {
+                kv: &mut s.kv,
+                tokens: t,
+                logits: LogitRows::Last,
+            })
+            .collect();
+        let t0 = Instant::now();
+        let result = self.model.forward(&mut self.ws, &mut spans);
+        let took = t0.elapsed().as_secs_f64();
+        drop(spans);
+        match result {
+            Ok(logits) => {
+                for ((s, t), l) in picked.into_iter().zip(&tokens).zip(logits) {
+                    s.fed.push(t[0]);
+                    Self::emit_next(s, &l);
+                }
+                let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+                st.decode_tokens_total += tokens.len() as u64;
+                st.decode_seconds_total += took;
+                st.max_decode_step_seconds = st.max_decode_step_seconds.max(took);
+            }
+            Err(e) => {
+                for s in picked {
+                    let _ = s.events.send(Event::Failed(e.to_string()));
+                    s.done = true;
+                }
+            }
+        }
+        self.retire_finished();
+        true
+    }
+
+    /// One prefill chunk for the oldest sequence still reading its prompt.
+    fn prefill_step(&mut self) -> bool {
+        let busy = self.running.iter().any(|s| matches!(s.phase, Phase::Decode { .. }));
+        let chunk = if busy {
+            self.config.prefill_chunk_busy
+        } else {
+            self.config.prefill_chunk
+        }
+        .max(1);
+        let Some(s) = self
+            .running
+            .iter_mut()
+            .find(|s| matches!(s.phase, Phase::Prefill { .. }))
+        else {
+            return false;
+        };
+        let Phase::Prefill { read } = s.phase else { return false };
+        let end = (read + chunk).min(s.request.prompt.len());
+        let last = end == s.request.prompt.len();
+        let piece = s.request.prompt[read..end].to_vec();
+        let want = if last { LogitRows::Last } else { LogitRows::None };
+        let mut spans = [Span {
+            kv: &mut s.kv,
+            tokens: &piece,
+            logits: want,
+        }];
+        let t0 = Instant::now();
+        let result = self.model.forward(&mut self.ws, &mut spans);
+        let took = t0.elapsed().as_secs_f64();
+        match result {
+            Ok(mut logits) => {
+                s.fed.extend_from_slice(&piece);
+                s.phase = Phase::Prefill { read: end };
+                if last {
+                    if s.checkpoints.len() == MAX_CHECKPOINTS {
+                        s.checkpoints.remove(0);
+                    }
+                    s.checkpoints.push(s.kv.checkpoint());
+                    let l = logits.pop().unwrap_or_default();
+                    Self::emit_next(s, &l);
+                }
+                let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+                st.prefill_tokens_total += piece.len() as u64;
+                st.prefill_seconds_total += took;
+                if busy {
+                    st.max_busy_prefill_chunk_seconds = st.max_busy_prefill_chunk_seconds.max(took);
+                }
+            }
+            Err(e) => {
+                let _ = s.events.send(Event::Failed(e.to_string()));
+                s.done = true;
+            }
+        }
+        self.retire_finished();
+        true
+    }
+
+    /// Samples the next token from `logits`, sends it, and decides whether the sequence goes on.
+    fn emit_next(s: &mut Sequence, logits: &[f32]) {
+        let token = s.sampler.sample(logits, &s.history);
+        let logprob = s.request.top_logprobs.map(|k| {
+            let lse = log_sum_exp(logits);
+            TokenLogprob {
+                logprob: (logits[token as usize] as f64 - lse) as f32,
+                top: top_k(logits, k)
+                    .into_iter()
+                    .map(|(id, l)| (id, (l as f64 - lse) as f32))
+                    .collect(),
+            }
+        });
+        let now = Instant::now();
+        s.first_token.get_or_insert(now);
+        s.history.push(token);
+        s.generated += 1;
+        let _ = s.events.send(Event::Token { id: token, logprob });
+        let reason = if s.request.stop_ids.contains(&token) {
+            Some(FinishReason::Stop)
+        } else if s.generated >= s.request.max_tokens {
+            Some(FinishReason::Length)
+        } else if s.kv.len() + 1 > s.kv.n_ctx {
+            Some(FinishReason::ContextFull)
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => {
+                let first = s.first_token.unwrap_or(now);
+                let timings = RequestTimings {
+                    queued: s.started - s.submitted,
+                    ttft: first - s.submitted,
+                    decode: now - first,
+                    completion_tokens: s.generated,
+                };
+                let _ = s.events.send(Event::Done { reason, timings });
+                s.done = true;
+            }
+            None => s.phase = Phase::Decode { next: token },
+        }
+    }
+
+    /// Finished or failed sequences leave the running set; finished conversations go to the cache.
+    fn retire_finished(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].done {
+                let s = self.running.swap_remove(i);
+                self.reserved -= s.reserved;
+                let cached = Cached {
+                    fed: s.fed,
+                    kv: s.kv,
+                    checkpoints: s.checkpoints,
+                    last_used: Instant::now(),
+                };
+                if cached.bytes() <= self.config.cache_budget_bytes {
+                    self.cache.push(cached);
+                    while self.cache_bytes() > self.config.cache_budget_bytes {
+                        self.evict_lru();
+                    }
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn publish_stats(&self) {
+        let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+        st.queued = self.queue.len() + self.shared.inbox.lock().map_or(0, |q| q.len());
+        st.running = self.running.len();
+        st.kv_bytes_used = self.running.iter().map(|s| s.kv.bytes_allocated()).sum::<usize>() + self.cache_bytes();
+        st.cached_sequences = self.cache.len();
+    }
+}

@@ -1,0 +1,9 @@
+//! The serving engine: many sequences at once on one model, decode first, prefill in chunks.
+
+pub mod api;
+mod engine;
+
+pub use api::{
+    EngineHandle, EngineStats, Event, FinishReason, GenerationRequest, RequestTimings, SubmitError, TokenLogprob,
+};
+pub use engine::{ServingConfig, ServingEngine};
