@@ -82,8 +82,18 @@ pub fn attend(
     let out_ptr = OutPtr(out.as_mut_ptr());
     let n_blocks = positions.len().div_ceil(Q_BLOCK);
     let isa = Simd::detect();
-    pool.run(n_blocks * shape.n_kv_head, &|task| {
-        let (block, kv_head) = (task / shape.n_kv_head, task % shape.n_kv_head);
+    let group = shape.n_head / shape.n_kv_head;
+    // Too few (block, kv head) pairs to keep every thread busy (a decode step): give each query head
+    // its own task. A head's result is the same either way.
+    let parts = if n_blocks * shape.n_kv_head < pool.n_threads() {
+        group
+    } else {
+        1
+    };
+    pool.run(n_blocks * shape.n_kv_head * parts, &|task| {
+        let (block, rest) = (task / (shape.n_kv_head * parts), task % (shape.n_kv_head * parts));
+        let (kv_head, part) = (rest / parts, rest % parts);
+        let per_part = group / parts;
         let rows = block * Q_BLOCK..((block + 1) * Q_BLOCK).min(positions.len());
         let job = Block {
             q,
@@ -91,6 +101,7 @@ pub fn attend(
             first_row: rows.start,
             kv,
             kv_head,
+            heads: part * per_part..(part + 1) * per_part,
             shape,
             simd: isa,
         };
@@ -138,6 +149,8 @@ struct Block<'a> {
     first_row: usize,
     kv: &'a dyn KvRows,
     kv_head: usize,
+    /// Which heads of the group (0-based within it) this task computes.
+    heads: std::ops::Range<usize>,
     shape: &'a AttentionShape,
     simd: Simd,
 }
@@ -161,10 +174,11 @@ impl Block<'_> {
     fn run(&self, out_ptr: &OutPtr) {
         let shape = self.shape;
         let d = shape.head_dim;
-        let group = shape.n_head / shape.n_kv_head;
+        let first_head = self.kv_head * (shape.n_head / shape.n_kv_head) + self.heads.start;
+        let group = self.heads.len();
         let width = shape.n_head * d;
         let kv_cols = self.kv_head * d..(self.kv_head + 1) * d;
-        let head_of = |r: usize, h: usize| (self.first_row + r) * width + (self.kv_head * group + h) * d;
+        let head_of = |r: usize, h: usize| (self.first_row + r) * width + (first_head + h) * d;
         let lo = shape.first_visible(self.positions[0]);
         let hi = *self.positions.last().expect("a block has rows");
 
@@ -425,17 +439,14 @@ mod tests {
                         );
                     }
                 }
-                // One row alone, on one thread, gives the same bits.
-                let mut single = vec![0f32; qw];
-                attend(
-                    &ThreadPool::new(1),
-                    &q[r * qw..(r + 1) * qw],
-                    &[p],
-                    &kv,
-                    &shape,
-                    &mut single,
-                );
-                assert_eq!(single, out[r * qw..(r + 1) * qw], "row {r}");
+                // One row alone gives the same bits, on one thread (one task per KV head) and on four
+                // (one task per query head).
+                for threads in [1, 4] {
+                    let mut single = vec![0f32; qw];
+                    let one = &q[r * qw..(r + 1) * qw];
+                    attend(&ThreadPool::new(threads), one, &[p], &kv, &shape, &mut single);
+                    assert_eq!(single, out[r * qw..(r + 1) * qw], "row {r}, {threads} threads");
+                }
             }
         }
     }
