@@ -11,6 +11,22 @@ use tandem_model::LogitRows;
 
 use crate::generate::{load, ModelArgs};
 
+/// `tandem bench …` runs the model benchmark; `tandem bench serve …` drives a running server.
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchCommand {
+    #[command(subcommand)]
+    pub sub: Option<BenchSub>,
+    #[command(flatten)]
+    pub args: BenchArgs,
+}
+
+#[derive(clap::Subcommand)]
+pub enum BenchSub {
+    /// Drive a running `tandem serve` with a mixed load; report TTFT and inter-token p50/p99, tokens/s.
+    Serve(crate::bench_serve::BenchServeArgs),
+}
+
 #[derive(Args)]
 pub struct BenchArgs {
     #[command(flatten)]

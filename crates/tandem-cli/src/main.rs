@@ -1,10 +1,12 @@
 //! `tandem`: thin subcommands over the crates.
 
 mod bench;
+mod bench_serve;
 mod generate;
 mod inspect;
 mod registry;
 mod score;
+mod serve;
 mod synth;
 mod tokenize;
 
@@ -45,8 +47,10 @@ enum Command {
     Chat(generate::ChatArgs),
     /// Teacher-forced scoring: mean NLL, perplexity, top logits, sha256 of all logits.
     Score(score::ScoreArgs),
+    /// Serve the model over HTTP (OpenAI- and llama.cpp-compatible API).
+    Serve(serve::ServeArgs),
     /// Prompt-processing and generation throughput, as llama-bench measures them.
-    Bench(bench::BenchArgs),
+    Bench(bench::BenchCommand),
     /// Print the token ids that generation would see for a text.
     Tokenize(tokenize::TokenizeArgs),
     /// Turn token ids back into text.
@@ -113,7 +117,11 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run(args) => generate::run(&args)?,
         Command::Chat(args) => generate::chat(&args)?,
         Command::Score(args) => score::score(&args)?,
-        Command::Bench(args) => bench::bench(&args)?,
+        Command::Bench(cmd) => match &cmd.sub {
+            Some(bench::BenchSub::Serve(args)) => bench_serve::bench_serve(args)?,
+            None => bench::bench(&cmd.args)?,
+        },
+        Command::Serve(args) => serve::serve(&args)?,
         Command::Tokenize(args) => tokenize::tokenize(&args)?,
         Command::Detokenize(args) => tokenize::detokenize(&args)?,
         Command::Synth {

@@ -89,6 +89,11 @@ fn batched_outputs_equal_each_request_alone() {
             "prompt {i}: tokens or logprobs differ when batched"
         );
     }
+    // Stats are published at the end of each engine step, just after the last event went out.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while engine.stats().running != 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let stats = engine.stats();
     assert_eq!(stats.running, 0);
     assert!(stats.decode_tokens_total > 0 && stats.requests_total == 16);

@@ -3,9 +3,10 @@
 //! Each turn of the loop grants work in two classes, decode first:
 //! 1. **Decode**: every sequence that has a sampled token waiting advances by one row, all of them in one
 //!    forward pass (one pass over the weights for the whole batch).
-//! 2. **Prefill**: the oldest sequence still reading its prompt reads one chunk — `prefill_chunk` rows
-//!    (512), or `prefill_chunk_busy` (64) while any decoder is running, so a long prompt never holds a
-//!    decoder back by more than one short chunk.
+//! 2. **Prefill**: one chunk of prompt rows — `prefill_chunk` (512), or `prefill_chunk_busy` (64) while
+//!    any decoder is running, so a long prompt never holds a decoder back by more than one short chunk.
+//!    The chunk's rows go to the sequences still reading their prompts, least left first, so a short
+//!    chat arriving during a long document is not queued behind all of it.
 //!
 //! A row's logits do not depend on what it was batched with (every kernel is row-exact), so a sequence
 //! produces the same tokens alone or beside others, whatever the chunking.
@@ -449,7 +450,8 @@ impl Loop {
         true
     }
 
-    /// One prefill chunk for the oldest sequence still reading its prompt.
+    /// One prefill chunk: up to `chunk` prompt rows, shared among the sequences still reading their
+    /// prompts, those with the least left first (a short chat is not held behind a long document).
     fn prefill_step(&mut self) -> bool {
         let busy = self.running.iter().any(|s| matches!(s.phase, Phase::Decode { .. }));
         let chunk = if busy {
@@ -458,48 +460,85 @@ impl Loop {
             self.config.prefill_chunk
         }
         .max(1);
-        let Some(s) = self
+        let mut order: Vec<(usize, usize)> = self
             .running
-            .iter_mut()
-            .find(|s| matches!(s.phase, Phase::Prefill { .. }))
-        else {
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s.phase {
+                Phase::Prefill { read } => Some((s.request.prompt.len() - read, i)),
+                Phase::Decode { .. } => None,
+            })
+            .collect();
+        if order.is_empty() {
             return false;
-        };
-        let Phase::Prefill { read } = s.phase else { return false };
-        let end = (read + chunk).min(s.request.prompt.len());
-        let last = end == s.request.prompt.len();
-        let piece = s.request.prompt[read..end].to_vec();
-        let want = if last { LogitRows::Last } else { LogitRows::None };
-        let mut spans = [Span {
-            kv: &mut s.kv,
-            tokens: &piece,
-            logits: want,
-        }];
+        }
+        order.sort();
+        // (sequence index, first prompt row, end row) of each share, within the row budget.
+        let mut budget = chunk;
+        let mut shares = Vec::new();
+        for (left, i) in order {
+            if budget == 0 {
+                break;
+            }
+            let Phase::Prefill { read } = self.running[i].phase else {
+                continue;
+            };
+            let take = left.min(budget);
+            budget -= take;
+            shares.push((i, read, read + take));
+        }
+        let pieces: Vec<Vec<u32>> = shares
+            .iter()
+            .map(|&(i, from, to)| self.running[i].request.prompt[from..to].to_vec())
+            .collect();
+        let rows: usize = pieces.iter().map(Vec::len).sum();
+        let mut picked: Vec<(&mut Sequence, usize)> = Vec::new();
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if let Some(k) = shares.iter().position(|sh| sh.0 == i) {
+                picked.push((s, k));
+            }
+        }
+        let mut spans: Vec<Span> = picked
+            .iter_mut()
+            .map(|(s, k)| {
+                let last = shares[*k].2 == s.request.prompt.len();
+                Span {
+                    kv: &mut s.kv,
+                    tokens: &pieces[*k],
+                    logits: if last { LogitRows::Last } else { LogitRows::None },
+                }
+            })
+            .collect();
         let t0 = Instant::now();
         let result = self.model.forward(&mut self.ws, &mut spans);
         let took = t0.elapsed().as_secs_f64();
+        drop(spans);
         match result {
-            Ok(mut logits) => {
-                s.fed.extend_from_slice(&piece);
-                s.phase = Phase::Prefill { read: end };
-                if last {
-                    if s.checkpoints.len() == MAX_CHECKPOINTS {
-                        s.checkpoints.remove(0);
+            Ok(logits) => {
+                for ((s, k), l) in picked.into_iter().zip(logits) {
+                    let (_, _, end) = shares[k];
+                    s.fed.extend_from_slice(&pieces[k]);
+                    s.phase = Phase::Prefill { read: end };
+                    if end == s.request.prompt.len() {
+                        if s.checkpoints.len() == MAX_CHECKPOINTS {
+                            s.checkpoints.remove(0);
+                        }
+                        s.checkpoints.push(s.kv.checkpoint());
+                        Self::emit_next(s, &l);
                     }
-                    s.checkpoints.push(s.kv.checkpoint());
-                    let l = logits.pop().unwrap_or_default();
-                    Self::emit_next(s, &l);
                 }
                 let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
-                st.prefill_tokens_total += piece.len() as u64;
+                st.prefill_tokens_total += rows as u64;
                 st.prefill_seconds_total += took;
                 if busy {
                     st.max_busy_prefill_chunk_seconds = st.max_busy_prefill_chunk_seconds.max(took);
                 }
             }
             Err(e) => {
-                let _ = s.events.send(Event::Failed(e.to_string()));
-                s.done = true;
+                for (s, _) in picked {
+                    let _ = s.events.send(Event::Failed(e.to_string()));
+                    s.done = true;
+                }
             }
         }
         self.retire_finished();

@@ -1,0 +1,284 @@
+//! `tandem serve` with the real Gemma 3 model, over HTTP on a loopback port: both OpenAI routes streamed
+//! and not, concurrent clients equal to the same requests alone, a dropped stream freeing its KV, bad
+//! inputs answered with their status while the server keeps serving, auth, graceful shutdown.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn start(extra: &[&str]) -> Server {
+    let port = free_port();
+    let port_s = port.to_string();
+    let mut args = vec![
+        "serve",
+        "-m",
+        "gemma3-270m",
+        "--port",
+        &port_s,
+        "--ctx",
+        "2048",
+        "--max-body-bytes",
+        "64K",
+    ];
+    args.extend_from_slice(extra);
+    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(&args)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server { child, port };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the server did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
+/// One HTTP/1.1 request; returns (status, body).
+fn http(port: u16, method: &str, path: &str, key: Option<&str>, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let auth = key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn post(port: u16, path: &str, body: Value) -> (u16, Value) {
+    let (status, text) = http(port, "POST", path, None, &body.to_string());
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// The concatenated text of an SSE stream, and whether it ended with [DONE].
+fn sse_text(body: &str) -> (String, bool) {
+    let mut text = String::new();
+    let mut done = false;
+    for line in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if line == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: Value = serde_json::from_str(line).unwrap();
+        let c = &v["choices"][0];
+        text.push_str(c["text"].as_str().or(c["delta"]["content"].as_str()).unwrap_or(""));
+    }
+    (text, done)
+}
+
+fn greedy(prompt: &str, n: usize) -> Value {
+    json!({"prompt": prompt, "max_tokens": n, "temperature": 0})
+}
+
+fn metric(port: u16, name: &str) -> f64 {
+    let (_, text) = http(port, "GET", "/metrics", None, "");
+    text.lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+#[test]
+fn serves_gemma_over_http() {
+    let server = start(&[]);
+    let port = server.port;
+
+    // Both routes, plain and streamed, agree with each other.
+    let (status, plain) = post(port, "/v1/completions", greedy("The capital of France is", 12));
+    assert_eq!(status, 200, "{plain}");
+    let text = plain["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(text.starts_with(" the capital of"), "{text:?}");
+    assert_eq!(plain["usage"]["completion_tokens"], 12);
+    let mut streamed = greedy("The capital of France is", 12);
+    streamed["stream"] = json!(true);
+    let (status, body) = http(port, "POST", "/v1/completions", None, &streamed.to_string());
+    assert_eq!(status, 200);
+    let (stext, done) = sse_text(&body);
+    assert!(done, "stream ends with [DONE]");
+    assert_eq!(stext, text);
+    let chat = json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0});
+    let (status, reply) = post(port, "/v1/chat/completions", chat.clone());
+    assert_eq!(status, 200, "{reply}");
+    let mut chat_stream = chat.clone();
+    chat_stream["stream"] = json!(true);
+    let (_, body) = http(port, "POST", "/v1/chat/completions", None, &chat_stream.to_string());
+    let (chat_text, done) = sse_text(&body);
+    assert!(done);
+    assert_eq!(chat_text, reply["choices"][0]["message"]["content"].as_str().unwrap());
+    // Every response says how its prompt was served (reused from the cache + read).
+    assert!(
+        reply["tandem"]["prompt_cache"].as_str().unwrap().starts_with("prompt "),
+        "{reply}"
+    );
+
+    // Eight concurrent clients get what each gets alone (greedy, bit-identical logits).
+    let prompts = [
+        "Once upon a time",
+        "fn main() {",
+        "The sky is",
+        "Water boils at",
+        "1, 2, 3,",
+        "Dear Sir,",
+        "import numpy",
+        "Rust is",
+    ];
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| post(port, "/v1/completions", greedy(p, 16)).1["choices"][0]["text"].to_string())
+        .collect();
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let body = greedy(p, 16);
+            std::thread::spawn(move || post(port, "/v1/completions", body).1["choices"][0]["text"].to_string())
+        })
+        .collect();
+    let together: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(alone, together);
+
+    // A client that drops its stream frees the sequence's KV (visible in /metrics).
+    let mut long = greedy("Write a very long story about a dragon.", 1000);
+    long["stream"] = json!(true);
+    let body = long.to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut events = 0;
+    let mut line = String::new();
+    while events < 3 && reader.read_line(&mut line).unwrap() > 0 {
+        if line.starts_with("data: ") {
+            events += 1;
+        }
+        line.clear();
+    }
+    assert_eq!(metric(port, "tandem_requests_running"), 1.0);
+    drop(reader);
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(port, "tandem_requests_running") != 0.0 {
+        assert!(Instant::now() < deadline, "the dropped stream still runs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Bad inputs get their status, and the server keeps serving.
+    let cases: Vec<(&str, String, u16)> = vec![
+        ("/v1/completions", "{not json".into(), 400),
+        ("/v1/completions", json!({"prompt": 5}).to_string(), 400),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "model": "no-such-model"}).to_string(),
+            404,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x ".repeat(3000), "max_tokens": 1}).to_string(),
+            400,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "max_tokens": 100000}).to_string(),
+            400,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x".repeat(70_000)}).to_string(),
+            413,
+        ),
+        ("/v1/chat/completions", json!({"messages": "hi"}).to_string(), 400),
+    ];
+    for (path, body, want) in cases {
+        let (status, text) = http(port, "POST", path, None, &body);
+        assert_eq!(status, want, "{path} {}: {text}", &body[..body.len().min(60)]);
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        assert!(
+            v["error"]["message"].is_string(),
+            "OpenAI-style error for {path}: {text}"
+        );
+    }
+    let (status, text) = http(
+        port,
+        "POST",
+        "/v1/completions",
+        None,
+        &json!({"prompt": "x ".repeat(3000), "max_tokens": 1}).to_string(),
+    );
+    assert!(
+        status == 400 && text.contains("2048"),
+        "prompt-too-long names the context: {text}"
+    );
+    assert_eq!(
+        post(port, "/v1/completions", greedy("The capital of France is", 12)).1["choices"][0]["text"].as_str(),
+        Some(text_of(&plain))
+    );
+}
+
+fn text_of(v: &Value) -> &str {
+    v["choices"][0]["text"].as_str().unwrap()
+}
+
+#[test]
+fn auth_and_admin_keys() {
+    let server = start(&["--api-key", "k1", "--admin-key", "boss"]);
+    let port = server.port;
+    assert_eq!(http(port, "GET", "/health", None, "").0, 200, "health needs no key");
+    assert_eq!(http(port, "GET", "/v1/models", None, "").0, 401);
+    assert_eq!(http(port, "GET", "/v1/models", Some("wrong"), "").0, 401);
+    assert_eq!(http(port, "GET", "/v1/models", Some("k1"), "").0, 200);
+    let body = greedy("Hi", 2).to_string();
+    assert_eq!(http(port, "POST", "/v1/completions", Some("k1"), &body).0, 200);
+    assert_eq!(
+        http(port, "GET", "/slots", Some("k1"), "").0,
+        403,
+        "an API key is no admin key"
+    );
+    assert_eq!(http(port, "GET", "/slots", None, "").0, 401);
+    assert_eq!(http(port, "GET", "/slots", Some("boss"), "").0, 200);
+    assert_eq!(http(port, "POST", "/admin/cache/flush", Some("boss"), "").0, 200);
+}

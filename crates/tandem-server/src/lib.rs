@@ -1,0 +1,224 @@
+//! The HTTP API over the serving engine ([`tandem_engine::serve::EngineHandle`]).
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/chat/completions` (`/chat/completions`) | OpenAI chat, streamed (SSE, `data: [DONE]`) or not |
+//! | `POST /v1/completions` (`/completions`) | OpenAI text completion, streamed or not |
+//! | `GET /v1/models` (`/models`) | the served model |
+//! | `POST /completion` | llama.cpp server completion, streamed (SSE, last message `stop: true`) or not |
+//! | `POST /tokenize`, `POST /detokenize` | llama.cpp's `{content, add_special, parse_special, with_pieces}` / `{tokens}` |
+//! | `GET /health` | `{"status":"ok"}`, never behind a key |
+//! | `GET /metrics` | Prometheus text (see [`metrics`]) |
+//! | `GET /slots`, `POST /admin/cache/flush` | admin key only: engine stats, drop the prefix cache |
+//!
+//! With `api_keys` set, every route but `/health` needs `Authorization: Bearer <key>` (an admin key works
+//! too); admin routes always need an admin key. Every error is OpenAI-shaped:
+//! `{"error": {"message", "type", "param", "code"}}`.
+//!
+//! Sampling defaults: the OpenAI routes sample plainly at temperature 1 (top-k, min-p off, top-p 1, as
+//! OpenAI and vLLM do); `/completion` uses llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95,
+//! min-p 0.05). A missing or negative `seed` draws a random one. `max_tokens` / `n_predict` default to
+//! `default_max_tokens`; `n_predict: -1` means `max_tokens_limit`. Stop strings are matched on the
+//! generated text across token boundaries and never sent; end-of-generation tokens stop generation
+//! (`ignore_eos` on `/completion` turns that off).
+//!
+//! Every generation response reports how its prompt met the prefix cache, as the `x-tandem-prompt` header
+//! and as `tandem.prompt_cache` (in streams: in the last chunks): `"prompt 120 = 100 reused + 20 read"`.
+
+mod auth;
+pub mod config;
+pub mod errors;
+mod generate;
+mod llamacpp;
+pub mod metrics;
+mod openai;
+mod params;
+pub mod stream;
+
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::from_fn_with_state;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use tandem_engine::serve::EngineHandle;
+use tandem_gguf::GgufFile;
+use tandem_tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
+use tokio::sync::watch;
+
+pub use config::ServerConfig;
+pub use errors::ApiError;
+pub use metrics::Metrics;
+pub use stream::{StopMatcher, PROMPT_HEADER};
+
+/// Everything a request handler needs; shared by all of them.
+pub struct AppState {
+    pub engine: Arc<dyn EngineHandle>,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub config: ServerConfig,
+    pub metrics: Metrics,
+    keys: auth::Keys,
+    /// Unix time the state was made (`created` of the model in `/v1/models`).
+    created: u64,
+    /// Set when the shutdown signal came: new generations are refused.
+    shutting_down: AtomicBool,
+    /// Set when the shutdown grace ran out: running generations end at once.
+    kill: watch::Sender<bool>,
+}
+
+impl AppState {
+    pub fn new(
+        engine: Arc<dyn EngineHandle>,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        config: ServerConfig,
+    ) -> Self {
+        AppState {
+            engine,
+            tokenizer,
+            template,
+            keys: auth::Keys::new(&config.api_keys, &config.admin_keys),
+            config,
+            metrics: Metrics::default(),
+            created: params::unix_time(),
+            shutting_down: AtomicBool::new(false),
+            kill: watch::channel(false).0,
+        }
+    }
+
+    /// The tokenizer and chat template a GGUF file describes.
+    pub fn from_gguf(
+        engine: Arc<dyn EngineHandle>,
+        file: &GgufFile,
+        config: ServerConfig,
+    ) -> Result<Self, TokenizerError> {
+        let tokenizer = Tokenizer::from_gguf(file)?;
+        let template = ChatTemplate::from_gguf(file)?;
+        Ok(Self::new(engine, tokenizer, template, config))
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    fn kill_signal(&self) -> watch::Receiver<bool> {
+        self.kill.subscribe()
+    }
+}
+
+/// All routes. Unknown paths and methods get OpenAI-style 404 / 405 errors; bodies over
+/// `max_body_bytes` a 413.
+pub fn router(state: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/completions", post(openai::completions))
+        .route("/v1/models", get(openai::models))
+        .route("/models", get(openai::models))
+        .route("/completion", post(llamacpp::completion))
+        .route("/tokenize", post(llamacpp::tokenize))
+        .route("/detokenize", post(llamacpp::detokenize))
+        .route("/metrics", get(metrics::handler))
+        .route_layer(from_fn_with_state(state.clone(), auth::require_api_key));
+    let admin = Router::new()
+        .route("/slots", get(llamacpp::slots))
+        .route("/admin/cache/flush", post(llamacpp::flush_cache))
+        .route_layer(from_fn_with_state(state.clone(), auth::require_admin_key));
+    Router::new()
+        .route("/health", get(health))
+        .merge(api)
+        .merge(admin)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .with_state(state)
+}
+
+/// `GET /health`: never needs a key.
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "this method is not allowed on this route",
+    )
+    .with_code("method_not_allowed")
+}
+
+/// How long connections may take to close once running generations were cut.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// Serves until `shutdown` resolves, then shuts down gracefully: no new connections (and new generations
+/// on open ones are refused with 503), running requests may finish for up to `shutdown_grace`, then the
+/// engine is shut down and whatever still runs is cut (streams end with an error event).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (signalled_tx, signalled) = tokio::sync::oneshot::channel::<()>();
+    let signal = async move {
+        shutdown.await;
+        let _ = signalled_tx.send(());
+    };
+    let server = axum::serve(listener, router(state.clone()))
+        .with_graceful_shutdown(signal)
+        .into_future();
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => {
+            state.engine.shutdown();
+            return result;
+        }
+        _ = signalled => {}
+    }
+    state.shutting_down.store(true, Ordering::Relaxed);
+    let finished = tokio::time::timeout(state.config.shutdown_grace, &mut server).await;
+    state.engine.shutdown();
+    match finished {
+        Ok(result) => result,
+        Err(_) => {
+            state.kill.send_replace(true);
+            // Connections whose client does not read may never close; stop waiting for them.
+            let _ = tokio::time::timeout(CLOSE_WAIT, &mut server).await;
+            Ok(())
+        }
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

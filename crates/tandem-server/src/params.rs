@@ -1,0 +1,237 @@
+//! Request parameters shared by the routes: sampling settings, `max_tokens`, stop strings, prompt ids.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+use tandem_engine::SamplingParams;
+
+use crate::config::ServerConfig;
+use crate::errors::ApiError;
+use crate::AppState;
+
+/// Sampling fields as both APIs spell them (all optional).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct SamplingFields {
+    pub temperature: Option<f32>,
+    pub top_k: Option<i64>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    /// llama.cpp's window for the penalties; -1: the whole context, 0: off.
+    pub repeat_last_n: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Absent or negative: a fresh random seed.
+    pub seed: Option<i64>,
+}
+
+/// `stop`: one string or a list.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+const MAX_STOP_STRINGS: usize = 16;
+const MAX_TOP_LOGPROBS: usize = 20;
+
+pub fn stop_strings(stop: Option<StopField>) -> Result<Vec<String>, ApiError> {
+    let stops = match stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s],
+        Some(StopField::Many(v)) => v,
+    };
+    if stops.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "at most {MAX_STOP_STRINGS} stop strings are allowed, got {}",
+                stops.len()
+            ),
+        ));
+    }
+    Ok(stops)
+}
+
+/// Defaults of the OpenAI routes: plain sampling at temperature 1 (as OpenAI and vLLM).
+pub fn openai_defaults() -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        ..SamplingParams::default()
+    }
+}
+
+/// Defaults of `/completion`: llama.cpp server's.
+pub fn llamacpp_defaults() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        ..SamplingParams::default()
+    }
+}
+
+fn finite(name: &str, v: f32) -> Result<f32, ApiError> {
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(ApiError::invalid(name, format!("{name} must be a finite number")))
+    }
+}
+
+fn in_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<f32, ApiError> {
+    if finite(name, v)? < lo || v > hi {
+        return Err(ApiError::invalid(
+            name,
+            format!("{name} must be in [{lo}, {hi}], got {v}"),
+        ));
+    }
+    Ok(v)
+}
+
+impl SamplingFields {
+    /// Checks the fields and fills the rest from `defaults`; `n_ctx()` stands in for `repeat_last_n = -1`.
+    pub fn resolve(&self, defaults: SamplingParams, n_ctx: impl FnOnce() -> usize) -> Result<SamplingParams, ApiError> {
+        let mut p = defaults;
+        if let Some(t) = self.temperature {
+            p.temperature = in_range("temperature", t, 0.0, f32::MAX)?;
+        }
+        if let Some(k) = self.top_k {
+            // vLLM's -1 and llama.cpp's 0 both mean off.
+            p.top_k = usize::try_from(k).unwrap_or(0);
+        }
+        if let Some(v) = self.top_p {
+            p.top_p = in_range("top_p", v, 0.0, 1.0)?;
+        }
+        if let Some(v) = self.min_p {
+            p.min_p = in_range("min_p", v, 0.0, 1.0)?;
+        }
+        if let Some(v) = self.repeat_penalty {
+            if finite("repeat_penalty", v)? <= 0.0 {
+                return Err(ApiError::invalid("repeat_penalty", "repeat_penalty must be positive"));
+            }
+            p.repeat_penalty = v;
+        }
+        if let Some(v) = self.presence_penalty {
+            p.presence_penalty = finite("presence_penalty", v)?;
+        }
+        if let Some(v) = self.frequency_penalty {
+            p.frequency_penalty = finite("frequency_penalty", v)?;
+        }
+        match self.repeat_last_n {
+            None => {}
+            Some(-1) => p.penalty_last_n = n_ctx(),
+            Some(n) => {
+                p.penalty_last_n = usize::try_from(n)
+                    .map_err(|_| ApiError::invalid("repeat_last_n", "repeat_last_n must be -1 or more"))?
+            }
+        }
+        p.seed = match self.seed {
+            Some(s) if s >= 0 => s as u64,
+            _ => random_u64(),
+        };
+        Ok(p)
+    }
+}
+
+/// `max_tokens` as asked (`param` names the field), else the default; 400 when 0 or over the limit.
+pub fn max_tokens(config: &ServerConfig, requested: Option<u64>, param: &str) -> Result<usize, ApiError> {
+    let limit = config.max_tokens_limit;
+    match requested {
+        None => Ok(config.default_max_tokens.min(limit).max(1)),
+        Some(0) => Err(ApiError::invalid(param, format!("{param} must be at least 1"))),
+        Some(n) if n > limit as u64 => Err(ApiError::invalid(
+            param,
+            format!("{param} {n} is over the limit of {limit}"),
+        )),
+        Some(n) => Ok(n as usize),
+    }
+}
+
+/// `top_logprobs` checked against the limit OpenAI sets (20).
+pub fn top_logprobs(n: usize, param: &str) -> Result<usize, ApiError> {
+    if n > MAX_TOP_LOGPROBS {
+        return Err(ApiError::invalid(
+            param,
+            format!("{param} must be at most {MAX_TOP_LOGPROBS}, got {n}"),
+        ));
+    }
+    Ok(n)
+}
+
+/// `n` (choices per request): only 1 is served.
+pub fn check_n(n: Option<u64>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(ApiError::invalid("n", format!("only n = 1 is supported, got {n}"))),
+    }
+}
+
+/// `model` must be absent (or empty) or the served model.
+pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        None | Some("") => Ok(()),
+        Some(m) if m == state.config.model_name => Ok(()),
+        Some(m) => Err(ApiError::model_not_found(m)),
+    }
+}
+
+/// Token ids must be in the vocabulary.
+pub fn check_ids(state: &AppState, ids: &[u32], param: &str) -> Result<(), ApiError> {
+    let n_vocab = state.tokenizer.n_vocab();
+    match ids.iter().find(|&&id| n_vocab > 0 && id as usize >= n_vocab) {
+        Some(id) => Err(ApiError::invalid(
+            param,
+            format!("token id {id} is out of range: the vocabulary has {n_vocab} tokens"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Texts longer than this are encoded on the blocking pool, not on a runtime worker.
+const INLINE_ENCODE_BYTES: usize = 16 << 10;
+
+/// Text to ids (`add_bos`: the model's BOS as it asks; `parse_special`: special-token texts become those
+/// tokens, what llama.cpp and vLLM do for prompts).
+pub async fn encode(
+    state: &AppState,
+    text: String,
+    add_bos: bool,
+    parse_special: bool,
+    param: &str,
+) -> Result<Vec<u32>, ApiError> {
+    let tok = state.tokenizer.clone();
+    let long = text.len() > INLINE_ENCODE_BYTES;
+    let run = move || tok.try_encode(&text, add_bos, parse_special);
+    let result = if long {
+        tokio::task::spawn_blocking(run)
+            .await
+            .map_err(|_| ApiError::internal("the tokenizer failed"))?
+    } else {
+        run()
+    };
+    result.map_err(|e| ApiError::invalid(param, format!("this model cannot encode text: {e}")))
+}
+
+pub fn unix_time() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A random number for seeds and ids (std's randomly keyed hasher; no cryptographic claim).
+pub fn random_u64() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish()
+}
+
+/// A response id such as `chatcmpl-3f2a…`.
+pub fn response_id(prefix: &str) -> String {
+    format!("{prefix}-{:016x}{:08x}", random_u64(), random_u64() as u32)
+}

@@ -1,0 +1,7 @@
+//! The real router over a fake engine, spoken to over HTTP/1.1 on 127.0.0.1.
+
+mod common;
+mod errors;
+mod lifecycle;
+mod llamacpp;
+mod openai;
