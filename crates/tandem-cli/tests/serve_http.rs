@@ -184,6 +184,7 @@ fn serves_gemma_over_http() {
     assert_eq!(alone, together);
 
     // A client that drops its stream frees the sequence's KV (visible in /metrics).
+    let kv_before = metric(port, "tandem_kv_cache_bytes_used");
     let mut long = greedy("Write a very long story about a dragon.", 1000);
     long["stream"] = json!(true);
     let body = long.to_string();
@@ -199,6 +200,11 @@ fn serves_gemma_over_http() {
         line.clear();
     }
     assert_eq!(metric(port, "tandem_requests_running"), 1.0);
+    let kv_during = metric(port, "tandem_kv_cache_bytes_used");
+    assert!(
+        kv_during > kv_before,
+        "the running stream holds KV: {kv_before} → {kv_during}"
+    );
     drop(reader);
     drop(s);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -206,6 +212,11 @@ fn serves_gemma_over_http() {
         assert!(Instant::now() < deadline, "the dropped stream still runs");
         std::thread::sleep(Duration::from_millis(20));
     }
+    assert_eq!(
+        metric(port, "tandem_kv_cache_bytes_used"),
+        kv_before,
+        "its KV is freed, not cached"
+    );
 
     // Bad inputs get their status, and the server keeps serving.
     let cases: Vec<(&str, String, u16)> = vec![

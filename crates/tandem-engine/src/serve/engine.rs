@@ -202,6 +202,10 @@ struct Sequence {
 /// Checkpoints kept per conversation: the ends of its last few prompts.
 const MAX_CHECKPOINTS: usize = 4;
 
+/// A cached conversation is taken over only for a shared prefix at least this long: a few common tokens
+/// (a BOS, a system prompt's first words) are cheap to read again and not worth evicting it for.
+const MIN_REUSE: usize = 16;
+
 struct Cached {
     fed: Vec<u32>,
     kv: SequenceKv,
@@ -370,7 +374,7 @@ impl Loop {
         let mut best: Option<(usize, usize)> = None;
         for (i, c) in self.cache.iter().enumerate() {
             let common = c.fed.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(limit);
-            if common > best.map_or(0, |b| b.1) {
+            if common >= MIN_REUSE && common > best.map_or(0, |b| b.1) {
                 best = Some((i, common));
             }
         }
