@@ -230,7 +230,6 @@ impl Block<'_> {
             .map(|i| unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(head_of(i / group, i % group)), d) })
             .collect();
         outs.iter_mut().for_each(|o| o.iter_mut().for_each(|v| *v = 0.0));
-        let mut partial = vec![0f32; d];
         for tile in lo / KV_TILE..=hi / KV_TILE {
             let (first, last) = ((tile * KV_TILE).max(lo), (tile * KV_TILE + KV_TILE - 1).min(hi));
             for p in first..=last {
@@ -244,11 +243,10 @@ impl Block<'_> {
                 if first.max(from) > last.min(to) {
                     continue;
                 }
-                partial.iter_mut().for_each(|v| *v = 0.0);
-                for p in first.max(from)..=last.min(to) {
-                    axpy(&mut partial, s[p - from], &tile_rows[(p - first) * d..][..d]);
-                }
-                add(outs[i], &partial);
+                let (a, b) = (first.max(from), last.min(to));
+                let weights = &s[a - from..=b - from];
+                let rows = &tile_rows[(a - first) * d..(b - first + 1) * d];
+                self.simd.add_weighted_rows(outs[i], weights, rows);
             }
         }
     }
@@ -296,6 +294,17 @@ fn finish_dot(mut acc: [f32; 16], a: &[f32], b: &[f32], from: usize) -> f32 {
 }
 
 impl Simd {
+    /// `add_weighted_rows`, vectorized where the head is a whole number of 16-lane vectors.
+    #[inline(always)]
+    fn add_weighted_rows(self, out: &mut [f32], weights: &[f32], rows: &[f32]) {
+        match self {
+            // SAFETY: `Simd::detect` checked the feature; every load and store is inside the slices.
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 if out.len().is_multiple_of(16) => unsafe { add_weighted_rows_avx512(out, weights, rows) },
+            _ => add_weighted_rows(out, weights, rows),
+        }
+    }
+
     /// `dot` with the partial sums held in vector registers.
     #[inline(always)]
     fn dot(self, a: &[f32], b: &[f32]) -> f32 {
@@ -321,6 +330,16 @@ unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
         let x = _mm512_loadu_ps(a.as_ptr().add(16 * c));
         let y = _mm512_loadu_ps(b.as_ptr().add(16 * c));
         acc = _mm512_add_ps(acc, _mm512_mul_ps(x, y));
+    }
+    if chunks * 16 == a.len() {
+        // The tree 16 → 8 → 4 → 2 → 1 of `finish_dot`, in registers: upper half onto lower each time.
+        let lo8 = _mm512_castps512_ps256(acc);
+        let hi8 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+        let s8 = _mm256_add_ps(lo8, hi8);
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+        return _mm_cvtss_f32(s1);
     }
     let mut lanes = [0f32; 16];
     _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
@@ -350,6 +369,44 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 #[inline(always)]
 fn axpy(acc: &mut [f32], w: f32, v: &[f32]) {
     acc.iter_mut().zip(v).for_each(|(a, &x)| *a += w * x);
+}
+
+/// `out += Σ_i weights[i] · rows[i]`, where the sum over `i` is formed first, from zero, in order (one
+/// tile's partial sum), and then added to `out`.
+#[inline(always)]
+fn add_weighted_rows(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    let d = out.len();
+    let mut partial = vec![0f32; d];
+    for (w, row) in weights.iter().zip(rows.chunks_exact(d)) {
+        axpy(&mut partial, *w, row);
+    }
+    add(out, &partial);
+}
+
+/// `add_weighted_rows` with up to eight 16-lane partial sums held in registers across the rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn add_weighted_rows_avx512(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    use std::arch::x86_64::*;
+    let d = out.len();
+    debug_assert!(d.is_multiple_of(16) && rows.len() == weights.len() * d);
+    let mut j = 0;
+    while j < d {
+        let lanes = ((d - j) / 16).min(8);
+        let mut acc = [_mm512_setzero_ps(); 8];
+        for (i, &w) in weights.iter().enumerate() {
+            let wv = _mm512_set1_ps(w);
+            let row = rows.as_ptr().add(i * d + j);
+            for (k, a) in acc.iter_mut().enumerate().take(lanes) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(wv, _mm512_loadu_ps(row.add(16 * k))));
+            }
+        }
+        for (k, a) in acc.iter().enumerate().take(lanes) {
+            let o = out.as_mut_ptr().add(j + 16 * k);
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), *a));
+        }
+        j += 16 * lanes;
+    }
 }
 
 #[cfg(test)]
@@ -455,10 +512,27 @@ mod tests {
     fn every_simd_level_gives_the_same_bits() {
         let a = values(300, 5);
         let b = values(300, 6);
-        for len in [0, 7, 16, 37, 256, 300] {
+        for len in [0, 7, 16, 37, 64, 256, 300] {
             let want = dot(&a[..len], &b[..len]);
             let got = Simd::detect().dot(&a[..len], &b[..len]);
             assert_eq!(got.to_bits(), want.to_bits(), "len {len}");
+        }
+    }
+
+    #[test]
+    fn weighted_rows_match_the_plain_sum_bit_for_bit() {
+        for d in [16, 64, 144, 256] {
+            let rows = values(5 * d, 7);
+            let w = values(5, 8);
+            let base = values(d, 9);
+            let (mut a, mut b) = (base.clone(), base.clone());
+            add_weighted_rows(&mut a, &w, &rows);
+            Simd::detect().add_weighted_rows(&mut b, &w, &rows);
+            assert_eq!(
+                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "d {d}"
+            );
         }
     }
 

@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tandem_model::kv::Checkpoint;
-use tandem_model::{LogitRows, Model, SequenceKv, Span, Workspace};
+use tandem_model::{LogitRows, Model, ModelError, SequenceKv, Span, Workspace};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use super::api::*;
@@ -217,6 +217,13 @@ impl Cached {
     fn bytes(&self) -> usize {
         self.kv.bytes_allocated() + self.checkpoints.iter().map(Checkpoint::bytes).sum::<usize>()
     }
+}
+
+/// One forward pass and the seconds it took.
+fn timed_forward(model: &Model, ws: &mut Workspace, spans: &mut [Span]) -> (Result<Vec<Vec<f32>>, ModelError>, f64) {
+    let t0 = Instant::now();
+    let result = model.forward(ws, spans);
+    (result, t0.elapsed().as_secs_f64())
 }
 
 struct Loop {
@@ -428,9 +435,7 @@ impl Loop {
                 logits: LogitRows::Last,
             })
             .collect();
-        let t0 = Instant::now();
-        let result = self.model.forward(&mut self.ws, &mut spans);
-        let took = t0.elapsed().as_secs_f64();
+        let (result, took) = timed_forward(&self.model, &mut self.ws, &mut spans);
         drop(spans);
         match result {
             Ok(logits) => {
@@ -513,9 +518,7 @@ impl Loop {
                 }
             })
             .collect();
-        let t0 = Instant::now();
-        let result = self.model.forward(&mut self.ws, &mut spans);
-        let took = t0.elapsed().as_secs_f64();
+        let (result, took) = timed_forward(&self.model, &mut self.ws, &mut spans);
         drop(spans);
         match result {
             Ok(logits) => {
