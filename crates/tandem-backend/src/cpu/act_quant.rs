@@ -303,6 +303,7 @@ pub fn q8k_block_scalar(x: &[f32; 256], q: &mut [i8; 256], bsums: &mut [i16; 16]
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::super::dot::avx2::hsum_i32;
     use super::{q8_block_scalar, q8k_block_scalar};
 
     /// Horizontal max of 8 lanes (order-independent: max is exact).
@@ -313,16 +314,6 @@ mod x86 {
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let m = _mm_max_ss(m, _mm_movehdup_ps(m));
         _mm_cvtss_f32(m)
-    }
-
-    /// Horizontal sum of 8 i32 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) fn hsum_i32_avx2(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-        _mm_cvtsi128_si32(s)
     }
 
     /// Packs 32 i32 (four vectors in element order) into 32 saturated i8 in element order.
@@ -359,7 +350,7 @@ mod x86 {
         // SAFETY: 32 bytes are in bounds.
         unsafe { _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, packed) };
         let s = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
-        (d, hsum_i32_avx2(s))
+        (d, hsum_i32(s))
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
@@ -421,8 +412,8 @@ mod x86 {
             unsafe { _mm256_storeu_si256(q.as_mut_ptr().add(32 * g) as *mut __m256i, packed) };
             let s0 = _mm256_add_epi32(r[0], r[1]);
             let s1 = _mm256_add_epi32(r[2], r[3]);
-            bsums[2 * g] = hsum_i32_avx2(s0) as i16;
-            bsums[2 * g + 1] = hsum_i32_avx2(s1) as i16;
+            bsums[2 * g] = hsum_i32(s0) as i16;
+            bsums[2 * g + 1] = hsum_i32(s1) as i16;
         }
         1.0 / iscale
     }
