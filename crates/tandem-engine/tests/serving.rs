@@ -241,3 +241,56 @@ fn a_long_prefill_does_not_starve_a_decoder() {
     eprintln!("longest gap {worst:?}; one 64-row chunk {chunk64:?}, one decode step {step:?}, bound {bound:?}");
     assert!(worst <= bound, "a decoder waited {worst:?}, over {bound:?}");
 }
+
+#[test]
+fn the_kv_budget_queues_what_does_not_fit() {
+    // One Gemma sequence of up to 256 positions takes 18 blocks of 256 rows × 1 KiB: 4.7 MB. A 6 MB pool
+    // runs one at a time; the second waits in the queue, then runs once the first has finished.
+    let budget = 6 << 20;
+    let (engine, tok) = engine(ServingConfig {
+        n_ctx: 512,
+        kv_budget_bytes: budget,
+        cache_budget_bytes: budget,
+        ..Default::default()
+    });
+    let prompts = prompts(&tok);
+    let alone: Vec<_> = prompts[..2]
+        .iter()
+        .map(|p| collect(engine.submit(request(p.clone(), 24)).unwrap()))
+        .collect();
+    let receivers: Vec<_> = prompts[..2]
+        .iter()
+        .map(|p| engine.submit(request(p.clone(), 24)).unwrap())
+        .collect();
+    let watcher = std::thread::scope(|scope| {
+        let watch = scope.spawn(|| {
+            let (mut most_running, mut most_bytes) = (0, 0);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                let st = engine.stats();
+                most_running = most_running.max(st.running);
+                most_bytes = most_bytes.max(st.kv_bytes_used);
+                if st.requests_total >= 4 && st.running == 0 && st.queued == 0 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (most_running, most_bytes)
+        });
+        let together: Vec<_> = receivers.into_iter().map(collect).collect();
+        for (a, b) in alone.iter().zip(&together) {
+            assert_eq!(
+                a.1.iter().map(|t| t.0).collect::<Vec<_>>(),
+                b.1.iter().map(|t| t.0).collect::<Vec<_>>()
+            );
+        }
+        watch.join().unwrap()
+    });
+    let (most_running, most_bytes) = watcher;
+    assert_eq!(most_running, 1, "the budget fits one sequence at a time");
+    assert!(
+        most_bytes <= budget,
+        "{most_bytes} bytes of KV in use, over the {budget}-byte budget"
+    );
+    assert!(engine.stats().kv_bytes_budget == budget);
+}

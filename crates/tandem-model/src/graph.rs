@@ -141,7 +141,7 @@ impl Model {
                     rows.len(),
                     &mut ws.staging,
                     |view| attend(&self.pool, q_rows, pos, view, &shape, out_rows),
-                );
+                )?;
             }
             let mut o = self.matmul(&lw.wo, &attn)?;
             if let Some(n) = &lw.post_attn_norm {

@@ -11,13 +11,14 @@ pub mod kv;
 pub mod weights;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use tandem_backend::cpu::pool::ThreadPool;
 use tandem_gguf::GgufFile;
 
 pub use config::{Arch, ModelConfig};
 pub use graph::{LogitRows, Span, Workspace};
-pub use kv::SequenceKv;
+pub use kv::{KvPool, SequenceKv};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -35,6 +36,8 @@ pub enum ModelError {
     Token { id: u32, n_vocab: usize },
     #[error("context full: {len} of {n_ctx} positions used, {adding} more requested")]
     ContextFull { n_ctx: usize, len: usize, adding: usize },
+    #[error("the KV cache budget of {budget_bytes} bytes is spent")]
+    KvFull { budget_bytes: usize },
 }
 
 /// A loaded model: configuration, weights (in the mapped file) and the threads its kernels run on.
@@ -43,6 +46,8 @@ pub struct Model {
     pub weights: weights::Weights,
     pub file: GgufFile,
     pub pool: ThreadPool,
+    /// Where every sequence's KV blocks come from.
+    pub kv_pool: Arc<KvPool>,
 }
 
 impl Model {
@@ -54,16 +59,23 @@ impl Model {
     pub fn from_file(file: GgufFile, threads: usize) -> Result<Self, ModelError> {
         let config = ModelConfig::from_gguf(&file)?;
         let weights = weights::Weights::load(&file, &config)?;
+        let kv_pool = KvPool::new(config.kv_width(), None);
         Ok(Model {
             config,
             weights,
             file,
             pool: ThreadPool::new(threads.max(1)),
+            kv_pool,
         })
     }
 
     /// A fresh KV cache for one sequence of up to `n_ctx` positions.
     pub fn new_sequence(&self, n_ctx: usize) -> SequenceKv {
-        SequenceKv::new(&self.config, n_ctx)
+        SequenceKv::new(&self.config, n_ctx, &self.kv_pool)
+    }
+
+    /// Caps KV memory (all sequences together) at `bytes`; takes effect for sequences made afterwards.
+    pub fn set_kv_budget(&mut self, bytes: usize) {
+        self.kv_pool = KvPool::new(self.config.kv_width(), Some(bytes));
     }
 }

@@ -84,8 +84,10 @@ pub struct ServingEngine {
 }
 
 impl ServingEngine {
-    /// Starts the loop thread, which takes ownership of the model.
-    pub fn start(model: Model, config: ServingConfig) -> Self {
+    /// Starts the loop thread, which takes ownership of the model. KV blocks for all sequences (running
+    /// and cached) come from one pool capped at `kv_budget_bytes`.
+    pub fn start(mut model: Model, config: ServingConfig) -> Self {
+        model.set_kv_budget(config.kv_budget_bytes);
         let shared = Arc::new(Shared {
             inbox: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
@@ -317,6 +319,18 @@ impl Loop {
         self.cache.iter().map(Cached::bytes).sum()
     }
 
+    /// Pool bytes outside the running sequences' reservations: cached conversations, and the
+    /// checkpoints of running ones.
+    fn unreserved_bytes(&self) -> usize {
+        self.cache_bytes()
+            + self
+                .running
+                .iter()
+                .flat_map(|s| &s.checkpoints)
+                .map(Checkpoint::bytes)
+                .sum::<usize>()
+    }
+
     /// Moves queued requests into the running set while their KV reservation fits the budget.
     fn admit(&mut self) {
         while let Some(p) = self.queue.front() {
@@ -327,10 +341,12 @@ impl Loop {
             let len = (p.request.prompt.len() + p.request.max_tokens).min(self.config.n_ctx);
             let need = self.model.new_sequence(self.config.n_ctx).bytes_at(len);
             // Cached conversations give way to running ones.
-            while self.reserved + need + self.cache_bytes() > self.config.kv_budget_bytes && !self.cache.is_empty() {
+            while self.reserved + need + self.unreserved_bytes() > self.config.kv_budget_bytes && !self.cache.is_empty()
+            {
                 self.evict_lru();
             }
-            if self.reserved + need > self.config.kv_budget_bytes && !self.running.is_empty() {
+            if self.reserved + need + self.unreserved_bytes() > self.config.kv_budget_bytes && !self.running.is_empty()
+            {
                 return;
             }
             let Some(p) = self.queue.pop_front() else { return };
@@ -530,7 +546,10 @@ impl Loop {
                         if s.checkpoints.len() == MAX_CHECKPOINTS {
                             s.checkpoints.remove(0);
                         }
-                        s.checkpoints.push(s.kv.checkpoint());
+                        // A checkpoint is an optimization: without room in the pool, go on without it.
+                        if let Ok(cp) = s.kv.checkpoint() {
+                            s.checkpoints.push(cp);
+                        }
                         Self::emit_next(s, &l);
                     }
                 }
@@ -624,7 +643,7 @@ impl Loop {
         let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
         st.queued = self.queue.len() + self.shared.inbox.lock().map_or(0, |q| q.len());
         st.running = self.running.len();
-        st.kv_bytes_used = self.running.iter().map(|s| s.kv.bytes_allocated()).sum::<usize>() + self.cache_bytes();
+        st.kv_bytes_used = self.model.kv_pool.bytes_in_use();
         st.cached_sequences = self.cache.len();
     }
 }

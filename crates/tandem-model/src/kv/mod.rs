@@ -4,8 +4,12 @@
 //! staged copy of it), so a prefilled position is attended with exactly the bits a later decode step reads.
 
 mod placement;
+mod pool;
 
 pub use placement::{ChunkRoute, RingPlacement};
+pub use pool::{KvPool, BLOCK_ROWS};
+
+use std::sync::Arc;
 
 use half::f16;
 use tandem_backend::cpu::attention::KvRows;
@@ -13,16 +17,25 @@ use tandem_backend::cpu::attention::KvRows;
 use crate::config::ModelConfig;
 use crate::ModelError;
 
-/// Storage grows in steps of this many rows, so a short conversation does not pay for the whole context.
-const GROW_ROWS: usize = 256;
+use pool::Block;
 
-#[derive(Clone)]
+/// Storage grows in steps of this many rows (one pool block), so a short conversation does not pay for
+/// the whole context.
+const GROW_ROWS: usize = BLOCK_ROWS;
+
 pub struct LayerCache {
     pub placement: RingPlacement,
     pub window: Option<usize>,
     width: usize,
-    k: Vec<f16>,
-    v: Vec<f16>,
+    /// Physical row r lives in block r / BLOCK_ROWS.
+    blocks: Vec<Block>,
+    pool: Arc<KvPool>,
+}
+
+impl Drop for LayerCache {
+    fn drop(&mut self) {
+        self.pool.give(self.blocks.drain(..));
+    }
 }
 
 /// Scratch for the staged route, reused across layers and chunks.
@@ -33,48 +46,69 @@ pub struct StagingBuffers {
 }
 
 impl LayerCache {
-    fn new(capacity: usize, window: Option<usize>, width: usize) -> Self {
+    fn new(capacity: usize, window: Option<usize>, pool: Arc<KvPool>) -> Self {
         LayerCache {
             placement: RingPlacement::new(capacity),
             window,
-            width,
-            k: Vec::new(),
-            v: Vec::new(),
+            width: pool.width(),
+            blocks: Vec::new(),
+            pool,
         }
     }
 
-    fn allocated_rows(&self) -> usize {
-        self.k.len() / self.width
+    fn ensure_rows(&mut self, rows: usize) -> Result<(), ModelError> {
+        let rows = rows.min(self.placement.capacity);
+        while self.blocks.len() * BLOCK_ROWS < rows {
+            self.blocks.push(self.pool.take()?);
+        }
+        Ok(())
     }
 
-    fn ensure_rows(&mut self, rows: usize) {
-        if rows > self.allocated_rows() {
-            let target = rows
-                .div_ceil(GROW_ROWS)
-                .saturating_mul(GROW_ROWS)
-                .min(self.placement.capacity);
-            let extra = (target * self.width).saturating_sub(self.k.len());
-            self.k.reserve_exact(extra);
-            self.v.reserve_exact(extra);
-            self.k.resize(target * self.width, f16::ZERO);
-            self.v.resize(target * self.width, f16::ZERO);
+    fn k_at(&self, r: usize) -> &[f16] {
+        &self.blocks[r / BLOCK_ROWS].k[(r % BLOCK_ROWS) * self.width..][..self.width]
+    }
+
+    fn v_at(&self, r: usize) -> &[f16] {
+        &self.blocks[r / BLOCK_ROWS].v[(r % BLOCK_ROWS) * self.width..][..self.width]
+    }
+
+    /// A copy with blocks of its own from the pool.
+    fn try_clone(&self) -> Result<LayerCache, ModelError> {
+        let mut copy = LayerCache::new(self.placement.capacity, self.window, Arc::clone(&self.pool));
+        copy.placement = self.placement;
+        for b in &self.blocks {
+            let mut nb = self
+                .pool
+                .take()
+                .inspect_err(|_| drop(std::mem::take(&mut copy.blocks)))?;
+            nb.k.copy_from_slice(&b.k);
+            nb.v.copy_from_slice(&b.v);
+            copy.blocks.push(nb);
         }
+        Ok(copy)
+    }
+
+    fn bytes(&self) -> usize {
+        self.blocks.len() * self.pool.block_bytes()
     }
 
     /// Writes `t` rows of K and V (f32, `width` each) at the end of the cache, evicting the oldest rows
     /// of a full ring.
-    fn commit(&mut self, k: &[f32], v: &[f32], t: usize) {
+    fn commit(&mut self, k: &[f32], v: &[f32], t: usize) -> Result<(), ModelError> {
         let (rows, after) = self.placement.append(t);
         let needed = rows.iter().flatten().max().map_or(0, |&r| r + 1);
-        self.ensure_rows(needed);
+        self.ensure_rows(needed)?;
         let w = self.width;
         for (i, phys) in rows.iter().enumerate() {
             if let Some(r) = *phys {
-                to_f16(&k[i * w..(i + 1) * w], &mut self.k[r * w..(r + 1) * w]);
-                to_f16(&v[i * w..(i + 1) * w], &mut self.v[r * w..(r + 1) * w]);
+                let block = &mut self.blocks[r / BLOCK_ROWS];
+                let at = (r % BLOCK_ROWS) * w;
+                to_f16(&k[i * w..(i + 1) * w], &mut block.k[at..at + w]);
+                to_f16(&v[i * w..(i + 1) * w], &mut block.v[at..at + w]);
             }
         }
         self.placement = after;
+        Ok(())
     }
 
     /// Stores a chunk of `t` rows and calls `attend` with a view of every row its queries may see.
@@ -86,10 +120,10 @@ impl LayerCache {
         t: usize,
         staging: &mut StagingBuffers,
         attend: impl FnOnce(&dyn KvRows),
-    ) {
+    ) -> Result<(), ModelError> {
         match self.placement.route(t, self.window) {
             ChunkRoute::StoreThenAttend => {
-                self.commit(k, v, t);
+                self.commit(k, v, t)?;
                 attend(&CacheView { layer: self });
             }
             ChunkRoute::Staged { retained_from } => {
@@ -102,8 +136,8 @@ impl LayerCache {
                 staging.v.reserve(rows * w);
                 for logical in retained_from..end {
                     let r = self.placement.physical(logical).expect("retained rows are cached");
-                    staging.k.extend_from_slice(&self.k[r * w..(r + 1) * w]);
-                    staging.v.extend_from_slice(&self.v[r * w..(r + 1) * w]);
+                    staging.k.extend_from_slice(self.k_at(r));
+                    staging.v.extend_from_slice(self.v_at(r));
                 }
                 let old = staging.k.len();
                 staging.k.resize(rows * w, f16::ZERO);
@@ -117,9 +151,10 @@ impl LayerCache {
                     width: w,
                 });
                 // Committed only after attention consumed the staged rows.
-                self.commit(k, v, t);
+                self.commit(k, v, t)?;
             }
         }
+        Ok(())
     }
 }
 
@@ -139,7 +174,7 @@ impl KvRows for CacheView<'_> {
             .placement
             .physical(pos)
             .expect("attention reads only cached rows");
-        &self.layer.k[r * self.layer.width..(r + 1) * self.layer.width]
+        self.layer.k_at(r)
     }
 
     fn v_row(&self, pos: usize) -> &[f16] {
@@ -148,7 +183,7 @@ impl KvRows for CacheView<'_> {
             .placement
             .physical(pos)
             .expect("attention reads only cached rows");
-        &self.layer.v[r * self.layer.width..(r + 1) * self.layer.width]
+        self.layer.v_at(r)
     }
 }
 
@@ -173,7 +208,6 @@ impl KvRows for StagedView<'_> {
 
 /// A copy of a sequence's sliding-window layers at one position: enough, with the global layers cut back
 /// to the same position, to continue from there after the rings have moved on.
-#[derive(Clone)]
 pub struct Checkpoint {
     pub pos: usize,
     rings: Vec<(usize, LayerCache)>,
@@ -181,10 +215,7 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     pub fn bytes(&self) -> usize {
-        self.rings
-            .iter()
-            .map(|(_, l)| (l.k.capacity() + l.v.capacity()) * 2)
-            .sum()
+        self.rings.iter().map(|(_, l)| l.bytes()).sum()
     }
 }
 
@@ -199,11 +230,17 @@ impl LayerCache {
 
     fn truncate(&mut self, pos: usize) {
         self.placement.len = pos - self.placement.origin_logical;
+        // A global layer's rows past the cut are free again; a ring keeps its blocks (it wraps).
+        if self.window.is_none() {
+            let keep = pos.div_ceil(BLOCK_ROWS);
+            if self.blocks.len() > keep {
+                self.pool.give(self.blocks.drain(keep..));
+            }
+        }
     }
 }
 
 /// All layers' caches of one sequence.
-#[derive(Clone)]
 pub struct SequenceKv {
     pub layers: Vec<LayerCache>,
     pub n_ctx: usize,
@@ -212,13 +249,14 @@ pub struct SequenceKv {
 impl SequenceKv {
     /// A cache for up to `n_ctx` positions: global layers may grow to `n_ctx` rows, sliding-window layers
     /// to their window.
-    pub fn new(config: &ModelConfig, n_ctx: usize) -> Self {
+    pub fn new(config: &ModelConfig, n_ctx: usize, pool: &Arc<KvPool>) -> Self {
+        debug_assert_eq!(pool.width(), config.kv_width());
         let layers = config
             .layers
             .iter()
             .map(|l| {
                 let capacity = l.window.map_or(n_ctx, |w| w.min(n_ctx));
-                LayerCache::new(capacity, l.window, config.kv_width())
+                LayerCache::new(capacity, l.window, Arc::clone(pool))
             })
             .collect();
         SequenceKv { layers, n_ctx }
@@ -255,16 +293,14 @@ impl SequenceKv {
         true
     }
 
-    /// Copies the sliding-window layers at the current position.
-    pub fn checkpoint(&self) -> Checkpoint {
-        let rings = self
-            .layers
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.window.is_some())
-            .map(|(i, l)| (i, l.clone()))
-            .collect();
-        Checkpoint { pos: self.len(), rings }
+    /// Copies the sliding-window layers at the current position (blocks from the pool, so this fails
+    /// when the budget is spent).
+    pub fn checkpoint(&self) -> Result<Checkpoint, ModelError> {
+        let mut rings = Vec::new();
+        for (i, l) in self.layers.iter().enumerate().filter(|(_, l)| l.window.is_some()) {
+            rings.push((i, l.try_clone()?));
+        }
+        Ok(Checkpoint { pos: self.len(), rings })
     }
 
     /// Goes back to a checkpoint taken earlier on this sequence: global layers are cut back to its
@@ -278,31 +314,34 @@ impl SequenceKv {
         if !fits {
             return false;
         }
-        for (i, layer) in self.layers.iter_mut().enumerate() {
-            match ring_for(i) {
-                Some(ring) => *layer = ring.clone(),
-                None => layer.truncate(cp.pos),
+        let mut copies = Vec::new();
+        for (i, ring) in &cp.rings {
+            match ring.try_clone() {
+                Ok(c) => copies.push((*i, c)),
+                Err(_) => return false,
             }
+        }
+        for layer in &mut self.layers {
+            if layer.window.is_none() {
+                layer.truncate(cp.pos);
+            }
+        }
+        for (i, copy) in copies {
+            self.layers[i] = copy;
         }
         true
     }
 
     /// Bytes of K and V storage allocated now.
     pub fn bytes_allocated(&self) -> usize {
-        self.layers.iter().map(|l| (l.k.capacity() + l.v.capacity()) * 2).sum()
+        self.layers.iter().map(LayerCache::bytes).sum()
     }
 
     /// Bytes the cache will hold once it has `len` positions (storage grows in steps of 256 rows).
     pub fn bytes_at(&self, len: usize) -> usize {
         self.layers
             .iter()
-            .map(|l| {
-                let rows = len
-                    .div_ceil(GROW_ROWS)
-                    .saturating_mul(GROW_ROWS)
-                    .min(l.placement.capacity);
-                rows * l.width * 2 * 2
-            })
+            .map(|l| len.min(l.placement.capacity).div_ceil(GROW_ROWS) * l.pool.block_bytes())
             .sum()
     }
 
@@ -353,7 +392,7 @@ mod tests {
     #[test]
     fn gemma3_kv_at_32k_context_fits_110_mb() {
         let config = gemma3_270m();
-        let mut kv = SequenceKv::new(&config, 32768);
+        let mut kv = SequenceKv::new(&config, 32768, &KvPool::new(config.kv_width(), None));
         assert_eq!(kv.bytes_at_capacity(), 3 * 32768 * 1024 + 15 * 512 * 1024);
         let mut staging = StagingBuffers::default();
         let width = config.kv_width();
@@ -361,7 +400,7 @@ mod tests {
         let k = vec![0.5f32; chunk * width];
         while kv.len() < 32768 {
             for layer in &mut kv.layers {
-                layer.store_and_attend(&k, &k, chunk, &mut staging, |_| {});
+                layer.store_and_attend(&k, &k, chunk, &mut staging, |_| {}).unwrap();
             }
         }
         assert_eq!(kv.len(), 32768);
@@ -385,14 +424,14 @@ mod tests {
         let fill = |kv: &mut SequenceKv, t: usize, staging: &mut StagingBuffers| {
             let k = vec![1.0f32; t * width];
             for layer in &mut kv.layers {
-                layer.store_and_attend(&k, &k, t, staging, |_| {});
+                layer.store_and_attend(&k, &k, t, staging, |_| {}).unwrap();
             }
         };
-        let mut kv = SequenceKv::new(&config, 4096);
+        let mut kv = SequenceKv::new(&config, 4096, &KvPool::new(config.kv_width(), None));
         fill(&mut kv, 300, &mut staging);
         assert!(kv.truncate(200), "rings have not wrapped: any point works");
         assert_eq!(kv.len(), 200);
-        let cp = kv.checkpoint();
+        let cp = kv.checkpoint().unwrap();
         fill(&mut kv, 700, &mut staging);
         assert_eq!(kv.len(), 900);
         assert!(!kv.truncate(500), "the rings lost rows 389..500 needs");
@@ -417,25 +456,27 @@ mod tests {
             vec![600, 1, 1, 64, 64, 7, 400],
             vec![511, 65, 65, 65, 512],
         ] {
-            let mut kv = SequenceKv::new(&config, 4096);
+            let mut kv = SequenceKv::new(&config, 4096, &KvPool::new(config.kv_width(), None));
             let mut staging = StagingBuffers::default();
             let width = config.kv_width();
             for t in chunks {
                 let start = kv.len();
                 // Row values encode their position, so a view that returns the wrong row is caught.
                 let k: Vec<f32> = (0..t * width).map(|i| ((start + i / width) % 2048) as f32).collect();
-                kv.layers[0].store_and_attend(&k, &k, t, &mut staging, |view| {
-                    for p in start..start + t {
-                        for key in (p + 1).saturating_sub(window)..=p {
-                            assert_eq!(
-                                view.k_row(key)[0].to_f32(),
-                                (key % 2048) as f32,
-                                "key {key} for query {p}"
-                            );
-                            assert_eq!(view.v_row(key)[width - 1].to_f32(), (key % 2048) as f32);
+                kv.layers[0]
+                    .store_and_attend(&k, &k, t, &mut staging, |view| {
+                        for p in start..start + t {
+                            for key in (p + 1).saturating_sub(window)..=p {
+                                assert_eq!(
+                                    view.k_row(key)[0].to_f32(),
+                                    (key % 2048) as f32,
+                                    "key {key} for query {p}"
+                                );
+                                assert_eq!(view.v_row(key)[width - 1].to_f32(), (key % 2048) as f32);
+                            }
                         }
-                    }
-                });
+                    })
+                    .unwrap();
             }
         }
     }
