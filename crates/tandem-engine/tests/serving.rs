@@ -200,6 +200,20 @@ fn queue_and_limits_refuse_cleanly() {
     ));
     assert!(engine.submit(request(tok.encode("hi", true, false), 101)).is_err());
     assert!(engine.submit(request(vec![], 4)).is_err());
+
+    // A request that could never fit the whole KV budget is refused up front, not failed midway.
+    // (`crate::engine`: the local `engine` shadows the helper.)
+    let (small, tok) = crate::engine(ServingConfig {
+        n_ctx: 4096,
+        kv_budget_bytes: 8 << 20,
+        ..Default::default()
+    });
+    let refused = small.submit(request(tok.encode("hi", true, false), 2000));
+    assert!(
+        matches!(refused, Err(tandem_engine::serve::SubmitError::KvBudget { .. })),
+        "{refused:?}"
+    );
+    assert!(small.submit(request(tok.encode("hi", true, false), 16)).is_ok());
 }
 
 #[test]

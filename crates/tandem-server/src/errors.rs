@@ -107,6 +107,7 @@ impl From<SubmitError> for ApiError {
                 .with_code("context_length_exceeded"),
             SubmitError::EmptyPrompt => ApiError::invalid("prompt", message),
             SubmitError::MaxTokens { .. } => ApiError::invalid("max_tokens", message),
+            SubmitError::KvBudget { .. } => ApiError::bad_request(message).with_code("kv_budget_exceeded"),
             SubmitError::QueueFull { .. } => ApiError::unavailable(message, "queue_full"),
             SubmitError::ShuttingDown => ApiError::unavailable(message, "shutting_down"),
         }

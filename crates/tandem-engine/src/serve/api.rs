@@ -75,6 +75,8 @@ pub enum SubmitError {
     EmptyPrompt,
     #[error("max_tokens {requested} is over the limit of {limit}")]
     MaxTokens { requested: usize, limit: usize },
+    #[error("the request needs {need} bytes of KV cache but the server's whole budget is {budget}")]
+    KvBudget { need: usize, budget: usize },
     #[error("the server is busy: {queued} requests already wait")]
     QueueFull { queued: usize },
     #[error("the engine has stopped")]

@@ -80,6 +80,8 @@ struct Shared {
 pub struct ServingEngine {
     shared: Arc<Shared>,
     config: ServingConfig,
+    /// An empty sequence, to size a request's KV need (`bytes_at`) without the model.
+    sizer: SequenceKv,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -88,6 +90,7 @@ impl ServingEngine {
     /// and cached) come from one pool capped at `kv_budget_bytes`.
     pub fn start(mut model: Model, config: ServingConfig) -> Self {
         model.set_kv_budget(config.kv_budget_bytes);
+        let sizer = model.new_sequence(config.n_ctx);
         let shared = Arc::new(Shared {
             inbox: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
@@ -108,6 +111,7 @@ impl ServingEngine {
         ServingEngine {
             shared,
             config,
+            sizer,
             thread: Mutex::new(Some(thread)),
         }
     }
@@ -131,6 +135,15 @@ impl EngineHandle for ServingEngine {
             return Err(SubmitError::MaxTokens {
                 requested: request.max_tokens,
                 limit: self.config.max_tokens_limit,
+            });
+        }
+        let need = self
+            .sizer
+            .bytes_at((request.prompt.len() + request.max_tokens).min(self.config.n_ctx));
+        if need > self.config.kv_budget_bytes {
+            return Err(SubmitError::KvBudget {
+                need,
+                budget: self.config.kv_budget_bytes,
             });
         }
         let mut inbox = self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
