@@ -233,8 +233,8 @@ pub struct ChatArgs {
 /// feeds only what the cache has not seen yet (the cached tokens are a prefix of the new prompt).
 pub fn chat(args: &ChatArgs) -> Result<()> {
     let mut loaded = load(&args.model)?;
-    let file = tandem_gguf::GgufFile::open(crate::registry::resolve(&args.model.model)?)?;
-    let template = ChatTemplate::from_gguf(&file)?;
+    // The model keeps its mapped file: read the template from it rather than opening it again.
+    let template = ChatTemplate::from_gguf(&loaded.engine.model.file)?;
     let mut messages: Vec<ChatMessage> = args.system.iter().map(ChatMessage::system).collect();
     let mut kv = loaded.engine.new_sequence(loaded.n_ctx);
     let mut cached: Vec<u32> = Vec::new();

@@ -9,6 +9,7 @@ use clap::Args;
 use tandem_engine::serve::{ServingConfig, ServingEngine};
 use tandem_model::Model;
 use tandem_server::{AppState, ServerConfig};
+use tandem_tokenizer::{ChatTemplate, Tokenizer};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -83,8 +84,11 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // One mapping of the file: tokenizer and template first, then the model takes it.
     let file = tandem_gguf::GgufFile::open(&path)?;
-    let model = Model::from_file(tandem_gguf::GgufFile::open(&path)?, threads)?;
+    let tokenizer = Tokenizer::from_gguf(&file)?;
+    let template = ChatTemplate::from_gguf(&file)?;
+    let model = Model::from_file(file, threads)?;
     let n_ctx = args.ctx.unwrap_or(model.config.context_length.min(8192)).max(16);
     let mut api_keys = args.api_keys.clone();
     if let Some(f) = &args.api_key_file {
@@ -123,7 +127,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
         ..ServerConfig::default()
     };
-    let state = Arc::new(AppState::from_gguf(Arc::new(engine), &file, config)?);
+    let state = Arc::new(AppState::new(Arc::new(engine), tokenizer, template, config));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

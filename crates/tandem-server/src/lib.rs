@@ -45,8 +45,7 @@ use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use tandem_engine::serve::EngineHandle;
-use tandem_gguf::GgufFile;
-use tandem_tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
+use tandem_tokenizer::{ChatTemplate, Tokenizer};
 use tokio::sync::watch;
 
 pub use config::ServerConfig;
@@ -88,17 +87,6 @@ impl AppState {
             shutting_down: AtomicBool::new(false),
             kill: watch::channel(false).0,
         }
-    }
-
-    /// The tokenizer and chat template a GGUF file describes.
-    pub fn from_gguf(
-        engine: Arc<dyn EngineHandle>,
-        file: &GgufFile,
-        config: ServerConfig,
-    ) -> Result<Self, TokenizerError> {
-        let tokenizer = Tokenizer::from_gguf(file)?;
-        let template = ChatTemplate::from_gguf(file)?;
-        Ok(Self::new(engine, tokenizer, template, config))
     }
 
     pub fn is_shutting_down(&self) -> bool {

@@ -250,11 +250,15 @@ struct Loop {
     running: Vec<Sequence>,
     cache: Vec<Cached>,
     reserved: usize,
+    /// An empty sequence that sizes a request's KV need (`bytes_at`), made once.
+    sizer: SequenceKv,
 }
 
 impl Loop {
     fn new(model: Model, config: ServingConfig, shared: Arc<Shared>) -> Self {
+        let sizer = model.new_sequence(config.n_ctx);
         Loop {
+            sizer,
             model,
             config,
             shared,
@@ -352,7 +356,7 @@ impl Loop {
                 continue;
             }
             let len = (p.request.prompt.len() + p.request.max_tokens).min(self.config.n_ctx);
-            let need = self.model.new_sequence(self.config.n_ctx).bytes_at(len);
+            let need = self.sizer.bytes_at(len);
             // Cached conversations give way to running ones.
             while self.reserved + need + self.unreserved_bytes() > self.config.kv_budget_bytes && !self.cache.is_empty()
             {
