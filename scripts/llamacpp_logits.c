@@ -18,13 +18,19 @@ int main(int argc, char **argv) {
     struct llama_context * ctx = llama_init_from_model(model, cp);
     llama_token * toks = malloc(sizeof(llama_token) * n);
     for (int i = 0; i < n; i++) toks[i] = atoi(argv[4 + i]);
-    struct llama_batch b = llama_batch_init(n, 0, 1);
-    for (int i = 0; i < n; i++) { b.token[i] = toks[i]; b.pos[i] = i; b.n_seq_id[i] = 1; b.seq_id[i][0] = 0; b.logits[i] = 1; }
-    b.n_tokens = n;
-    if (llama_decode(ctx, b)) { fprintf(stderr, "decode failed\n"); return 1; }
+    int chunk = getenv("CHUNK") ? atoi(getenv("CHUNK")) : n;
     int nv = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    float * all = malloc(sizeof(float) * (size_t)nv * n);
+    struct llama_batch b = llama_batch_init(n, 0, 1);
+    for (int s0 = 0; s0 < n; s0 += chunk) {
+      int m = n - s0 < chunk ? n - s0 : chunk;
+      for (int i = 0; i < m; i++) { b.token[i] = toks[s0+i]; b.pos[i] = s0+i; b.n_seq_id[i] = 1; b.seq_id[i][0] = 0; b.logits[i] = 1; }
+      b.n_tokens = m;
+      if (llama_decode(ctx, b)) { fprintf(stderr, "decode failed\n"); return 1; }
+      for (int i = 0; i < m; i++) memcpy(all + (size_t)(s0+i)*nv, llama_get_logits_ith(ctx, i), sizeof(float)*nv);
+    }
     for (int i = 0; i < n; i++) {
-        float * l = llama_get_logits_ith(ctx, i);
+        float * l = all + (size_t)i*nv;
         printf("%d", i);
         int used[5] = {-1,-1,-1,-1,-1};
         for (int k = 0; k < 5; k++) { int best = -1; for (int j = 0; j < nv; j++) { int skip=0; for(int u=0;u<k;u++) if(used[u]==j) skip=1; if(!skip && (best<0 || l[j]>l[best])) best=j; } used[k]=best; printf(" %d:%.4f", best, l[best]); }

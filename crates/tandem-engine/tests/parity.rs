@@ -4,10 +4,13 @@
 //!
 //! The issue asks for a 0.1 margin. Tandem reproduces llama.cpp's CPU numerics (f16-rounded activation
 //! scales, f16 query and softmax weights in attention, GELU from an f16 table) and matches its hidden
-//! states to about 1e-5 through most layers, but not its float summation order; Gemma 3's massive
-//! activations amplify that last-bit noise to logit differences up to ~1 (llama.cpp's own flash-attention
-//! switch moves its logits by 0.2-0.4). So mismatches between 0.1 and `ENFORCED_MARGIN` are reported
-//! (run with `--nocapture`) but do not fail; anything above does.
+//! states to about 1e-5 through most layers, but not its float summation order. That order is not one
+//! thing in llama.cpp either: the goldens' prompt positions come from its prefill route (tinyBLAS,
+//! repacked GEMMs) and the greedy steps from its decode route (`vec_dot`), and the two disagree with each
+//! other by up to 2.2 logits, flipping top-1 at reference margins up to 0.35
+//! (`scripts/llamacpp_self_parity.py`, `docs/PARITY.md`). A chunk-invariant engine computes a position
+//! one way, so it cannot reproduce both. Mismatches between 0.1 and `ENFORCED_MARGIN` are therefore
+//! reported (run with `--nocapture`) but do not fail; anything at or above it does.
 
 mod common;
 
@@ -17,7 +20,8 @@ use tandem_engine::{GenerateOptions, SamplingParams};
 
 /// The margin the issue specifies: mismatches at or above it are listed.
 const MIN_MARGIN: f64 = 0.1;
-/// The margin enforced today: a mismatch at or above it fails the test.
+/// The margin enforced: just above the largest margin (0.35) at which llama.cpp's own prefill and decode
+/// routes give different top-1 tokens on these prompts. A mismatch at or above it fails the test.
 const ENFORCED_MARGIN: f64 = 0.4;
 
 fn check_model((key, file): (&str, &str)) {
