@@ -9,7 +9,9 @@ use clap::Args;
 use serde_json::json;
 use tandem_model::LogitRows;
 
-use crate::generate::{load, ModelArgs};
+use crate::generate::{load, on_engine, AnyEngine, ModelArgs};
+use tandem_engine::Engine;
+use tandem_model::Backend;
 
 /// `tandem bench …` runs the model benchmark; `tandem bench serve …` drives a running server.
 #[derive(Args)]
@@ -75,8 +77,41 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
     let mut loaded = load(&args.model)?;
-    let n_vocab = loaded.engine.model.config.n_vocab;
     let bos = loaded.tokenizer.bos().filter(|_| loaded.tokenizer.adds_bos());
+    let results = on_engine!(&mut loaded.engine, |e| bench_on(e, bos, args))?;
+    let where_ = match &loaded.engine {
+        AnyEngine::Cpu(e) => format!("{} threads", e.model.pool.n_threads()),
+        AnyEngine::Cuda(e) => format!(
+            "{}{}",
+            e.model.gpu.name,
+            if e.model.deterministic { ", deterministic" } else { "" }
+        ),
+    };
+    match args.output_format {
+        BenchFormat::Json => {
+            let rows: Vec<_> = results
+                .iter()
+                .map(|(t, (m, s))| json!({"test": t, "tok_s": m, "stddev": s}))
+                .collect();
+            println!("{}", serde_json::to_string(&rows)?);
+        }
+        BenchFormat::Md => {
+            println!("| model | device | test | t/s |");
+            println!("| --- | --- | ---: | ---: |");
+            for (t, (m, s)) in &results {
+                println!("| {} | {where_} | {t} | {m:.2} ± {s:.2} |", args.model.model);
+            }
+        }
+    }
+    Ok(())
+}
+
+type BenchRows = Vec<(String, (f64, f64))>;
+
+/// The pp and tg tests on any backend. Device work is asynchronous, but every forward pass returns
+/// logits to the host (a synchronization), so wall-clock time covers the work.
+fn bench_on<B: Backend>(engine: &mut Engine<B>, bos: Option<u32>, args: &BenchArgs) -> Result<BenchRows> {
+    let n_vocab = engine.model.config().n_vocab;
     let n_ctx = (args.n_prompt.max(args.n_gen) + 1).max(16);
     let mut results = Vec::new();
     let reps = args.repetitions.max(1);
@@ -85,9 +120,9 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         let prompt = tokens(args.n_prompt, n_vocab, bos);
         let mut speeds = Vec::new();
         for rep in 0..=reps {
-            let mut kv = loaded.engine.new_sequence(n_ctx);
+            let mut kv = engine.try_new_sequence(n_ctx)?;
             let start = Instant::now();
-            loaded.engine.prefill(&mut kv, &prompt, args.n_prompt)?;
+            engine.prefill(&mut kv, &prompt, args.n_prompt)?;
             if rep > 0 {
                 speeds.push(args.n_prompt as f64 / start.elapsed().as_secs_f64());
             }
@@ -98,10 +133,10 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         let gen = tokens(args.n_gen, n_vocab, bos);
         let mut speeds = Vec::new();
         for rep in 0..=reps {
-            let mut kv = loaded.engine.new_sequence(n_ctx);
+            let mut kv = engine.try_new_sequence(n_ctx)?;
             let start = Instant::now();
             for &t in &gen {
-                loaded.engine.forward(&mut kv, &[t], LogitRows::Last)?;
+                engine.forward(&mut kv, &[t], LogitRows::Last)?;
             }
             if rep > 0 {
                 speeds.push(args.n_gen as f64 / start.elapsed().as_secs_f64());
@@ -109,23 +144,5 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         }
         results.push((format!("tg{}", args.n_gen), mean_std(&speeds)));
     }
-
-    match args.output_format {
-        BenchFormat::Json => {
-            let rows: Vec<_> = results
-                .iter()
-                .map(|(t, (m, s))| json!({"test": t, "tok_s": m, "stddev": s}))
-                .collect();
-            println!("{}", serde_json::to_string(&rows)?);
-        }
-        BenchFormat::Md => {
-            println!("| model | threads | test | t/s |");
-            println!("| --- | ---: | ---: | ---: |");
-            let threads = loaded.engine.model.pool.n_threads();
-            for (t, (m, s)) in &results {
-                println!("| {} | {threads} | {t} | {m:.2} ± {s:.2} |", args.model.model);
-            }
-        }
-    }
-    Ok(())
+    Ok(results)
 }

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
+use tandem_cuda::CudaModel;
 use tandem_engine::{Engine, GenerateOptions, SamplingParams, Timings};
-use tandem_model::Model;
+use tandem_model::{Backend, Model, SequenceCache};
 use tandem_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 /// Options shared by every command that loads a model and runs it.
@@ -28,6 +29,22 @@ pub struct ModelArgs {
     /// Print model, memory and route details to stderr.
     #[arg(long, short = 'v')]
     pub verbose: bool,
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+    /// Which GPU, with `--device cuda`.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// GPU: take the matvec route for every matmul, so logits are bit-identical across chunk sizes
+    /// and batches (the CPU always is).
+    #[arg(long)]
+    pub deterministic: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    Cpu,
+    Cuda,
 }
 
 #[derive(Args, Clone)]
@@ -94,9 +111,42 @@ pub struct RunArgs {
     pub output_format: OutputFormat,
 }
 
+/// An engine on the device the command line asked for.
+pub enum AnyEngine {
+    Cpu(Box<Engine>),
+    Cuda(Box<Engine<CudaModel>>),
+}
+
+impl AnyEngine {
+    /// The model as loaded from its file (the CUDA model keeps it as its CPU oracle).
+    pub fn cpu_model(&self) -> &Model {
+        match self {
+            AnyEngine::Cpu(e) => &e.model,
+            AnyEngine::Cuda(e) => &e.model.cpu,
+        }
+    }
+}
+
+/// Runs `$body` with `$e` bound to the engine, whichever backend it runs on.
+macro_rules! on_engine {
+    ($engine:expr, |$e:ident| $body:expr) => {
+        match $engine {
+            $crate::generate::AnyEngine::Cpu($e) => {
+                let $e = &mut **$e;
+                $body
+            }
+            $crate::generate::AnyEngine::Cuda($e) => {
+                let $e = &mut **$e;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use on_engine;
+
 /// A loaded model with its tokenizer.
 pub struct Loaded {
-    pub engine: Engine,
+    pub engine: AnyEngine,
     pub tokenizer: Tokenizer,
     pub n_ctx: usize,
 }
@@ -135,21 +185,84 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             model.weights.decode_bytes() as f64 / 1e6
         );
     }
+    let engine = match args.device {
+        Device::Cpu => AnyEngine::Cpu(Box::new(Engine::new(model))),
+        Device::Cuda => AnyEngine::Cuda(Box::new(Engine::new(load_cuda(model, args)?))),
+    };
     Ok(Loaded {
-        engine: Engine::new(model),
+        engine,
         tokenizer,
         n_ctx,
     })
 }
 
-fn print_kv(loaded: &Loaded, kv: &tandem_model::SequenceKv) {
+/// Uploads the weights to the GPU with a progress bar; a machine without a GPU gets a clear error.
+fn load_cuda(model: Model, args: &ModelArgs) -> Result<CudaModel> {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("uploading weights {bar:30} {bytes}/{total_bytes}")
+            .expect("a valid progress template"),
+    );
+    let cuda = CudaModel::load(model, args.gpu, args.deterministic, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .context("--device cuda")?;
+    bar.finish_and_clear();
+    if args.verbose {
+        let m = &cuda.memory;
+        eprintln!(
+            "gpu: {} ({}), {:.1} GB; weights {:.1} MB quantized + {:.1} MB f16 for the GEMM route{} + {:.2} MB norms",
+            cuda.gpu.name,
+            cuda.gpu.arch,
+            cuda.gpu.total_mem as f64 / 1e9,
+            m.weights_quantized as f64 / 1e6,
+            m.weights_f16 as f64 / 1e6,
+            if cuda.deterministic {
+                " (none: deterministic)"
+            } else {
+                ""
+            },
+            m.norms as f64 / 1e6
+        );
+    }
+    Ok(cuda)
+}
+
+/// What the generic command bodies need besides the engine.
+struct LoadedInfo<'a> {
+    tokenizer: &'a Tokenizer,
+    n_ctx: usize,
+}
+
+pub(crate) fn print_kv<K: SequenceCache>(n_ctx: usize, kv: &K) {
     eprintln!(
         "kv cache: {} positions, {:.2} MB allocated, {:.2} MB at the full context of {} (f16)",
         kv.len(),
         kv.bytes_allocated() as f64 / 1e6,
         kv.bytes_at_capacity() as f64 / 1e6,
-        loaded.n_ctx
+        n_ctx
     );
+}
+
+/// On the GPU: device memory in use, split into weights, KV and the rest (activations, attention
+/// partials, cuBLAS workspace, the CUDA runtime).
+pub(crate) fn print_gpu_memory(engine: &AnyEngine, kv_bytes: usize) {
+    if let AnyEngine::Cuda(e) = engine {
+        if let Ok((free, total)) = e.model.gpu.mem_info() {
+            let m = &e.model.memory;
+            let used = total - free;
+            let weights = m.weights_quantized + m.weights_f16 + m.norms;
+            let other = used.saturating_sub(weights + kv_bytes);
+            eprintln!(
+                "gpu memory: {:.1} MB in use = weights {:.1} + kv {:.1} + workspaces and runtime {:.1}",
+                used as f64 / 1e6,
+                weights as f64 / 1e6,
+                kv_bytes as f64 / 1e6,
+                other as f64 / 1e6
+            );
+        }
+    }
 }
 
 fn print_timings(t: &Timings) {
@@ -169,15 +282,35 @@ pub fn run(args: &RunArgs) -> Result<()> {
         (None, Some(p)) => p.clone(),
         (None, None) => bail!("give a prompt or --prompt-file"),
     };
-    let mut loaded = load(&args.model)?;
-    let ids = loaded.tokenizer.try_encode(&prompt, true, args.special)?;
+    let Loaded {
+        mut engine,
+        tokenizer,
+        n_ctx,
+    } = load(&args.model)?;
+    let kv_bytes = on_engine!(&mut engine, |e| run_on(e, &tokenizer, n_ctx, &prompt, args))?;
+    if args.model.verbose {
+        print_gpu_memory(&engine, kv_bytes);
+    }
+    Ok(())
+}
+
+/// Generates on any backend; returns the bytes the sequence's KV cache held.
+fn run_on<B: Backend>(
+    engine: &mut Engine<B>,
+    tokenizer: &Tokenizer,
+    n_ctx: usize,
+    prompt: &str,
+    args: &RunArgs,
+) -> Result<usize> {
+    let loaded = LoadedInfo { tokenizer, n_ctx };
+    let ids = loaded.tokenizer.try_encode(prompt, true, args.special)?;
     let opts = GenerateOptions {
         max_tokens: args.sampling.max_tokens,
         prefill_chunk: args.model.prefill_chunk,
         sampling: args.sampling.params(),
         stop_ids: loaded.tokenizer.eog_ids(),
     };
-    let mut kv = loaded.engine.new_sequence(loaded.n_ctx);
+    let mut kv = engine.try_new_sequence(loaded.n_ctx)?;
     let mut stream = loaded.tokenizer.stream_decoder(false);
     let text_mode = args.output_format == OutputFormat::Text;
     let mut stdout = std::io::stdout().lock();
@@ -185,7 +318,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         write!(stdout, "{prompt}")?;
         stdout.flush()?;
     }
-    let (completion, timings) = loaded.engine.generate(&mut kv, &ids, &opts, |id| {
+    let (completion, timings) = engine.generate(&mut kv, &ids, &opts, |id| {
         if text_mode {
             let piece = stream.push(id);
             // A closed pipe ends generation rather than the process.
@@ -213,9 +346,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     print_timings(&timings);
     if args.model.verbose {
-        print_kv(&loaded, &kv);
+        print_kv(loaded.n_ctx, &kv);
     }
-    Ok(())
+    Ok(kv.bytes_allocated())
 }
 
 #[derive(Args)]
@@ -232,11 +365,28 @@ pub struct ChatArgs {
 /// An interactive conversation. Each turn re-renders the whole conversation with the chat template and
 /// feeds only what the cache has not seen yet (the cached tokens are a prefix of the new prompt).
 pub fn chat(args: &ChatArgs) -> Result<()> {
-    let mut loaded = load(&args.model)?;
+    let Loaded {
+        mut engine,
+        tokenizer,
+        n_ctx,
+    } = load(&args.model)?;
     // The model keeps its mapped file: read the template from it rather than opening it again.
-    let template = ChatTemplate::from_gguf(&loaded.engine.model.file)?;
+    let template = ChatTemplate::from_gguf(&engine.cpu_model().file)?;
+    let info = LoadedInfo {
+        tokenizer: &tokenizer,
+        n_ctx,
+    };
+    on_engine!(&mut engine, |e| chat_on(e, &info, &template, args))
+}
+
+fn chat_on<B: Backend>(
+    engine: &mut Engine<B>,
+    loaded: &LoadedInfo,
+    template: &ChatTemplate,
+    args: &ChatArgs,
+) -> Result<()> {
     let mut messages: Vec<ChatMessage> = args.system.iter().map(ChatMessage::system).collect();
-    let mut kv = loaded.engine.new_sequence(loaded.n_ctx);
+    let mut kv = engine.try_new_sequence(loaded.n_ctx)?;
     let mut cached: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
     eprintln!("tandem chat: type a message, an empty line or Ctrl-D to quit");
@@ -250,11 +400,11 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
         let prompt = template.render(&messages, true)?;
         let ids = loaded.tokenizer.try_encode(&prompt, true, true)?;
         // Strip the BOS the template may have written besides the tokenizer's own.
-        let ids = dedup_bos(&loaded.tokenizer, ids);
+        let ids = dedup_bos(loaded.tokenizer, ids);
         let new = if ids.starts_with(&cached) && cached.len() < ids.len() {
             &ids[cached.len()..]
         } else {
-            kv = loaded.engine.new_sequence(loaded.n_ctx);
+            kv = engine.try_new_sequence(loaded.n_ctx)?;
             cached.clear();
             &ids[..]
         };
@@ -266,7 +416,7 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
         };
         let mut stream = loaded.tokenizer.stream_decoder(false);
         let mut out = std::io::stdout().lock();
-        let (completion, timings) = loaded.engine.generate(&mut kv, new, &opts, |id| {
+        let (completion, timings) = engine.generate(&mut kv, new, &opts, |id| {
             let piece = stream.push(id);
             write!(out, "{piece}").and_then(|_| out.flush()).is_ok()
         })?;
@@ -279,7 +429,7 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
         messages.push(ChatMessage::assistant(reply.trim_end()));
         if args.model.verbose {
             print_timings(&timings);
-            print_kv(&loaded, &kv);
+            print_kv(loaded.n_ctx, &kv);
         }
     }
     Ok(())

@@ -3,6 +3,7 @@
 mod bench;
 mod bench_serve;
 mod generate;
+mod gpu_check;
 mod inspect;
 mod registry;
 mod score;
@@ -51,6 +52,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Prompt-processing and generation throughput, as llama-bench measures them.
     Bench(bench::BenchCommand),
+    /// Check the CUDA backend against the CPU backend: kernels, greedy tokens, deterministic hashes.
+    GpuCheck(gpu_check::GpuCheckArgs),
     /// Print the token ids that generation would see for a text.
     Tokenize(tokenize::TokenizeArgs),
     /// Turn token ids back into text.
@@ -115,6 +118,7 @@ fn run(cli: Cli) -> Result<()> {
             print!("{}", inspect::render(&file, all_tensors));
         }
         Command::Run(args) => generate::run(&args)?,
+        Command::GpuCheck(args) => gpu_check::gpu_check(&args)?,
         Command::Chat(args) => generate::chat(&args)?,
         Command::Score(args) => score::score(&args)?,
         Command::Bench(cmd) => match &cmd.sub {

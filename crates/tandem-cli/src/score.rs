@@ -8,7 +8,7 @@ use clap::Args;
 use serde_json::json;
 use tandem_engine::score::ScoreOptions;
 
-use crate::generate::{load, ModelArgs};
+use crate::generate::{load, on_engine, ModelArgs};
 
 #[derive(Args)]
 pub struct ScoreArgs {
@@ -34,13 +34,15 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
     let mut loaded = load(&args.model)?;
     let ids = loaded.tokenizer.try_encode(&text, true, false)?;
     let n_ctx = loaded.n_ctx.max(ids.len());
-    let mut kv = loaded.engine.new_sequence(n_ctx);
     let opts = ScoreOptions {
         top_k: args.top,
         positions: args.positions.clone(),
         ..ScoreOptions::chunked(args.model.prefill_chunk)
     };
-    let report = loaded.engine.score(&mut kv, &ids, &opts)?;
+    let report = on_engine!(&mut loaded.engine, |e| {
+        let mut kv = e.try_new_sequence(n_ctx)?;
+        e.score(&mut kv, &ids, &opts)
+    })?;
     let top: Vec<_> = report
         .top
         .iter()

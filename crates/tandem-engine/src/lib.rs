@@ -6,7 +6,7 @@ pub mod serve;
 
 use std::time::{Duration, Instant};
 
-use tandem_model::{LogitRows, Model, ModelError, SequenceKv, Span, Workspace};
+use tandem_model::{graph, Backend, LogitRows, Model, ModelError, SequenceCache, SequenceKv, Span};
 
 pub use sampling::{Sampler, SamplingParams};
 
@@ -52,33 +52,40 @@ pub struct GenerateOptions {
     pub stop_ids: Vec<u32>,
 }
 
-/// A model with the scratch its forward passes reuse.
-pub struct Engine {
-    pub model: Model,
-    ws: Workspace,
+/// A model on a backend (the CPU unless said otherwise) with the scratch its forward passes reuse.
+pub struct Engine<B: Backend = Model> {
+    pub model: B,
+    ws: B::Scratch,
 }
 
-impl Engine {
-    pub fn new(model: Model) -> Self {
-        Engine {
-            model,
-            ws: Workspace::default(),
-        }
-    }
-
+impl Engine<Model> {
     pub fn new_sequence(&self, n_ctx: usize) -> SequenceKv {
         self.model.new_sequence(n_ctx)
     }
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn new(model: B) -> Self {
+        Engine {
+            model,
+            ws: B::Scratch::default(),
+        }
+    }
+
+    /// A fresh KV cache on the model's backend (device memory can run out, hence the Result).
+    pub fn try_new_sequence(&self, n_ctx: usize) -> Result<B::Kv, EngineError> {
+        Ok(self.model.new_kv(n_ctx)?)
+    }
 
     /// One forward pass of one sequence's tokens.
-    pub fn forward(&mut self, kv: &mut SequenceKv, tokens: &[u32], logits: LogitRows) -> Result<Vec<f32>, EngineError> {
+    pub fn forward(&mut self, kv: &mut B::Kv, tokens: &[u32], logits: LogitRows) -> Result<Vec<f32>, EngineError> {
         let mut spans = [Span { kv, tokens, logits }];
-        let mut out = self.model.forward(&mut self.ws, &mut spans)?;
+        let mut out = graph::forward(&self.model, &mut self.ws, &mut spans)?;
         Ok(out.pop().unwrap_or_default())
     }
 
     /// Feeds `tokens` in chunks of `chunk` rows; returns the logits of the last token.
-    pub fn prefill(&mut self, kv: &mut SequenceKv, tokens: &[u32], chunk: usize) -> Result<Vec<f32>, EngineError> {
+    pub fn prefill(&mut self, kv: &mut B::Kv, tokens: &[u32], chunk: usize) -> Result<Vec<f32>, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -97,7 +104,7 @@ impl Engine {
     /// (return false to stop). Returns the completion and the timings.
     pub fn generate(
         &mut self,
-        kv: &mut SequenceKv,
+        kv: &mut B::Kv,
         prompt: &[u32],
         opts: &GenerateOptions,
         mut on_token: impl FnMut(u32) -> bool,
@@ -122,7 +129,7 @@ impl Engine {
             completion.push(token);
             history.push(token);
             let stop = opts.stop_ids.contains(&token);
-            if !on_token(token) || stop || completion.len() == opts.max_tokens || kv.len() >= kv.n_ctx {
+            if !on_token(token) || stop || completion.len() == opts.max_tokens || kv.len() >= kv.n_ctx() {
                 break;
             }
             logits = self.forward(kv, &[token], LogitRows::Last)?;

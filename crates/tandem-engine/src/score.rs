@@ -3,7 +3,7 @@
 //! position order) — the fingerprint the exactness tests compare across chunkings.
 
 use sha2::{Digest, Sha256};
-use tandem_model::{LogitRows, SequenceKv};
+use tandem_model::{Backend, LogitRows, SequenceCache};
 
 use crate::{Engine, EngineError};
 
@@ -60,18 +60,13 @@ pub fn log_sum_exp(logits: &[f32]) -> f64 {
     max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln()
 }
 
-impl Engine {
-    pub fn score(
-        &mut self,
-        kv: &mut SequenceKv,
-        tokens: &[u32],
-        opts: &ScoreOptions,
-    ) -> Result<ScoreReport, EngineError> {
+impl<B: Backend> Engine<B> {
+    pub fn score(&mut self, kv: &mut B::Kv, tokens: &[u32], opts: &ScoreOptions) -> Result<ScoreReport, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
         kv.check_room(tokens.len())?;
-        let n_vocab = self.model.config.n_vocab;
+        let n_vocab = self.model.config().n_vocab;
         let mut hasher = Sha256::new();
         let mut nll = 0f64;
         let mut top = Vec::new();

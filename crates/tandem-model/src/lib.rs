@@ -2,10 +2,14 @@
 //!
 //! - `config`: hyper-parameters per architecture (llama, gemma3), llama.cpp's defaults where keys are missing.
 //! - `weights`: tensors checked at load and left in the memory-mapped file.
-//! - `graph`: the layer graph, written once for one row (decode) or many (prefill) and any mix of sequences.
+//! - `backend`: what the graph asks of a backend; `cpu`: the CPU backend.
+//! - `graph`: the layer graph, written once for one row (decode) or many (prefill), any mix of sequences
+//!   and any backend.
 //! - `kv`: per-sequence f16 caches with ring placement for sliding-window layers.
 
+pub mod backend;
 pub mod config;
+pub mod cpu;
 pub mod graph;
 pub mod kv;
 pub mod weights;
@@ -16,8 +20,10 @@ use std::sync::Arc;
 use tandem_backend::cpu::pool::ThreadPool;
 use tandem_gguf::GgufFile;
 
+pub use backend::{AttendRows, Backend, SequenceCache};
 pub use config::{Arch, ModelConfig};
-pub use graph::{LogitRows, Span, Workspace};
+pub use cpu::{Rows, Workspace};
+pub use graph::{LogitRows, Span};
 pub use kv::{KvPool, SequenceKv};
 
 #[derive(Debug, thiserror::Error)]

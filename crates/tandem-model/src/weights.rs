@@ -27,27 +27,41 @@ impl Matrix {
     }
 }
 
+/// A norm's weight vector, read into f32, with the tensor name backends key their copies by.
+#[derive(Clone, Debug)]
+pub struct Norm {
+    pub name: String,
+    pub data: Vec<f32>,
+}
+
+impl std::ops::Deref for Norm {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.data
+    }
+}
+
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
+    pub attn_norm: Norm,
     pub wq: Matrix,
     pub wk: Matrix,
     pub wv: Matrix,
     pub wo: Matrix,
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
-    pub post_attn_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
+    pub q_norm: Option<Norm>,
+    pub k_norm: Option<Norm>,
+    pub post_attn_norm: Option<Norm>,
+    pub ffn_norm: Norm,
     pub gate: Matrix,
     pub up: Matrix,
     pub down: Matrix,
-    pub post_ffn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Norm>,
 }
 
 pub struct Weights {
     pub token_embd: Matrix,
     /// The output projection; the token embedding itself when the model ties them.
     pub output: Matrix,
-    pub output_norm: Vec<f32>,
+    pub output_norm: Norm,
     pub layers: Vec<LayerWeights>,
 }
 
@@ -82,7 +96,7 @@ fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Matri
     })
 }
 
-fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Norm, ModelError> {
     let t = info(file, name)?;
     if t.dims != [len as u64] {
         return Err(ModelError::Tensor {
@@ -90,13 +104,17 @@ fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelErro
             reason: format!("shape {:?}, expected [{len}]", t.dims),
         });
     }
-    tandem_quant::dequantize(t.ty, file.tensor_data(t)).map_err(|e| ModelError::Tensor {
+    let data = tandem_quant::dequantize(t.ty, file.tensor_data(t)).map_err(|e| ModelError::Tensor {
         name: name.into(),
         reason: e.to_string(),
+    })?;
+    Ok(Norm {
+        name: name.into(),
+        data,
     })
 }
 
-fn optional_vector(file: &GgufFile, name: &str, len: usize, wanted: bool) -> Result<Option<Vec<f32>>, ModelError> {
+fn optional_vector(file: &GgufFile, name: &str, len: usize, wanted: bool) -> Result<Option<Norm>, ModelError> {
     if wanted {
         vector(file, name, len).map(Some)
     } else {
@@ -138,6 +156,32 @@ impl Weights {
             output_norm,
             layers,
         })
+    }
+
+    /// Every weight matrix, each once (a tied output is the embedding table).
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut all = vec![&self.token_embd];
+        if self.output.name != self.token_embd.name {
+            all.push(&self.output);
+        }
+        for l in &self.layers {
+            all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]);
+        }
+        all
+    }
+
+    /// Every norm vector.
+    pub fn norms(&self) -> Vec<&Norm> {
+        let mut all = vec![&self.output_norm];
+        for l in &self.layers {
+            all.extend([&l.attn_norm, &l.ffn_norm]);
+            all.extend(
+                [&l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm]
+                    .into_iter()
+                    .flatten(),
+            );
+        }
+        all
     }
 
     /// Bytes of weights one decode step streams: every layer matrix and the output projection.

@@ -1,0 +1,189 @@
+//! The GPU: context, one stream, a cuBLAS handle and the compiled kernels. Every CUDA call returns a
+//! `CudaError` naming what failed; nothing here panics on a missing driver or device.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::nvrtc::Ptx;
+
+use crate::nvrtc;
+use crate::CudaError;
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub blas: CudaBlas,
+    pub name: String,
+    pub arch: String,
+    pub total_mem: usize,
+    functions: HashMap<String, CudaFunction>,
+    _modules: Vec<Arc<CudaModule>>,
+}
+
+pub(crate) fn driver<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
+    r.map_err(|e| CudaError::Driver {
+        what: what.into(),
+        err: format!("{e:?}"),
+    })
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal`, compiling (or loading from the disk cache) every kernel for its arch.
+    pub fn new(ordinal: usize) -> Result<Gpu, CudaError> {
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CudaError::Unavailable(
+                "no NVIDIA driver: libcuda.so was not found (is this a machine with an NVIDIA GPU?)".into(),
+            ));
+        }
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaError::Unavailable(
+                "cuBLAS (libcublas.so) was not found; add the CUDA toolkit's lib directory to LD_LIBRARY_PATH".into(),
+            ));
+        }
+        let count = driver("cuDeviceGetCount", CudaContext::device_count())?;
+        if count <= 0 {
+            return Err(CudaError::Unavailable("the NVIDIA driver reports no GPU".into()));
+        }
+        if ordinal >= count as usize {
+            return Err(CudaError::Unavailable(format!(
+                "GPU {ordinal} asked for, {count} present"
+            )));
+        }
+        let ctx = driver("cuCtxCreate", CudaContext::new(ordinal))?;
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas {
+            what: "cublasCreate".into(),
+            err: format!("{e:?}"),
+        })?;
+        let (major, minor) = driver("compute capability", ctx.compute_capability())?;
+        let arch = nvrtc::arch_name(major, minor);
+        let name = driver("device name", ctx.name())?;
+        let total_mem = driver("total memory", ctx.total_mem())?;
+        let mut functions = HashMap::new();
+        let mut modules = Vec::new();
+        for file in nvrtc::ALL {
+            let bin = nvrtc::cubin(&file, &arch)?;
+            let module = driver(&format!("load {}", file.name), ctx.load_module(Ptx::from_binary(bin)))?;
+            for name in kernel_names(file.body) {
+                let f = driver(&format!("load kernel {name}"), module.load_function(&name))?;
+                functions.insert(name, f);
+            }
+            modules.push(module);
+        }
+        Ok(Gpu {
+            ctx,
+            stream,
+            blas,
+            name,
+            arch,
+            total_mem,
+            functions,
+            _modules: modules,
+        })
+    }
+
+    pub fn function(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+        self.functions.get(name).ok_or_else(|| CudaError::Driver {
+            what: format!("kernel {name}"),
+            err: "not in any compiled module".into(),
+        })
+    }
+
+    pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
+        driver("cuMemAlloc", self.stream.alloc_zeros::<T>(n.max(1)))
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        if data.is_empty() {
+            return Err(CudaError::Driver {
+                what: "upload".into(),
+                err: "empty buffer".into(),
+            });
+        }
+        driver("cuMemcpyHtoD", self.stream.clone_htod(data))
+    }
+
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, data: &CudaSlice<T>) -> Result<Vec<T>, CudaError> {
+        driver("cuMemcpyDtoH", self.stream.clone_dtoh(data))
+    }
+
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        driver("cuStreamSynchronize", self.stream.synchronize())
+    }
+
+    /// Free and total device memory, in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize), CudaError> {
+        driver("cuMemGetInfo", self.ctx.mem_get_info())
+    }
+}
+
+/// The `extern "C" __global__` kernel names a source defines, `MATVEC(T)` instantiations expanded.
+pub fn kernel_names(body: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in body.lines() {
+        let l = line.trim_start();
+        if let Some(t) = l.strip_prefix("MATVEC(").and_then(|r| r.strip_suffix(')')) {
+            for prefix in ["matvec_", "dequant_f16_", "embed_"] {
+                names.push(format!("{prefix}{t}"));
+            }
+            continue;
+        }
+        if !l.starts_with("extern \"C\" __global__") || l.contains("##") {
+            continue;
+        }
+        // The name is the identifier just before the first '(' once launch bounds are cut out.
+        let l = match (l.find("__launch_bounds__("), l.find(") ")) {
+            (Some(a), Some(b)) if b > a => format!("{}{}", &l[..a], &l[b + 1..]),
+            _ => l.to_string(),
+        };
+        if let Some(open) = l.find('(') {
+            let head = &l[..open];
+            if let Some(name) = head.split_whitespace().last() {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_are_found_in_every_file() {
+        let ops = kernel_names(nvrtc::OPS.body);
+        for k in [
+            "rms_norm",
+            "rms_norm_to",
+            "add_normed",
+            "rope",
+            "gated",
+            "to_f16",
+            "gather_rows",
+            "kv_store",
+            "kv_gather",
+        ] {
+            assert!(ops.contains(&k.to_string()), "{k} in {ops:?}");
+        }
+        let att = kernel_names(nvrtc::ATTENTION.body);
+        assert_eq!(att, vec!["attend_partial", "attend_combine"]);
+        let quant = kernel_names(nvrtc::QUANT.body);
+        assert!(quant.contains(&"matvec_q4_k".to_string()));
+        assert!(quant.contains(&"dequant_f16_q6_k".to_string()));
+        assert!(quant.contains(&"embed_q8_0".to_string()));
+        assert_eq!(quant.len(), 30);
+    }
+
+    #[test]
+    fn no_gpu_is_a_clear_error_not_a_panic() {
+        // On CI (no driver) this must be `Unavailable`; on a GPU machine it opens the device.
+        match Gpu::new(0) {
+            Ok(g) => assert!(!g.name.is_empty()),
+            Err(CudaError::Unavailable(why)) => assert!(!why.is_empty()),
+            Err(e) => panic!("unexpected error kind: {e}"),
+        }
+    }
+}

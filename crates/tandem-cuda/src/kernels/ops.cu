@@ -1,0 +1,122 @@
+// Element-wise and per-row kernels of the layer graph. Reductions use a fixed order (per-thread strided
+// partial sums, then a fixed tree), so a row's result does not depend on the rows batched with it.
+
+// 1 / rms of g[0..n), summed per thread in a strided order then over the block in a fixed tree.
+__device__ float inv_rms(const float* g, int n, float eps) {
+    __shared__ float part[32];
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(g[i], g[i], s);
+    s = warp_sum(s);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    return rsqrtf(part[0] / n + eps);
+}
+
+// RMS norm of each `group`-wide slice (one block per slice), times `weight`, in place.
+extern "C" __global__ void rms_norm(float* __restrict__ x, const float* __restrict__ weight, int group,
+                                    float eps) {
+    float* g = x + (size_t)blockIdx.x * group;
+    float scale = inv_rms(g, group, eps);
+    for (int i = threadIdx.x; i < group; i += blockDim.x) g[i] = g[i] * scale * weight[i];
+}
+
+// out = norm(x) * weight, one block per row: the pre-norm of a block, leaving the residual alone.
+extern "C" __global__ void rms_norm_to(const float* __restrict__ x, float* __restrict__ out,
+                                       const float* __restrict__ weight, int width, float eps) {
+    const float* g = x + (size_t)blockIdx.x * width;
+    float* o = out + (size_t)blockIdx.x * width;
+    float scale = inv_rms(g, width, eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) o[i] = g[i] * scale * weight[i];
+}
+
+// x += norm(y) * weight (has_norm) or x += y: a block's output joining the residual, one block per row.
+extern "C" __global__ void add_normed(float* __restrict__ x, const float* __restrict__ y,
+                                      const float* __restrict__ weight, int width, float eps, int has_norm) {
+    const float* g = y + (size_t)blockIdx.x * width;
+    float* o = x + (size_t)blockIdx.x * width;
+    float scale = has_norm ? inv_rms(g, width, eps) : 1.f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) o[i] += has_norm ? g[i] * scale * weight[i] : g[i];
+}
+
+// RoPE on every head of every row: one thread per (row, head, rotated pair). `neox` pairs i with
+// i + n_rot/2, otherwise 2i with 2i+1. Angles as ggml forms them: pos * freq_scale * base^(-2i/n_rot).
+extern "C" __global__ void rope(float* __restrict__ x, const int* __restrict__ pos, int rows, int n_heads,
+                                int head_dim, int n_rot, float base, float freq_scale, int neox) {
+    int half = n_rot / 2;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * n_heads * half) return;
+    int p = (int)(i % half);
+    size_t rh = i / half;
+    int r = (int)(rh / n_heads);
+    float* h = x + rh * head_dim;
+    float theta = pos[r] * freq_scale * powf(base, -2.0f * p / n_rot);
+    float c = cosf(theta), s = sinf(theta);
+    int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+    float x0 = h[a], x1 = h[b];
+    h[a] = x0 * c - x1 * s;
+    h[b] = x0 * s + x1 * c;
+}
+
+__device__ __forceinline__ float gelu_tanh_f16(float x) {
+    // llama.cpp's CPU table: the input rounded to f16, GELU in f32, the result rounded to f16.
+    if (x <= -10.f) return 0.f;
+    if (x >= 10.f) return x;
+    float v = h2f(f2h(x));
+    float g = 0.5f * v * (1.f + tanhf(0.7978846f * v * (1.f + 0.044715f * v * v)));
+    return h2f(f2h(g));
+}
+
+// gate = act(gate) * up; act 0 = SiLU, 1 = GELU (tanh).
+extern "C" __global__ void gated(float* __restrict__ gate, const float* __restrict__ up, size_t n, int act) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = gate[i];
+    float a = act == 0 ? g / (1.f + expf(-g)) : gelu_tanh_f16(g);
+    gate[i] = a * up[i];
+}
+
+extern "C" __global__ void to_f16(const float* __restrict__ x, u16* __restrict__ out, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2h(x[i]);
+}
+
+// out[j] = x[rows[j]]: one block per output row.
+extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* __restrict__ rows,
+                                       float* __restrict__ out, int width) {
+    const float* src = x + (size_t)rows[blockIdx.x] * width;
+    float* dst = out + (size_t)blockIdx.x * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
+}
+
+// Writes rows of K and V (f32) into f16 cache rows: row i goes to physical row dst[i] (-1: skipped,
+// a row the ring evicts within the same chunk). One block per row.
+extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
+                                    u16* __restrict__ kc, u16* __restrict__ vc, const int* __restrict__ dst,
+                                    int width) {
+    int d = dst[blockIdx.x];
+    if (d < 0) return;
+    const float* ks = k + (size_t)blockIdx.x * width;
+    const float* vs = v + (size_t)blockIdx.x * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        kc[(size_t)d * width + i] = f2h(ks[i]);
+        vc[(size_t)d * width + i] = f2h(vs[i]);
+    }
+}
+
+// Copies cache rows src[i] (physical) to rows i of a staging buffer, K and V. One block per row.
+extern "C" __global__ void kv_gather(const u16* __restrict__ kc, const u16* __restrict__ vc,
+                                     const int* __restrict__ src, u16* __restrict__ ks, u16* __restrict__ vs,
+                                     int width) {
+    size_t s = (size_t)src[blockIdx.x] * width, d = (size_t)blockIdx.x * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        ks[d + i] = kc[s + i];
+        vs[d + i] = vc[s + i];
+    }
+}

@@ -1,0 +1,43 @@
+//! Tandem's CUDA backend: the same layer graph as the CPU (`tandem_model::graph`), run on an NVIDIA GPU.
+//!
+//! - `nvrtc`: kernel sources (`kernels/*.cu`), compiled at run time for the detected architecture and
+//!   cached on disk by source hash and arch.
+//! - `device`: the context, stream, cuBLAS handle and loaded kernels; every CUDA call is checked.
+//! - `routes`: which kernel a call takes, by shape (GPU-free, unit-tested).
+//! - `kv`: per-sequence f16 caches on the device under the CPU's `RingPlacement` metadata.
+//! - `model`: the `Backend` implementation and weight upload.
+//!
+//! The CUDA libraries are loaded at run time (`cudarc` with dynamic loading), so this crate builds and
+//! its GPU-free parts test on machines with no CUDA at all; on such a machine `Gpu::new` returns
+//! `CudaError::Unavailable` with the reason.
+
+pub mod device;
+pub mod kv;
+pub mod model;
+pub mod nvrtc;
+pub mod routes;
+
+pub use device::Gpu;
+pub use kv::GpuSequenceKv;
+pub use model::{CudaModel, GpuMemory};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// No driver, no GPU, or no NVRTC: the machine cannot run the CUDA backend.
+    #[error("CUDA unavailable: {0}")]
+    Unavailable(String),
+    #[error("NVRTC could not compile {file}:\n{log}")]
+    Compile { file: String, log: String },
+    #[error("CUDA driver call failed ({what}): {err}")]
+    Driver { what: String, err: String },
+    #[error("cuBLAS call failed ({what}): {err}")]
+    Blas { what: String, err: String },
+    #[error("weight {name}: type {ty} has no CUDA kernel")]
+    UnsupportedType { name: String, ty: tandem_gguf::GgmlType },
+}
+
+impl From<CudaError> for tandem_model::ModelError {
+    fn from(e: CudaError) -> Self {
+        tandem_model::ModelError::Kernel(e.to_string())
+    }
+}

@@ -1,0 +1,156 @@
+//! Which kernel takes a call, decided from shapes alone (no GPU needed, so CI tests it).
+//!
+//! Matmul route tree, for `t` activation rows:
+//! - `t == 1` (decode): `Matvec` — one warp per weight row reads the quantized blocks once; the
+//!   step is memory-bound, so reading 4-6 bits per weight is what sets its speed.
+//! - `1 < t <= MATVEC_MAX_ROWS` (very short chunks, batched decode): `Matvec` again, batched — each
+//!   warp applies a decoded weight unit to up to 8 rows, so the weights are still read about once, and
+//!   a GEMM's tile setup would cost more than it saves.
+//! - `t > MATVEC_MAX_ROWS` (prefill): `Gemm` — tensor-core GEMM (cuBLAS, f16 operands, f32
+//!   accumulation) over an f16 copy of the weights made at load; prefill is compute-bound, so the
+//!   weights are kept in the form the tensor cores read fastest, at 2 bytes per weight of memory.
+//! - `deterministic`: always `Matvec`, whose per-element summation order depends on the matrix width
+//!   alone, so logits are bit-identical across chunk sizes and batch compositions.
+//!
+//! Attention takes the same two kernels for every chunk shape (partial softmax per position-aligned
+//! tile, then an in-order combine); what changes with the chunk is where the keys are read from
+//! (`KvRoute`: the cache in place, or a staged copy when the chunk would overwrite ring rows its own
+//! early queries still need), and which tiles the grid spans (`TileSpan`).
+
+use tandem_model::kv::{ChunkRoute, RingPlacement};
+
+/// Rows up to which the batched matvec beats the GEMM route.
+pub const MATVEC_MAX_ROWS: usize = 8;
+/// Keys per attention tile (must match `ATT_TILE` in `kernels/attention.cu`).
+pub const ATT_TILE: usize = 128;
+/// Rows one matvec block batches (must match `MV_BATCH` in `kernels/quant.cu`).
+pub const MV_BATCH: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulRoute {
+    Matvec,
+    Gemm,
+}
+
+pub fn matmul_route(t: usize, deterministic: bool) -> MatmulRoute {
+    if deterministic || t <= MATVEC_MAX_ROWS {
+        MatmulRoute::Matvec
+    } else {
+        MatmulRoute::Gemm
+    }
+}
+
+/// The tiles an attention launch covers: `lo .. lo + n`, aligned to absolute positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileSpan {
+    pub lo: usize,
+    pub n: usize,
+}
+
+/// Tiles that hold any key a query at `positions` may see (`window`: keys from `p + 1 - window`),
+/// given that the cache holds positions from `origin` on.
+pub fn tile_span(positions: &[usize], window: Option<usize>, origin: usize) -> TileSpan {
+    let first = positions
+        .iter()
+        .map(|&p| window.map_or(0, |w| (p + 1).saturating_sub(w)).max(origin))
+        .min()
+        .unwrap_or(0);
+    let last = positions.iter().copied().max().unwrap_or(0);
+    let lo = first / ATT_TILE;
+    TileSpan {
+        lo,
+        n: last / ATT_TILE + 1 - lo,
+    }
+}
+
+/// Where a chunk's attention reads its keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvRoute {
+    /// Store the chunk into the cache, attend from the cache in place.
+    InPlace,
+    /// Copy the cache rows `gather` (physical, in logical order from `first`) into a staging buffer,
+    /// append the chunk there, attend from it, then commit the chunk to the cache.
+    Staged { first: usize, gather: Vec<usize> },
+}
+
+/// The route of a chunk of `t` rows, from the CPU cache's placement logic.
+pub fn kv_route(placement: &RingPlacement, t: usize, window: Option<usize>) -> KvRoute {
+    match placement.route(t, window) {
+        ChunkRoute::StoreThenAttend => KvRoute::InPlace,
+        ChunkRoute::Staged { retained_from } => KvRoute::Staged {
+            first: retained_from,
+            gather: (retained_from..placement.end())
+                .map(|p| placement.physical(p).expect("retained rows are cached"))
+                .collect(),
+        },
+    }
+}
+
+/// Physical rows (`-1`: evicted within the chunk) that `t` appended rows land on, for `kv_store`.
+pub fn store_rows(placement: &RingPlacement, t: usize) -> (Vec<i32>, RingPlacement) {
+    let (rows, after) = placement.append(t);
+    (rows.into_iter().map(|r| r.map_or(-1, |r| r as i32)).collect(), after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filled(capacity: usize, n: usize) -> RingPlacement {
+        RingPlacement::new(capacity).append(n).1
+    }
+
+    #[test]
+    fn decode_and_short_chunks_take_the_matvec_and_prefill_the_gemm() {
+        assert_eq!(matmul_route(1, false), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(MATVEC_MAX_ROWS, false), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(MATVEC_MAX_ROWS + 1, false), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(512, true), MatmulRoute::Matvec);
+    }
+
+    #[test]
+    fn tiles_are_aligned_to_absolute_positions() {
+        // One decode query at 300 over a global cache: tiles 0, 1, 2.
+        assert_eq!(tile_span(&[300], None, 0), TileSpan { lo: 0, n: 3 });
+        // Window 128 at position 300 sees 173..=300: tiles 1 and 2.
+        assert_eq!(tile_span(&[300], Some(128), 0), TileSpan { lo: 1, n: 2 });
+        // A chunk 256..512 with window 512 starts from position 0.
+        let chunk: Vec<usize> = (256..512).collect();
+        assert_eq!(tile_span(&chunk, Some(512), 0), TileSpan { lo: 0, n: 4 });
+        // A staged buffer from position 600 never spans tiles before 600's.
+        assert_eq!(tile_span(&[1000], Some(512), 600), TileSpan { lo: 4, n: 4 });
+    }
+
+    #[test]
+    fn a_chunk_that_fits_is_stored_in_place() {
+        let p = filled(512, 100);
+        assert_eq!(kv_route(&p, 64, Some(512)), KvRoute::InPlace);
+        assert_eq!(kv_route(&filled(512, 600), 1, Some(512)), KvRoute::InPlace);
+    }
+
+    #[test]
+    fn a_chunk_meeting_a_wrapped_ring_stages_the_retained_rows_in_logical_order() {
+        // Ring of 8 holding positions 12..20 (origin physical 4), window 8, a chunk of 4 at 20..24.
+        let p = filled(8, 20);
+        assert_eq!(p.origin_logical, 12);
+        assert_eq!(p.origin_physical, 4);
+        match kv_route(&p, 4, Some(8)) {
+            KvRoute::Staged { first, gather } => {
+                // Query 20 sees 13..=20: retained rows 13..20, physical 5, 6, 7, 0, 1, 2, 3.
+                assert_eq!(first, 13);
+                assert_eq!(gather, vec![5, 6, 7, 0, 1, 2, 3]);
+            }
+            other => panic!("expected staging, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn store_rows_skip_rows_the_ring_evicts_within_the_chunk() {
+        let p = filled(4, 2);
+        let (rows, after) = store_rows(&p, 5);
+        // Positions 2..7 into a ring of 4 holding 0..2: only the last four survive.
+        assert_eq!(rows, vec![-1, 3, 0, 1, 2]);
+        assert_eq!(after.origin_logical, 3);
+        assert_eq!(after.len, 4);
+    }
+}

@@ -1,0 +1,90 @@
+//! What the layer graph asks of a backend. The graph (`graph.rs`) is written once against this trait;
+//! the CPU (`cpu.rs`) and CUDA (`tandem-cuda`) backends implement it, each choosing its kernels by the
+//! shape of the call (one row: matvec; many rows: GEMM).
+
+use std::ops::Range;
+
+use tandem_backend::cpu::ops::RopeParams;
+
+use crate::config::{Activation, ModelConfig};
+use crate::weights::{Matrix, Norm, Weights};
+use crate::ModelError;
+
+/// A sequence's KV cache as the graph sees it: how far it is filled and how far it may grow.
+pub trait SequenceCache {
+    /// Positions cached so far (the next position to be written).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The most positions it may hold.
+    fn n_ctx(&self) -> usize;
+    /// Checks that `t` more rows fit in the context.
+    fn check_room(&self, t: usize) -> Result<(), ModelError> {
+        if self.len() + t > self.n_ctx() {
+            return Err(ModelError::ContextFull {
+                n_ctx: self.n_ctx(),
+                len: self.len(),
+                adding: t,
+            });
+        }
+        Ok(())
+    }
+    /// Bytes its storage holds now.
+    fn bytes_allocated(&self) -> usize;
+    /// Bytes its storage would hold at the full context.
+    fn bytes_at_capacity(&self) -> usize;
+}
+
+/// A backend: activations of `rows × width` f32 values living where its kernels run.
+pub trait Backend {
+    type Act;
+    type Kv: SequenceCache;
+    /// Scratch reused across forward passes (staging buffers and the like).
+    type Scratch: Default;
+
+    fn config(&self) -> &ModelConfig;
+    fn weights(&self) -> &Weights;
+    /// A fresh KV cache for one sequence of up to `n_ctx` positions.
+    fn new_kv(&self, n_ctx: usize) -> Result<Self::Kv, ModelError>;
+
+    /// Rows of the token embedding table for `tokens`, scaled for Gemma.
+    fn embed(&self, tokens: &[u32]) -> Result<Self::Act, ModelError>;
+    fn duplicate(&self, x: &Self::Act) -> Result<Self::Act, ModelError>;
+    fn zeros(&self, rows: usize, width: usize) -> Result<Self::Act, ModelError>;
+    /// RMS norm of every `group`-wide slice of every row, times `weight`.
+    fn rms_norm(&self, x: &mut Self::Act, group: usize, weight: &Norm) -> Result<(), ModelError>;
+    /// A normed copy of `x` (whole rows): what a pre-norm block reads while `x` stays the residual.
+    fn normed(&self, x: &Self::Act, weight: &Norm) -> Result<Self::Act, ModelError>;
+    /// The residual update `x += norm(y)` (`x += y` without a norm): a block's output joining the stream.
+    fn add_normed(&self, x: &mut Self::Act, y: Self::Act, norm: Option<&Norm>) -> Result<(), ModelError>;
+    /// `x · mᵀ`: one output row per input row.
+    fn matmul(&self, m: &Matrix, x: &Self::Act) -> Result<Self::Act, ModelError>;
+    /// Rotates every head of row r by the angles of `positions[r]`.
+    fn rope(&self, x: &mut Self::Act, positions: &[usize], rope: &RopeParams) -> Result<(), ModelError>;
+    /// Stores rows `rows` of `k` and `v` in layer `layer` of `kv`, then attends the same rows of `q`
+    /// (at `positions`, one per row) over the cache into the same rows of `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn store_and_attend(
+        &self,
+        scratch: &mut Self::Scratch,
+        layer: usize,
+        kv: &mut Self::Kv,
+        io: AttendRows<'_, Self::Act>,
+        rows: Range<usize>,
+        positions: &[usize],
+    ) -> Result<(), ModelError>;
+    /// `gate = act(gate) * up`.
+    fn gated(&self, gate: &mut Self::Act, up: &Self::Act, act: Activation) -> Result<(), ModelError>;
+    /// A new activation of the listed rows, in order.
+    fn gather_rows(&self, x: &Self::Act, rows: &[usize]) -> Result<Self::Act, ModelError>;
+    fn to_host(&self, x: Self::Act) -> Result<Vec<f32>, ModelError>;
+}
+
+/// The activations one attention call reads and writes.
+pub struct AttendRows<'a, A> {
+    pub q: &'a A,
+    pub k: &'a A,
+    pub v: &'a A,
+    pub out: &'a mut A,
+}

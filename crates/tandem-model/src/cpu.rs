@@ -1,0 +1,222 @@
+//! The CPU backend of the layer graph: activations are row-major `Vec<f32>`, kernels come from
+//! `tandem-backend` and run on the model's thread pool, the KV cache is `SequenceKv`.
+
+use std::ops::Range;
+
+use tandem_backend::cpu::attention::{attend, AttentionShape};
+use tandem_backend::cpu::ops::{self, rope_angles, rope_row, RopeParams};
+
+use crate::backend::{AttendRows, Backend, SequenceCache};
+use crate::config::{Activation, ModelConfig};
+use crate::graph::{self, Span};
+use crate::kv::{SequenceKv, StagingBuffers};
+use crate::weights::{Matrix, Norm, Weights};
+use crate::{Model, ModelError};
+
+/// Row-major f32 activations: `rows` rows of `width`.
+pub struct Rows {
+    pub data: Vec<f32>,
+    pub width: usize,
+}
+
+impl Rows {
+    pub fn zeros(rows: usize, width: usize) -> Self {
+        Rows {
+            data: vec![0.0; rows * width],
+            width,
+        }
+    }
+
+    pub fn n_rows(&self) -> usize {
+        self.data.len() / self.width
+    }
+
+    fn range(&self, rows: &Range<usize>) -> Range<usize> {
+        rows.start * self.width..rows.end * self.width
+    }
+}
+
+/// Scratch reused across CPU forward passes.
+#[derive(Default)]
+pub struct Workspace {
+    staging: StagingBuffers,
+}
+
+impl SequenceCache for SequenceKv {
+    fn len(&self) -> usize {
+        SequenceKv::len(self)
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn bytes_allocated(&self) -> usize {
+        SequenceKv::bytes_allocated(self)
+    }
+
+    fn bytes_at_capacity(&self) -> usize {
+        SequenceKv::bytes_at_capacity(self)
+    }
+}
+
+impl Model {
+    /// Runs the layer graph on the CPU; see [`graph::forward`].
+    pub fn forward(&self, ws: &mut Workspace, spans: &mut [Span]) -> Result<Vec<Vec<f32>>, ModelError> {
+        graph::forward(self, ws, spans)
+    }
+}
+
+impl Backend for Model {
+    type Act = Rows;
+    type Kv = SequenceKv;
+    type Scratch = Workspace;
+
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    fn new_kv(&self, n_ctx: usize) -> Result<SequenceKv, ModelError> {
+        Ok(self.new_sequence(n_ctx))
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Rows, ModelError> {
+        let c = &self.config;
+        let table = &self.weights.token_embd;
+        let bytes = table.bytes(&self.file);
+        let row_bytes = table.row_bytes();
+        let mut x = Rows::zeros(tokens.len(), c.d_model);
+        for (row, &id) in x.data.chunks_exact_mut(c.d_model).zip(tokens) {
+            let id = id as usize;
+            if id >= table.rows {
+                return Err(ModelError::Token {
+                    id: id as u32,
+                    n_vocab: table.rows,
+                });
+            }
+            tandem_quant::dequantize_row(table.ty, &bytes[id * row_bytes..(id + 1) * row_bytes], row)
+                .map_err(|e| ModelError::Kernel(format!("token_embd.weight: {e}")))?;
+            if let Some(s) = c.embed_scale {
+                ops::scale_in_place(row, s);
+            }
+        }
+        Ok(x)
+    }
+
+    fn duplicate(&self, x: &Rows) -> Result<Rows, ModelError> {
+        Ok(Rows {
+            data: x.data.clone(),
+            width: x.width,
+        })
+    }
+
+    fn zeros(&self, rows: usize, width: usize) -> Result<Rows, ModelError> {
+        Ok(Rows::zeros(rows, width))
+    }
+
+    fn rms_norm(&self, x: &mut Rows, group: usize, weight: &Norm) -> Result<(), ModelError> {
+        let width = x.width;
+        let eps = self.config.eps;
+        ops::par_rows(&self.pool, &mut x.data, width, &|_, row| {
+            ops::rms_norm(row, group, Some(weight), eps)
+        });
+        Ok(())
+    }
+
+    fn matmul(&self, m: &Matrix, x: &Rows) -> Result<Rows, ModelError> {
+        let mut out = Rows::zeros(x.n_rows(), m.rows);
+        let w = tandem_backend::cpu::matmul::WeightMatrix {
+            ty: m.ty,
+            data: m.bytes(&self.file),
+            rows: m.rows,
+            cols: m.cols,
+        };
+        tandem_backend::cpu::matmul::matmul(&self.pool, &w, &x.data, x.n_rows(), &mut out.data)
+            .map_err(|e| ModelError::Kernel(format!("{}: {e}", m.name)))?;
+        Ok(out)
+    }
+
+    fn rope(&self, x: &mut Rows, positions: &[usize], rope: &RopeParams) -> Result<(), ModelError> {
+        let width = x.width;
+        let head_dim = self.config.head_dim;
+        ops::par_rows(&self.pool, &mut x.data, width, &|r, row| {
+            let mut angles = Vec::with_capacity(rope.n_rot / 2);
+            rope_angles(positions[r], rope, &mut angles);
+            rope_row(row, head_dim, &angles, rope.style);
+        });
+        Ok(())
+    }
+
+    fn store_and_attend(
+        &self,
+        ws: &mut Workspace,
+        layer: usize,
+        kv: &mut SequenceKv,
+        io: AttendRows<'_, Rows>,
+        rows: Range<usize>,
+        positions: &[usize],
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let shape = AttentionShape {
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            scale: c.attn_scale,
+            window: c.layers[layer].window,
+        };
+        let q_rows = &io.q.data[io.q.range(&rows)];
+        let out_range = io.out.range(&rows);
+        let out_rows = &mut io.out.data[out_range];
+        kv.layers[layer].store_and_attend(
+            &io.k.data[io.k.range(&rows)],
+            &io.v.data[io.v.range(&rows)],
+            rows.len(),
+            &mut ws.staging,
+            |view| attend(&self.pool, q_rows, positions, view, &shape, out_rows),
+        )
+    }
+
+    fn normed(&self, x: &Rows, weight: &Norm) -> Result<Rows, ModelError> {
+        let mut h = self.duplicate(x)?;
+        self.rms_norm(&mut h, x.width, weight)?;
+        Ok(h)
+    }
+
+    fn add_normed(&self, x: &mut Rows, mut y: Rows, norm: Option<&Norm>) -> Result<(), ModelError> {
+        if let Some(n) = norm {
+            let width = y.width;
+            self.rms_norm(&mut y, width, n)?;
+        }
+        ops::add_in_place(&mut x.data, &y.data);
+        Ok(())
+    }
+
+    fn gated(&self, gate: &mut Rows, up: &Rows, act: Activation) -> Result<(), ModelError> {
+        let act = match act {
+            Activation::Silu => ops::silu,
+            Activation::GeluTanh => ops::gelu_tanh,
+        };
+        let d_ff = gate.width;
+        ops::par_rows(&self.pool, &mut gate.data, d_ff, &|r, row| {
+            ops::gated(row, &up.data[r * d_ff..][..d_ff], act)
+        });
+        Ok(())
+    }
+
+    fn gather_rows(&self, x: &Rows, rows: &[usize]) -> Result<Rows, ModelError> {
+        let w = x.width;
+        let mut out = Rows::zeros(rows.len(), w);
+        for (dst, &r) in out.data.chunks_exact_mut(w).zip(rows) {
+            dst.copy_from_slice(&x.data[r * w..(r + 1) * w]);
+        }
+        Ok(out)
+    }
+
+    fn to_host(&self, x: Rows) -> Result<Vec<f32>, ModelError> {
+        Ok(x.data)
+    }
+}
