@@ -12,7 +12,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use tandem_cuda::model::{dequant_f16, gemm_into, matvec_into, type_suffix};
+use tandem_cuda::launch::{dequant_f16, gemm_into, matvec_into, type_suffix, MatvecFamily};
 use tandem_cuda::{CudaModel, Gpu};
 use tandem_engine::score::ScoreOptions;
 use tandem_engine::{sampling, Engine};
@@ -41,6 +41,9 @@ pub struct GpuCheckArgs {
     pub threads: Option<usize>,
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+    /// Also time the decode matvec per weight type (GB/s against the bytes it must read).
+    #[arg(long)]
+    pub bench_kernels: bool,
 }
 
 /// A small xorshift generator: fresh seeds each run (printed), reproducible given the seed.
@@ -86,6 +89,9 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     kernel_checks(args, &mut table)?;
+    if args.bench_kernels {
+        kernel_bench(args, &mut table)?;
+    }
     for m in &args.models {
         model_checks(args, m, threads, &mut table)?;
     }
@@ -133,10 +139,14 @@ fn kernel_checks(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
         let deq = tandem_quant::dequantize(ty, &w)?;
         let w_dev = gpu.upload(&w)?;
         let w16 = dequant_f16(&gpu, suffix, &w_dev, rows, cols)?;
-        let mut worst_mv = 0f64;
+        let families = [
+            MatvecFamily::Segmented,
+            MatvecFamily::WarpPerRow,
+            MatvecFamily::Lanewise,
+        ];
+        let mut worst_mv = [0f64; 3];
         let mut worst_gemm = 0f64;
-        let mut batch_bits_equal = true;
-        let mut single_rows: Vec<Vec<f32>> = Vec::new();
+        let mut batch_bits_equal = [true; 3];
         for t in [1usize, 5, 64] {
             let x: Vec<f32> = (0..t * cols).map(|_| rng.normal()).collect();
             let mut reference = vec![0f64; t * rows];
@@ -148,40 +158,127 @@ fn kernel_checks(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
                 }
             }
             let x_dev = gpu.upload(&x)?;
-            let mut out = gpu.upload(&vec![f32::NAN; t * rows])?;
-            matvec_into(&gpu, suffix, &w_dev, &x_dev, t, rows, cols, &mut out)?;
-            let mv = gpu.download(&out)?;
-            worst_mv = worst_mv.max(rel_err(&mv, &reference));
-            let mut out = gpu.upload(&vec![f32::NAN; t * rows])?;
-            gemm_into(&gpu, &w16, &x_dev, t, rows, cols, &mut out)?;
-            worst_gemm = worst_gemm.max(rel_err(&gpu.download(&out)?, &reference));
-            // Batch invariance: each row of a batched matvec equals that row computed alone.
-            if t == 5 {
-                for i in 0..t {
-                    let xi = gpu.upload(&x[i * cols..(i + 1) * cols])?;
-                    let mut oi = gpu.upload(&vec![f32::NAN; rows])?;
-                    matvec_into(&gpu, suffix, &w_dev, &xi, 1, rows, cols, &mut oi)?;
-                    let alone = gpu.download(&oi)?;
-                    let batched = &mv[i * rows..(i + 1) * rows];
-                    batch_bits_equal &= alone.iter().zip(batched).all(|(a, b)| a.to_bits() == b.to_bits());
-                    single_rows.push(alone);
+            for (f, family) in families.into_iter().enumerate() {
+                let mut out = gpu.upload(&vec![f32::NAN; t * rows])?;
+                matvec_into(&gpu, family, suffix, &w_dev, &x_dev, t, rows, cols, &mut out)?;
+                let mv = gpu.download(&out)?;
+                worst_mv[f] = worst_mv[f].max(rel_err(&mv, &reference));
+                // Batch invariance: each row of a batched matvec equals that row computed alone.
+                if t == 5 {
+                    for i in 0..t {
+                        let xi = gpu.upload(&x[i * cols..(i + 1) * cols])?;
+                        let mut oi = gpu.upload(&vec![f32::NAN; rows])?;
+                        matvec_into(&gpu, family, suffix, &w_dev, &xi, 1, rows, cols, &mut oi)?;
+                        let alone = gpu.download(&oi)?;
+                        let batched = &mv[i * rows..(i + 1) * rows];
+                        batch_bits_equal[f] &= alone.iter().zip(batched).all(|(a, b)| a.to_bits() == b.to_bits());
+                    }
                 }
             }
+            let mut out = gpu.upload(&vec![f32::NAN; t * rows])?;
+            let mut x16 = gpu.alloc::<u16>(t * cols)?;
+            gemm_into(&gpu, &w16, &x_dev, &mut x16, t, rows, cols, &mut out)?;
+            worst_gemm = worst_gemm.max(rel_err(&gpu.download(&out)?, &reference));
         }
         // f32 accumulation over exactly dequantized weights; the GEMM route rounds both operands to f16.
         let (mv_bound, gemm_bound) = (1e-5, 5e-3);
-        table.push(Row {
-            check: format!("matvec {ty} {rows}x{cols}, t=1,5,64"),
-            result: format!(
-                "rel err {worst_mv:.2e} (bound {mv_bound:.0e}); batched rows bit-equal: {batch_bits_equal}"
-            ),
-            pass: worst_mv < mv_bound && batch_bits_equal,
-        });
+        for (f, family) in families.into_iter().enumerate() {
+            table.push(Row {
+                check: format!("matvec {family:?} {ty} {rows}x{cols}, t=1,5,64"),
+                result: format!(
+                    "rel err {:.2e} (bound {mv_bound:.0e}); batched rows bit-equal: {}",
+                    worst_mv[f], batch_bits_equal[f]
+                ),
+                pass: worst_mv[f] < mv_bound && batch_bits_equal[f],
+            });
+        }
         table.push(Row {
             check: format!("gemm (cuBLAS f16) {ty}"),
             result: format!("rel err {worst_gemm:.2e} (bound {gemm_bound:.0e})"),
             pass: worst_gemm < gemm_bound,
         });
+    }
+    Ok(())
+}
+
+/// Times the single-row matvec over matrices much larger than L2 (four copies, rotated), the decode
+/// route's whole cost: weight bytes read once over elapsed time.
+fn kernel_bench(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
+    let gpu = Gpu::new(args.gpu)?;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let (rows, cols) = (16384usize, 8192usize);
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::F16,
+    ] {
+        let suffix = type_suffix(ty).expect("benched types have kernels");
+        let row_bytes = ty.row_bytes(cols as u64).context("row size")? as usize;
+        // Quantize 64 distinct rows and tile them: real block contents, no hour of quantizing.
+        let mut tile = vec![0u8; 64 * row_bytes];
+        for r in 0..64 {
+            let src: Vec<f32> = (0..cols).map(|_| rng.normal() * 0.05).collect();
+            tandem_quant::quantize_row(ty, &src, &mut tile[r * row_bytes..(r + 1) * row_bytes])?;
+        }
+        let host: Vec<u8> = tile.iter().copied().cycle().take(rows * row_bytes).collect();
+        let copies: Vec<_> = (0..4).map(|_| gpu.upload(&host)).collect::<Result<_, _>>()?;
+        let x = gpu.upload(&(0..cols).map(|_| rng.normal()).collect::<Vec<f32>>())?;
+        let mut out = gpu.alloc::<f32>(rows)?;
+        for family in [
+            MatvecFamily::Segmented,
+            MatvecFamily::WarpPerRow,
+            MatvecFamily::Lanewise,
+        ] {
+            for w in &copies {
+                matvec_into(&gpu, family, suffix, w, &x, 1, rows, cols, &mut out)?;
+            }
+            gpu.synchronize()?;
+            let iters = 40;
+            let t0 = Instant::now();
+            for i in 0..iters {
+                matvec_into(&gpu, family, suffix, &copies[i % 4], &x, 1, rows, cols, &mut out)?;
+            }
+            gpu.synchronize()?;
+            let secs = t0.elapsed().as_secs_f64() / iters as f64;
+            let gbs = (rows * row_bytes) as f64 / secs / 1e9;
+            let f = gpu.function(&format!("{}{suffix}", family.prefix(false)))?;
+            let regs = f.num_regs().unwrap_or(-1);
+            let local = f.local_size_bytes().unwrap_or(-1);
+            table.push(Row {
+                check: format!("matvec {family:?} {ty} {rows}x{cols} speed"),
+                result: format!(
+                    "{:.1} us, {gbs:.0} GB/s ({:.0}% of 4.3 TB/s copy); {regs} regs, {local} B local",
+                    secs * 1e6,
+                    gbs / 43.0
+                ),
+                pass: true,
+            });
+        }
+        if ty == GgmlType::Q4_K {
+            // The alternative for one row: cuBLAS over an f16 copy (4x the bytes of Q4_K).
+            let w16: Vec<_> = copies
+                .iter()
+                .map(|w| dequant_f16(&gpu, suffix, w, rows, cols))
+                .collect::<Result<_, _>>()?;
+            let mut x16 = gpu.alloc::<u16>(cols)?;
+            gemm_into(&gpu, &w16[0], &x, &mut x16, 1, rows, cols, &mut out)?;
+            gpu.synchronize()?;
+            let t0 = Instant::now();
+            for i in 0..40 {
+                gemm_into(&gpu, &w16[i % 4], &x, &mut x16, 1, rows, cols, &mut out)?;
+            }
+            gpu.synchronize()?;
+            let secs = t0.elapsed().as_secs_f64() / 40.0;
+            let gbs = (rows * cols * 2) as f64 / secs / 1e9;
+            table.push(Row {
+                check: format!("cuBLAS f16 gemv {rows}x{cols} speed"),
+                result: format!("{:.1} us, {gbs:.0} GB/s of f16 weights", secs * 1e6),
+                pass: true,
+            });
+        }
     }
     Ok(())
 }
@@ -260,6 +357,44 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
             args.gen
         ),
         pass: diverged.is_none(),
+    });
+
+    // Decode steps replayed from a captured CUDA graph give the bits of direct launches.
+    let steps = 24.min(args.gen);
+    let mut runs = Vec::new();
+    for graphs in [false, true] {
+        gpu.model.graphs_enabled.set(graphs);
+        let mut kv = gpu.try_new_sequence(n_ctx)?;
+        let mut logits = gpu.prefill(&mut kv, &prompt[..prompt.len().min(600)], 512)?;
+        let mut rows = Vec::new();
+        let t0 = Instant::now();
+        for _ in 0..steps {
+            let next = sampling::argmax(&logits);
+            logits = gpu.forward(&mut kv, &[next], LogitRows::Last)?;
+            rows.push(logits.clone());
+        }
+        runs.push((rows, t0.elapsed().as_secs_f64() / steps as f64));
+    }
+    let graphs_used = gpu.model.graphs_enabled.get();
+    let same = runs[0]
+        .0
+        .iter()
+        .zip(&runs[1].0)
+        .all(|(a, b)| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    table.push(Row {
+        check: format!("{short}: {steps} decode steps, CUDA graph replay vs direct launches"),
+        result: format!(
+            "{}; {:.2} ms/step direct, {:.2} ms/step with graphs{}",
+            if same { "bit-identical" } else { "DIFFERENT" },
+            runs[0].1 * 1e3,
+            runs[1].1 * 1e3,
+            if graphs_used {
+                ""
+            } else {
+                " (capture failed: graphs off)"
+            }
+        ),
+        pass: same && graphs_used,
     });
 
     // Deterministic mode: the same hash for every chunk size.

@@ -52,7 +52,11 @@ impl Gpu {
             )));
         }
         let ctx = driver("cuCtxCreate", CudaContext::new(ordinal))?;
-        let stream = ctx.default_stream();
+        // SAFETY: every buffer is used on this one stream (cuBLAS included) and freed in stream
+        // order, so cudarc's per-buffer events (an event record per kernel argument) buy nothing.
+        unsafe { ctx.disable_event_tracking() };
+        // A stream of our own: the legacy default stream cannot be captured into a graph.
+        let stream = driver("cuStreamCreate", ctx.new_stream())?;
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas {
             what: "cublasCreate".into(),
             err: format!("{e:?}"),
@@ -95,6 +99,13 @@ impl Gpu {
         driver("cuMemAlloc", self.stream.alloc_zeros::<T>(n.max(1)))
     }
 
+    /// Device memory left uninitialized, for outputs a kernel writes in full (no memset launch; the
+    /// kernel checks poison outputs to prove every element is written).
+    pub fn alloc_out<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
+        // SAFETY: callers only hand the buffer to kernels that write every element before any read.
+        driver("cuMemAllocAsync", unsafe { self.stream.alloc::<T>(n.max(1)) })
+    }
+
     pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
         if data.is_empty() {
             return Err(CudaError::Driver {
@@ -125,12 +136,21 @@ pub fn kernel_names(body: &str) -> Vec<String> {
     for line in body.lines() {
         let l = line.trim_start();
         if let Some(t) = l.strip_prefix("MATVEC(").and_then(|r| r.strip_suffix(')')) {
-            for prefix in ["matvec_", "dequant_f16_", "embed_"] {
+            for prefix in ["matvec_", "matvecb_", "dequant_f16_", "embed_"] {
                 names.push(format!("{prefix}{t}"));
             }
             continue;
         }
-        if !l.starts_with("extern \"C\" __global__") || l.contains("##") {
+        for (family, prefixes) in [
+            ("MATVEC2(", ["matvec2_", "matvec2b_"]),
+            ("MATVEC3(", ["matvec3_", "matvec3b_"]),
+        ] {
+            if let Some(t) = l.strip_prefix(family).and_then(|r| r.strip_suffix(')')) {
+                names.extend(prefixes.iter().map(|p| format!("{p}{t}")));
+            }
+        }
+        // Macro bodies (continued lines) are templates, not kernels.
+        if !l.starts_with("extern \"C\" __global__") || l.trim_end().ends_with('\\') {
             continue;
         }
         // The name is the identifier just before the first '(' once launch bounds are cut out.
@@ -174,7 +194,7 @@ mod tests {
         assert!(quant.contains(&"matvec_q4_k".to_string()));
         assert!(quant.contains(&"dequant_f16_q6_k".to_string()));
         assert!(quant.contains(&"embed_q8_0".to_string()));
-        assert_eq!(quant.len(), 30);
+        assert_eq!(quant.len(), 80);
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! metadata as the CPU cache (global layers grow to the context, sliding-window layers are rings of
 //! `window` rows). Storage is allocated for the whole capacity when the sequence is made.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use cudarc::driver::CudaSlice;
 use tandem_model::kv::RingPlacement;
 use tandem_model::{ModelConfig, SequenceCache};
@@ -17,6 +19,8 @@ pub struct GpuLayerCache {
 }
 
 pub struct GpuSequenceKv {
+    /// Unique per sequence: captured decode graphs are keyed by it (they hold its buffers' addresses).
+    pub id: u64,
     pub layers: Vec<GpuLayerCache>,
     pub n_ctx: usize,
     pub kv_width: usize,
@@ -35,7 +39,9 @@ impl GpuSequenceKv {
                 v: gpu.alloc::<u16>(capacity * w)?,
             });
         }
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Ok(GpuSequenceKv {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             layers,
             n_ctx,
             kv_width: w,

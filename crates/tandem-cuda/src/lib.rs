@@ -5,16 +5,21 @@
 //! - `device`: the context, stream, cuBLAS handle and loaded kernels; every CUDA call is checked.
 //! - `routes`: which kernel a call takes, by shape (GPU-free, unit-tested).
 //! - `kv`: per-sequence f16 caches on the device under the CPU's `RingPlacement` metadata.
-//! - `model`: the `Backend` implementation and weight upload.
+//! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM) and load-time tuning.
+//! - `model`: the `Backend` implementation and weight upload; `pool`: recycled device buffers;
+//!   `decode_graph`: decode steps captured once as CUDA graphs and replayed.
 //!
 //! The CUDA libraries are loaded at run time (`cudarc` with dynamic loading), so this crate builds and
 //! its GPU-free parts test on machines with no CUDA at all; on such a machine `Gpu::new` returns
 //! `CudaError::Unavailable` with the reason.
 
+mod decode_graph;
 pub mod device;
 pub mod kv;
+pub mod launch;
 pub mod model;
 pub mod nvrtc;
+pub mod pool;
 pub mod routes;
 
 pub use device::Gpu;

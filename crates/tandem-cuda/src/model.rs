@@ -1,49 +1,39 @@
 //! The CUDA implementation of the layer graph's `Backend`: weights uploaded once (quantized for the
 //! matvec route, plus an f16 copy for the GEMM route unless deterministic), activations as f32 device
-//! buffers, KV in `GpuSequenceKv`.
+//! buffers from a pool, KV in `GpuSequenceKv`. Decode steps replay a captured CUDA graph
+//! (`decode_graph.rs`), so every op here runs in one of three modes (`Mode`).
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::ffi::c_void;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::rc::Rc;
 
-use cudarc::cublas::{result::gemm_ex, sys as blas};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
-use tandem_gguf::GgmlType;
 use tandem_model::backend::{AttendRows, Backend};
 use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm, Weights};
-use tandem_model::{graph, Model, ModelConfig, ModelError, Span};
+use tandem_model::{Model, ModelConfig, ModelError, Span};
 
+use crate::decode_graph::DecodeGraph;
 use crate::device::{driver, Gpu};
 use crate::kv::GpuSequenceKv;
-use crate::routes::{self, KvRoute, MatmulRoute, MV_BATCH};
+use crate::launch::{
+    blocks, dequant_f16, gemm_into, i32_of, launch_cfg, matvec_into, tune_decode, type_suffix, MatvecFamily,
+};
+use crate::pool::{BufPool, DevBuf};
+use crate::routes::{self, KvRoute, MatmulRoute, ATT_TILE};
 use crate::CudaError;
-
-/// The kernel-name suffix of a weight type, or `None` when no CUDA kernel reads it.
-pub fn type_suffix(ty: GgmlType) -> Option<&'static str> {
-    Some(match ty {
-        GgmlType::F32 => "f32",
-        GgmlType::F16 => "f16",
-        GgmlType::BF16 => "bf16",
-        GgmlType::Q4_0 => "q4_0",
-        GgmlType::Q4_1 => "q4_1",
-        GgmlType::Q5_0 => "q5_0",
-        GgmlType::Q8_0 => "q8_0",
-        GgmlType::Q4_K => "q4_k",
-        GgmlType::Q5_K => "q5_k",
-        GgmlType::Q6_K => "q6_k",
-        _ => return None,
-    })
-}
 
 struct GpuMatrix {
     suffix: &'static str,
     quantized: CudaSlice<u8>,
     /// The GEMM route's operand (absent in deterministic mode and for the embedding table).
     f16: Option<CudaSlice<u16>>,
+    /// The matvec kernel family measured fastest for this shape (used for every row count).
+    family: MatvecFamily,
+    /// Whether cuBLAS over the f16 copy beat every matvec for one row (not in deterministic mode).
+    decode_cublas: bool,
 }
 
 /// Device memory by purpose, for `--verbose`.
@@ -54,17 +44,51 @@ pub struct GpuMemory {
     pub norms: usize,
 }
 
-/// Activations on the device: `rows × width` f32, row-major.
+/// Activations on the device: `rows × width` f32, row-major. `buf` is `None` only in a dry run.
 pub struct GpuAct {
-    pub buf: CudaSlice<f32>,
+    pub buf: Option<DevBuf<f32>>,
     pub rows: usize,
     pub width: usize,
 }
 
-/// Scratch of the CUDA backend: nothing survives a call today (buffers come from the stream-ordered
-/// allocator), but the graph's signature keeps room for it.
+impl GpuAct {
+    pub fn buf(&self) -> Result<&CudaSlice<f32>, CudaError> {
+        self.buf.as_deref().ok_or_else(dry_buffer)
+    }
+
+    fn buf_mut(&mut self) -> Result<&mut CudaSlice<f32>, CudaError> {
+        self.buf.as_deref_mut().ok_or_else(dry_buffer)
+    }
+}
+
+fn dry_buffer() -> CudaError {
+    CudaError::Driver {
+        what: "activation".into(),
+        err: "a dry run has no device buffers".into(),
+    }
+}
+
+/// Scratch of the CUDA backend: buffers live in the model's pools, so nothing is kept here.
 #[derive(Default)]
 pub struct GpuScratch;
+
+/// How the ops of a forward pass execute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Launch kernels now; index lists are uploaded as they are made.
+    Normal,
+    /// Record kernels into a CUDA graph; index lists go to the parameter arena (uploaded before the
+    /// graph first runs), and no memory may be allocated.
+    Capture,
+    /// Run only the host side (placement updates, index lists into the arena) for a graph replay.
+    Dry,
+}
+
+/// An index list on the device: its own upload, or a span of the parameter arena.
+pub(crate) enum Param {
+    Own(Rc<CudaSlice<i32>>),
+    Arena(Range<usize>),
+}
 
 /// An index list and its device copy.
 type Uploaded = (Vec<i32>, Rc<CudaSlice<i32>>);
@@ -75,30 +99,24 @@ pub struct CudaModel {
     pub gpu: Gpu,
     /// Every matmul on the matvec route: bit-identical logits across chunkings and batches.
     pub deterministic: bool,
+    /// Decode steps through captured CUDA graphs (`TANDEM_CUDA_GRAPHS=0` turns this off).
+    pub graphs_enabled: Cell<bool>,
     matrices: HashMap<String, GpuMatrix>,
     norms: HashMap<String, CudaSlice<f32>>,
     pub memory: GpuMemory,
     uploads: RefCell<Vec<Uploaded>>,
+    pub(crate) mode: Cell<Mode>,
+    pub(crate) arena: CudaSlice<i32>,
+    pub(crate) staging: RefCell<Vec<i32>>,
+    f32_pool: Rc<BufPool<f32>>,
+    u16_pool: Rc<BufPool<u16>>,
+    pub(crate) captured_out: RefCell<Option<DevBuf<f32>>>,
+    pub(crate) graphs: RefCell<Vec<DecodeGraph>>,
+    pub(crate) warmed: RefCell<HashSet<u64>>,
 }
 
-fn launch_cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: grid,
-        block_dim: (block, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-fn blocks(n: usize, per: usize) -> u32 {
-    n.div_ceil(per).max(1) as u32
-}
-
-fn i32_of(n: usize, what: &str) -> Result<i32, CudaError> {
-    i32::try_from(n).map_err(|_| CudaError::Driver {
-        what: what.into(),
-        err: format!("{n} does not fit a kernel's int"),
-    })
-}
+/// Index slots in the parameter arena: far more than a decode step's few per layer.
+const ARENA_INTS: usize = 1 << 16;
 
 impl CudaModel {
     /// Uploads `cpu`'s weights to GPU `ordinal`; `progress(done, total)` follows the bytes.
@@ -112,7 +130,7 @@ impl CudaModel {
         let w = &cpu.weights;
         let mats = w.matrices();
         for m in &mats {
-            if type_suffix(m.ty).is_none() || m.cols % 256 != 0 && m.cols % 32 != 0 {
+            if type_suffix(m.ty).is_none() || m.cols % 32 != 0 {
                 return Err(CudaError::UnsupportedType {
                     name: m.name.clone(),
                     ty: m.ty,
@@ -123,6 +141,7 @@ impl CudaModel {
         let mut done = 0;
         let mut memory = GpuMemory::default();
         let mut matrices = HashMap::new();
+        let mut tuned = HashMap::new();
         for m in mats {
             let bytes = m.bytes(&cpu.file);
             let suffix = type_suffix(m.ty).expect("checked above");
@@ -136,7 +155,25 @@ impl CudaModel {
             } else {
                 None
             };
-            matrices.insert(m.name.clone(), GpuMatrix { suffix, quantized, f16 });
+            let key = (suffix, m.rows, m.cols);
+            let (family, decode_cublas) = match tuned.get(&key) {
+                Some(&choice) => choice,
+                None => {
+                    let choice = tune_decode(&gpu, suffix, &quantized, f16.as_ref(), m.rows, m.cols)?;
+                    tuned.insert(key, choice);
+                    choice
+                }
+            };
+            matrices.insert(
+                m.name.clone(),
+                GpuMatrix {
+                    suffix,
+                    quantized,
+                    f16,
+                    family,
+                    decode_cublas,
+                },
+            );
             done += bytes.len();
             progress(done, total);
         }
@@ -145,15 +182,25 @@ impl CudaModel {
             norms.insert(n.name.clone(), gpu.upload(&n.data)?);
             memory.norms += n.data.len() * 4;
         }
+        let arena = gpu.alloc::<i32>(ARENA_INTS)?;
         gpu.synchronize()?;
         Ok(CudaModel {
             cpu,
             gpu,
             deterministic,
+            graphs_enabled: Cell::new(std::env::var("TANDEM_CUDA_GRAPHS").map_or(true, |v| v != "0")),
             matrices,
             norms,
             memory,
             uploads: RefCell::new(Vec::new()),
+            mode: Cell::new(Mode::Normal),
+            arena,
+            staging: RefCell::new(Vec::new()),
+            f32_pool: Rc::default(),
+            u16_pool: Rc::default(),
+            captured_out: RefCell::new(None),
+            graphs: RefCell::new(Vec::new()),
+            warmed: RefCell::new(HashSet::new()),
         })
     }
 
@@ -162,13 +209,17 @@ impl CudaModel {
         GpuSequenceKv::new(&self.gpu, &self.cpu.config, n_ctx)
     }
 
-    /// Runs the layer graph on the GPU; see [`graph::forward`].
+    /// Runs the layer graph on the GPU (decode steps through captured graphs); see `graph::forward`.
     pub fn forward(
         &self,
         scratch: &mut GpuScratch,
         spans: &mut [Span<GpuSequenceKv>],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        graph::forward(self, scratch, spans)
+        self.run(scratch, spans)
+    }
+
+    fn dry(&self) -> bool {
+        self.mode.get() == Mode::Dry
     }
 
     fn matrix(&self, m: &Matrix) -> Result<&GpuMatrix, CudaError> {
@@ -184,36 +235,49 @@ impl CudaModel {
             .ok_or_else(|| ModelError::Kernel(format!("norm {} not uploaded", n.name)))
     }
 
-    /// Index lists (positions, cache rows) on the device. Every layer of a forward pass asks for the
-    /// same few lists, so each distinct one is uploaded once per pass (`embed` starts a pass).
-    fn upload_i32(&self, v: &[usize], what: &str) -> Result<Rc<CudaSlice<i32>>, CudaError> {
-        let ints: Vec<i32> = v.iter().map(|&x| i32_of(x, what)).collect::<Result<_, _>>()?;
-        self.upload_ints(ints)
+    /// An output activation: from the pool, or none at all in a dry run.
+    fn act(&self, rows: usize, width: usize) -> Result<GpuAct, CudaError> {
+        let buf = match self.mode.get() {
+            Mode::Dry => None,
+            mode => Some(self.f32_pool.take(&self.gpu, rows * width, mode == Mode::Normal)?),
+        };
+        Ok(GpuAct { buf, rows, width })
     }
 
-    fn upload_ints(&self, ints: Vec<i32>) -> Result<Rc<CudaSlice<i32>>, CudaError> {
+    /// Index lists (positions, cache rows, placement) for kernels. Launched now: uploaded, each distinct
+    /// list once per pass. Captured or replayed: appended to the arena, in the same order every step.
+    fn param(&self, v: &[usize], what: &str) -> Result<Param, CudaError> {
+        let ints: Vec<i32> = v.iter().map(|&x| i32_of(x, what)).collect::<Result<_, _>>()?;
+        self.param_ints(ints)
+    }
+
+    fn param_ints(&self, ints: Vec<i32>) -> Result<Param, CudaError> {
+        if self.mode.get() != Mode::Normal {
+            let mut staging = self.staging.borrow_mut();
+            let start = staging.len();
+            if start + ints.len() > ARENA_INTS {
+                return Err(CudaError::Driver {
+                    what: "graph parameters".into(),
+                    err: format!("more than {ARENA_INTS} index slots"),
+                });
+            }
+            staging.extend(ints);
+            return Ok(Param::Arena(start..staging.len()));
+        }
         let mut memo = self.uploads.borrow_mut();
         if let Some((_, dev)) = memo.iter().find(|(h, _)| *h == ints) {
-            return Ok(Rc::clone(dev));
+            return Ok(Param::Own(Rc::clone(dev)));
         }
         let dev = Rc::new(self.gpu.upload(&ints)?);
         memo.push((ints, Rc::clone(&dev)));
-        Ok(dev)
+        Ok(Param::Own(dev))
     }
 
-    /// `out[t] = W · x[t]` on the matvec route (decode, short chunks, deterministic mode).
-    pub fn matvec_raw(
-        &self,
-        suffix: &str,
-        w: &CudaSlice<u8>,
-        x: &CudaSlice<f32>,
-        t: usize,
-        rows: usize,
-        cols: usize,
-    ) -> Result<CudaSlice<f32>, CudaError> {
-        let mut out = self.gpu.alloc::<f32>(t * rows)?;
-        matvec_into(&self.gpu, suffix, w, x, t, rows, cols, &mut out)?;
-        Ok(out)
+    fn view<'a>(&'a self, p: &'a Param) -> CudaView<'a, i32> {
+        match p {
+            Param::Own(s) => s.as_view(),
+            Param::Arena(r) => self.arena.slice(r.clone()),
+        }
     }
 
     /// `out[t] = W16 · f16(x[t])` through cuBLAS (f32 accumulation).
@@ -224,51 +288,55 @@ impl CudaModel {
         t: usize,
         rows: usize,
         cols: usize,
-    ) -> Result<CudaSlice<f32>, CudaError> {
-        let mut out = self.gpu.alloc::<f32>(t * rows)?;
-        gemm_into(&self.gpu, w16, x, t, rows, cols, &mut out)?;
+    ) -> Result<GpuAct, CudaError> {
+        let mut out = self.act(t, rows)?;
+        let may_allocate = self.mode.get() == Mode::Normal;
+        let mut x16 = self.u16_pool.take(&self.gpu, t * cols, may_allocate)?;
+        gemm_into(&self.gpu, w16, x, &mut x16, t, rows, cols, out.buf_mut()?)?;
         Ok(out)
+    }
+
+    /// Tiles a single query can span in a layer (the graph's fixed attention grid).
+    fn tile_cap(&self, kv: &GpuSequenceKv, window: Option<usize>) -> usize {
+        window.unwrap_or(kv.n_ctx).div_ceil(ATT_TILE) + 1
     }
 
     #[allow(clippy::too_many_arguments)]
     fn attend_from(
         &self,
-        q: &GpuAct,
+        io: &mut AttendRows<'_, GpuAct>,
         rows: &Range<usize>,
         kc: &CudaSlice<u16>,
         vc: &CudaSlice<u16>,
         source: (usize, usize, usize),
         positions: &[usize],
         window: Option<usize>,
-        out: &mut GpuAct,
+        tile_cap: usize,
     ) -> Result<(), CudaError> {
         let c = &self.cpu.config;
         let (capacity, origin_logical, origin_physical) = source;
         let t = rows.len();
         let span = routes::tile_span(positions, window, origin_logical);
+        let tile_cap = tile_cap.max(span.n);
+        let pos = self.param(positions, "position")?;
+        let meta = self.param(&[origin_logical, origin_physical, span.lo, span.n], "placement")?;
+        if self.dry() {
+            return Ok(());
+        }
         let hd = c.head_dim;
-        let mut partial = self.gpu.alloc::<f32>(t * c.n_head * span.n * (hd + 2))?;
-        let pos = self.upload_i32(positions, "position")?;
+        let mut partial = self.act(t * c.n_head * tile_cap, hd + 2)?;
         let qw = c.q_width();
-        let q_view = q.buf.slice(rows.start * qw..rows.end * qw);
+        let q_view = io.q.buf()?.slice(rows.start * qw..rows.end * qw);
         let ints = |n: usize, what: &str| i32_of(n, what);
-        let (cap, ol, op, kvw) = (
-            ints(capacity, "capacity")?,
-            ints(origin_logical, "origin")?,
-            ints(origin_physical, "origin")?,
-            ints(c.kv_width(), "kv width")?,
-        );
+        let (cap, kvw) = (ints(capacity, "capacity")?, ints(c.kv_width(), "kv width")?);
         let (nh, nkv, hdi) = (
             ints(c.n_head, "heads")?,
             ints(c.n_kv_head, "kv heads")?,
             ints(hd, "head dim")?,
         );
-        let (win, lo, nt) = (
-            ints(window.unwrap_or(0), "window")?,
-            ints(span.lo, "tile")?,
-            ints(span.n, "tiles")?,
-        );
+        let (win, tc) = (ints(window.unwrap_or(0), "window")?, ints(tile_cap, "tiles")?);
         let scale = c.attn_scale;
+        let (pos_v, meta_v) = (self.view(&pos), self.view(&meta));
         {
             let f = self.gpu.function("attend_partial")?;
             let mut b = self.gpu.stream.launch_builder(f);
@@ -276,55 +344,58 @@ impl CudaModel {
                 .arg(kc)
                 .arg(vc)
                 .arg(&cap)
-                .arg(&ol)
-                .arg(&op)
                 .arg(&kvw)
-                .arg(&*pos);
+                .arg(&pos_v)
+                .arg(&meta_v);
             b.arg(&nh)
                 .arg(&nkv)
                 .arg(&hdi)
                 .arg(&scale)
                 .arg(&win)
-                .arg(&lo)
-                .arg(&nt)
-                .arg(&mut partial);
-            let grid = (span.n as u32, c.n_head as u32, t as u32);
-            driver("attend_partial", unsafe { b.launch(launch_cfg(grid, 32)) }).map(|_| ())?;
+                .arg(&tc)
+                .arg(partial.buf_mut()?);
+            let grid = (tile_cap as u32, c.n_head as u32, t as u32);
+            driver("attend_partial", unsafe { b.launch(launch_cfg(grid, 32)) })?;
         }
-        let mut out_view = out.buf.slice_mut(rows.start * qw..rows.end * qw);
+        let mut out_view = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
         let f = self.gpu.function("attend_combine")?;
         let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(&partial).arg(&nh).arg(&hdi).arg(&nt).arg(&mut out_view);
+        b.arg(partial.buf()?)
+            .arg(&meta_v)
+            .arg(&nh)
+            .arg(&hdi)
+            .arg(&tc)
+            .arg(&mut out_view);
         driver("attend_combine", unsafe {
             b.launch(launch_cfg((c.n_head as u32, t as u32, 1), 32))
-        })
-        .map(|_| ())?;
+        })?;
         Ok(())
     }
 
     /// Converts rows of K and V to f16 into `kc`/`vc` at rows `dst` (-1: skip).
-    #[allow(clippy::too_many_arguments)]
     fn store(
         &self,
-        k: &GpuAct,
-        v: &GpuAct,
+        io: &AttendRows<'_, GpuAct>,
         rows: &Range<usize>,
-        dst: &[i32],
+        dst: Vec<i32>,
         kc: &mut CudaSlice<u16>,
         vc: &mut CudaSlice<u16>,
     ) -> Result<(), CudaError> {
-        let w = k.width;
-        let dst_dev = self.upload_ints(dst.to_vec())?;
-        let kv = k.buf.slice(rows.start * w..rows.end * w);
-        let vv = v.buf.slice(rows.start * w..rows.end * w);
+        let dst = self.param_ints(dst)?;
+        if self.dry() {
+            return Ok(());
+        }
+        let w = io.k.width;
+        let kv = io.k.buf()?.slice(rows.start * w..rows.end * w);
+        let vv = io.v.buf()?.slice(rows.start * w..rows.end * w);
         let wi = i32_of(w, "kv width")?;
+        let dst_v = self.view(&dst);
         let f = self.gpu.function("kv_store")?;
         let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(&kv).arg(&vv).arg(kc).arg(vc).arg(&*dst_dev).arg(&wi);
+        b.arg(&kv).arg(&vv).arg(kc).arg(vc).arg(&dst_v).arg(&wi);
         driver("kv_store", unsafe {
             b.launch(launch_cfg((rows.len() as u32, 1, 1), 256))
-        })
-        .map(|_| ())?;
+        })?;
         Ok(())
     }
 }
@@ -346,6 +417,10 @@ impl Backend for CudaModel {
         Ok(self.new_sequence(n_ctx)?)
     }
 
+    fn run(&self, scratch: &mut GpuScratch, spans: &mut [Span<GpuSequenceKv>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.run_with_graphs(scratch, spans)
+    }
+
     fn embed(&self, tokens: &[u32]) -> Result<GpuAct, ModelError> {
         let c = &self.cpu.config;
         let table = &self.cpu.weights.token_embd;
@@ -355,18 +430,26 @@ impl Backend for CudaModel {
                 n_vocab: table.rows,
             });
         }
-        self.uploads.borrow_mut().clear();
+        // A pass starts here: uploads from the previous pass are not reused. Not while capturing: a
+        // buffer freed during capture would become part of the graph (and fail the capture).
+        if self.mode.get() != Mode::Capture {
+            self.uploads.borrow_mut().clear();
+        }
         let g = self.matrix(table)?;
         let ids: Vec<usize> = tokens.iter().map(|&t| t as usize).collect();
-        let ids = self.upload_i32(&ids, "token id")?;
-        let mut out = self.gpu.alloc::<f32>(tokens.len() * c.d_model)?;
+        let ids = self.param(&ids, "token id")?;
+        let mut out = self.act(tokens.len(), c.d_model)?;
+        if self.dry() {
+            return Ok(out);
+        }
         let (n, cols) = (i32_of(tokens.len(), "tokens")?, i32_of(c.d_model, "d_model")?);
         let scale = c.embed_scale.unwrap_or(1.0);
+        let ids_v = self.view(&ids);
         let f = self.gpu.function(&format!("embed_{}", g.suffix))?;
         let mut b = self.gpu.stream.launch_builder(f);
         b.arg(&g.quantized)
-            .arg(&*ids)
-            .arg(&mut out)
+            .arg(&ids_v)
+            .arg(out.buf_mut()?)
             .arg(&n)
             .arg(&cols)
             .arg(&scale);
@@ -374,39 +457,23 @@ impl Backend for CudaModel {
         driver("embed", unsafe {
             b.launch(launch_cfg((blocks(units, 256), 1, 1), 256))
         })?;
-        Ok(GpuAct {
-            buf: out,
-            rows: tokens.len(),
-            width: c.d_model,
-        })
+        Ok(out)
     }
 
-    fn duplicate(&self, x: &GpuAct) -> Result<GpuAct, ModelError> {
-        Ok(GpuAct {
-            buf: driver("cuMemcpyDtoD", self.gpu.stream.clone_dtod(&x.buf))?,
-            rows: x.rows,
-            width: x.width,
-        })
-    }
-
-    fn zeros(&self, rows: usize, width: usize) -> Result<GpuAct, ModelError> {
-        Ok(GpuAct {
-            buf: self.gpu.alloc::<f32>(rows * width)?,
-            rows,
-            width,
-        })
+    fn output_rows(&self, rows: usize, width: usize) -> Result<GpuAct, ModelError> {
+        Ok(self.act(rows, width)?)
     }
 
     fn rms_norm(&self, x: &mut GpuAct, group: usize, weight: &Norm) -> Result<(), ModelError> {
-        let w = self
-            .norms
-            .get(&weight.name)
-            .ok_or_else(|| ModelError::Kernel(format!("norm {} not uploaded", weight.name)))?;
+        if self.dry() {
+            return Ok(());
+        }
+        let w = self.norm(weight)?;
         let groups = x.rows * x.width / group;
         let (g, eps) = (i32_of(group, "group")?, self.cpu.config.eps);
         let f = self.gpu.function("rms_norm")?;
         let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(&mut x.buf).arg(w).arg(&g).arg(&eps);
+        b.arg(x.buf_mut()?).arg(w).arg(&g).arg(&eps);
         let threads = if group >= 1024 { 256 } else { 128 };
         driver("rms_norm", unsafe {
             b.launch(launch_cfg((groups as u32, 1, 1), threads))
@@ -414,24 +481,80 @@ impl Backend for CudaModel {
         Ok(())
     }
 
+    fn normed(&self, x: &GpuAct, weight: &Norm) -> Result<GpuAct, ModelError> {
+        let mut out = self.act(x.rows, x.width)?;
+        if self.dry() {
+            return Ok(out);
+        }
+        let w = self.norm(weight)?;
+        let (width, eps) = (i32_of(x.width, "width")?, self.cpu.config.eps);
+        let f = self.gpu.function("rms_norm_to")?;
+        let mut b = self.gpu.stream.launch_builder(f);
+        b.arg(x.buf()?).arg(out.buf_mut()?).arg(w).arg(&width).arg(&eps);
+        driver("rms_norm_to", unsafe {
+            b.launch(launch_cfg((x.rows as u32, 1, 1), 256))
+        })?;
+        Ok(out)
+    }
+
+    fn add_normed(&self, x: &mut GpuAct, y: GpuAct, norm: Option<&Norm>) -> Result<(), ModelError> {
+        if self.dry() {
+            return Ok(());
+        }
+        // Without a norm the weight pointer is never read; any uploaded norm stands in.
+        let w = self.norm(norm.unwrap_or(&self.cpu.weights.output_norm))?;
+        let (width, eps, has) = (
+            i32_of(x.width, "width")?,
+            self.cpu.config.eps,
+            i32::from(norm.is_some()),
+        );
+        let rows = x.rows as u32;
+        let f = self.gpu.function("add_normed")?;
+        let mut b = self.gpu.stream.launch_builder(f);
+        b.arg(x.buf_mut()?).arg(y.buf()?).arg(w).arg(&width).arg(&eps).arg(&has);
+        driver("add_normed", unsafe { b.launch(launch_cfg((rows, 1, 1), 256)) })?;
+        Ok(())
+    }
+
     fn matmul(&self, m: &Matrix, x: &GpuAct) -> Result<GpuAct, ModelError> {
-        let g = self.matrix(m)?;
         let t = x.rows;
-        let buf = match (routes::matmul_route(t, self.deterministic), &g.f16) {
-            (MatmulRoute::Gemm, Some(w16)) => self.gemm(w16, &x.buf, t, m.rows, m.cols)?,
-            _ => self.matvec_raw(g.suffix, &g.quantized, &x.buf, t, m.rows, m.cols)?,
+        if self.dry() {
+            return Ok(self.act(t, m.rows)?);
+        }
+        let g = self.matrix(m)?;
+        let route = routes::matmul_route(t, self.deterministic);
+        let out = match (route, &g.f16) {
+            (MatmulRoute::Gemm, Some(w16)) => self.gemm(w16, x.buf()?, t, m.rows, m.cols)?,
+            (MatmulRoute::Matvec, Some(w16)) if t == 1 && g.decode_cublas && !self.deterministic => {
+                self.gemm(w16, x.buf()?, t, m.rows, m.cols)?
+            }
+            _ => {
+                let mut out = self.act(t, m.rows)?;
+                let buf = out.buf_mut()?;
+                matvec_into(
+                    &self.gpu,
+                    g.family,
+                    g.suffix,
+                    &g.quantized,
+                    x.buf()?,
+                    t,
+                    m.rows,
+                    m.cols,
+                    buf,
+                )?;
+                out
+            }
         };
-        Ok(GpuAct {
-            buf,
-            rows: t,
-            width: m.rows,
-        })
+        Ok(out)
     }
 
     fn rope(&self, x: &mut GpuAct, positions: &[usize], rope: &RopeParams) -> Result<(), ModelError> {
+        let pos = self.param(positions, "position")?;
+        if self.dry() {
+            return Ok(());
+        }
         let hd = self.cpu.config.head_dim;
         let n_heads = x.width / hd;
-        let pos = self.upload_i32(positions, "position")?;
         let n = x.rows * n_heads * (rope.n_rot / 2);
         let (rows, nh, hdi, nr) = (
             i32_of(x.rows, "rows")?,
@@ -440,9 +563,10 @@ impl Backend for CudaModel {
             i32_of(rope.n_rot, "n_rot")?,
         );
         let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
+        let pos_v = self.view(&pos);
         let f = self.gpu.function("rope")?;
         let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(&mut x.buf).arg(&*pos).arg(&rows).arg(&nh).arg(&hdi).arg(&nr);
+        b.arg(x.buf_mut()?).arg(&pos_v).arg(&rows).arg(&nh).arg(&hdi).arg(&nr);
         b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
         driver("rope", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
         Ok(())
@@ -453,84 +577,56 @@ impl Backend for CudaModel {
         _scratch: &mut GpuScratch,
         layer: usize,
         kv: &mut GpuSequenceKv,
-        io: AttendRows<'_, GpuAct>,
+        mut io: AttendRows<'_, GpuAct>,
         rows: Range<usize>,
         positions: &[usize],
     ) -> Result<(), ModelError> {
         let t = rows.len();
         let w = kv.kv_width;
+        let window = kv.layers[layer].window;
+        // One query spans at most `tile_cap` tiles: decode steps keep one grid, so a graph replays.
+        let tile_cap = if t == 1 { self.tile_cap(kv, window) } else { 0 };
         let lc = &mut kv.layers[layer];
-        let window = lc.window;
         match routes::kv_route(&lc.placement, t, window) {
             KvRoute::InPlace => {
                 let (dst, after) = routes::store_rows(&lc.placement, t);
-                self.store(io.k, io.v, &rows, &dst, &mut lc.k, &mut lc.v)?;
+                self.store(&io, &rows, dst, &mut lc.k, &mut lc.v)?;
                 lc.placement = after;
                 let p = lc.placement;
                 let source = (p.capacity, p.origin_logical, p.origin_physical);
-                self.attend_from(io.q, &rows, &lc.k, &lc.v, source, positions, window, io.out)?;
+                self.attend_from(&mut io, &rows, &lc.k, &lc.v, source, positions, window, tile_cap)?;
             }
             KvRoute::Staged { first, gather } => {
                 let n = gather.len() + t;
                 let mut ks = self.gpu.alloc::<u16>(n * w)?;
                 let mut vs = self.gpu.alloc::<u16>(n * w)?;
                 if !gather.is_empty() {
-                    let src = self.upload_i32(&gather, "cache row")?;
+                    let src = self.param(&gather, "cache row")?;
+                    let src_v = self.view(&src);
                     let wi = i32_of(w, "kv width")?;
                     let f = self.gpu.function("kv_gather")?;
                     let mut b = self.gpu.stream.launch_builder(f);
-                    b.arg(&lc.k).arg(&lc.v).arg(&*src).arg(&mut ks).arg(&mut vs).arg(&wi);
+                    b.arg(&lc.k).arg(&lc.v).arg(&src_v).arg(&mut ks).arg(&mut vs).arg(&wi);
                     driver("kv_gather", unsafe {
                         b.launch(launch_cfg((gather.len() as u32, 1, 1), 256))
                     })?;
                 }
                 let staged: Vec<i32> = (gather.len()..n).map(|r| r as i32).collect();
-                self.store(io.k, io.v, &rows, &staged, &mut ks, &mut vs)?;
-                self.attend_from(io.q, &rows, &ks, &vs, (n, first, 0), positions, window, io.out)?;
+                self.store(&io, &rows, staged, &mut ks, &mut vs)?;
+                self.attend_from(&mut io, &rows, &ks, &vs, (n, first, 0), positions, window, 0)?;
                 // Committed only after attention consumed the staged rows.
                 let (dst, after) = routes::store_rows(&lc.placement, t);
-                self.store(io.k, io.v, &rows, &dst, &mut lc.k, &mut lc.v)?;
+                self.store(&io, &rows, dst, &mut lc.k, &mut lc.v)?;
                 lc.placement = after;
             }
         }
         Ok(())
     }
 
-    fn normed(&self, x: &GpuAct, weight: &Norm) -> Result<GpuAct, ModelError> {
-        let w = self.norm(weight)?;
-        let mut out = self.gpu.alloc::<f32>(x.rows * x.width)?;
-        let (width, eps) = (i32_of(x.width, "width")?, self.cpu.config.eps);
-        let f = self.gpu.function("rms_norm_to")?;
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(&x.buf).arg(&mut out).arg(w).arg(&width).arg(&eps);
-        driver("rms_norm_to", unsafe {
-            b.launch(launch_cfg((x.rows as u32, 1, 1), 256))
-        })?;
-        Ok(GpuAct {
-            buf: out,
-            rows: x.rows,
-            width: x.width,
-        })
-    }
-
-    fn add_normed(&self, x: &mut GpuAct, y: GpuAct, norm: Option<&Norm>) -> Result<(), ModelError> {
-        // Without a norm the weight pointer is never read; any uploaded norm stands in.
-        let w = self.norm(norm.unwrap_or(&self.cpu.weights.output_norm))?;
-        let (width, eps, has) = (
-            i32_of(x.width, "width")?,
-            self.cpu.config.eps,
-            i32::from(norm.is_some()),
-        );
-        let f = self.gpu.function("add_normed")?;
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(&mut x.buf).arg(&y.buf).arg(w).arg(&width).arg(&eps).arg(&has);
-        driver("add_normed", unsafe {
-            b.launch(launch_cfg((x.rows as u32, 1, 1), 256))
-        })?;
-        Ok(())
-    }
-
     fn gated(&self, gate: &mut GpuAct, up: &GpuAct, act: Activation) -> Result<(), ModelError> {
+        if self.dry() {
+            return Ok(());
+        }
         let n = gate.rows * gate.width;
         let n64 = n as u64;
         let a: i32 = match act {
@@ -539,127 +635,37 @@ impl Backend for CudaModel {
         };
         let f = self.gpu.function("gated")?;
         let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(&mut gate.buf).arg(&up.buf).arg(&n64).arg(&a);
+        b.arg(gate.buf_mut()?).arg(up.buf()?).arg(&n64).arg(&a);
         driver("gated", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
         Ok(())
     }
 
     fn gather_rows(&self, x: &GpuAct, rows: &[usize]) -> Result<GpuAct, ModelError> {
-        let idx = self.upload_i32(rows, "row")?;
-        let mut out = self.gpu.alloc::<f32>(rows.len() * x.width)?;
+        let idx = self.param(rows, "row")?;
+        let mut out = self.act(rows.len(), x.width)?;
+        if self.dry() {
+            return Ok(out);
+        }
         let wi = i32_of(x.width, "width")?;
+        let idx_v = self.view(&idx);
         let f = self.gpu.function("gather_rows")?;
         let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(&x.buf).arg(&*idx).arg(&mut out).arg(&wi);
+        b.arg(x.buf()?).arg(&idx_v).arg(out.buf_mut()?).arg(&wi);
         driver("gather_rows", unsafe {
             b.launch(launch_cfg((rows.len() as u32, 1, 1), 256))
         })?;
-        Ok(GpuAct {
-            buf: out,
-            rows: rows.len(),
-            width: x.width,
-        })
+        Ok(out)
     }
 
     fn to_host(&self, x: GpuAct) -> Result<Vec<f32>, ModelError> {
-        Ok(self.gpu.download(&x.buf)?)
-    }
-}
-
-/// `out[t] = W · x[t]` with the matvec kernel for weight type `suffix` (see `routes`).
-#[allow(clippy::too_many_arguments)]
-pub fn matvec_into(
-    gpu: &Gpu,
-    suffix: &str,
-    w: &CudaSlice<u8>,
-    x: &CudaSlice<f32>,
-    t: usize,
-    rows: usize,
-    cols: usize,
-    out: &mut CudaSlice<f32>,
-) -> Result<(), CudaError> {
-    let f = gpu.function(&format!("matvec_{suffix}"))?;
-    let (r, c, n) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, i32_of(t, "t")?);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(w).arg(x).arg(out).arg(&r).arg(&c).arg(&n);
-    let grid = (blocks(rows, 4), blocks(t, MV_BATCH), 1);
-    driver(&format!("matvec_{suffix}"), unsafe { b.launch(launch_cfg(grid, 128)) })?;
-    Ok(())
-}
-
-/// Dequantizes a whole matrix of type `suffix` to f16 (the GEMM route's operand).
-pub fn dequant_f16(
-    gpu: &Gpu,
-    suffix: &str,
-    w: &CudaSlice<u8>,
-    rows: usize,
-    cols: usize,
-) -> Result<CudaSlice<u16>, CudaError> {
-    let mut out = gpu.alloc::<u16>(rows * cols)?;
-    let f = gpu.function(&format!("dequant_f16_{suffix}"))?;
-    let units = rows * (cols / 32);
-    let (r, c) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(w).arg(&mut out).arg(&r).arg(&c);
-    driver(&format!("dequant_f16_{suffix}"), unsafe {
-        b.launch(launch_cfg((blocks(units, 256), 1, 1), 256))
-    })?;
-    Ok(out)
-}
-
-/// `out[t] = W16 · f16(x[t])` through cuBLAS GemmEx: f16 operands, f32 accumulation and output.
-pub fn gemm_into(
-    gpu: &Gpu,
-    w16: &CudaSlice<u16>,
-    x: &CudaSlice<f32>,
-    t: usize,
-    rows: usize,
-    cols: usize,
-    out: &mut CudaSlice<f32>,
-) -> Result<(), CudaError> {
-    let n = t * cols;
-    let mut x16 = gpu.alloc::<u16>(n)?;
-    {
-        let f = gpu.function("to_f16")?;
-        let mut b = gpu.stream.launch_builder(f);
-        let n64 = n as u64;
-        b.arg(x).arg(&mut x16).arg(&n64);
-        driver("to_f16", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) }).map(|_| ())?;
-    }
-    let stream = &gpu.stream;
-    let (alpha, beta) = (1f32, 0f32);
-    {
-        let (a, _ga) = w16.device_ptr(stream);
-        let (bx, _gb) = x16.device_ptr(stream);
-        let (c, _gc) = out.device_ptr_mut(stream);
-        // Column-major view: C (rows × t) = Wᵀ (W is cols × rows column-major) · X (cols × t).
-        unsafe {
-            gemm_ex(
-                *gpu.blas.handle(),
-                blas::cublasOperation_t::CUBLAS_OP_T,
-                blas::cublasOperation_t::CUBLAS_OP_N,
-                i32_of(rows, "rows")?,
-                i32_of(t, "t")?,
-                i32_of(cols, "cols")?,
-                &alpha as *const f32 as *const c_void,
-                a as *const c_void,
-                blas::cudaDataType_t::CUDA_R_16F,
-                i32_of(cols, "lda")?,
-                bx as *const c_void,
-                blas::cudaDataType_t::CUDA_R_16F,
-                i32_of(cols, "ldb")?,
-                &beta as *const f32 as *const c_void,
-                c as *mut c_void,
-                blas::cudaDataType_t::CUDA_R_32F,
-                i32_of(rows, "ldc")?,
-                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
+        match self.mode.get() {
+            Mode::Normal => Ok(self.gpu.download(x.buf()?)?),
+            // The graph's output: read after the graph runs.
+            Mode::Capture => {
+                *self.captured_out.borrow_mut() = x.buf;
+                Ok(Vec::new())
+            }
+            Mode::Dry => Ok(Vec::new()),
         }
-        .map_err(|e| CudaError::Blas {
-            what: format!("cublasGemmEx {rows}x{cols} by {t}"),
-            err: format!("{e:?}"),
-        })?;
     }
-    Ok(())
 }

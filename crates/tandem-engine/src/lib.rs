@@ -6,7 +6,7 @@ pub mod serve;
 
 use std::time::{Duration, Instant};
 
-use tandem_model::{graph, Backend, LogitRows, Model, ModelError, SequenceCache, SequenceKv, Span};
+use tandem_model::{Backend, LogitRows, Model, ModelError, SequenceCache, SequenceKv, Span};
 
 pub use sampling::{Sampler, SamplingParams};
 
@@ -80,7 +80,7 @@ impl<B: Backend> Engine<B> {
     /// One forward pass of one sequence's tokens.
     pub fn forward(&mut self, kv: &mut B::Kv, tokens: &[u32], logits: LogitRows) -> Result<Vec<f32>, EngineError> {
         let mut spans = [Span { kv, tokens, logits }];
-        let mut out = graph::forward(&self.model, &mut self.ws, &mut spans)?;
+        let mut out = self.model.run(&mut self.ws, &mut spans)?;
         Ok(out.pop().unwrap_or_default())
     }
 

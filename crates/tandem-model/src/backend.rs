@@ -7,6 +7,7 @@ use std::ops::Range;
 use tandem_backend::cpu::ops::RopeParams;
 
 use crate::config::{Activation, ModelConfig};
+use crate::graph::{self, Span};
 use crate::weights::{Matrix, Norm, Weights};
 use crate::ModelError;
 
@@ -47,11 +48,19 @@ pub trait Backend {
     fn weights(&self) -> &Weights;
     /// A fresh KV cache for one sequence of up to `n_ctx` positions.
     fn new_kv(&self, n_ctx: usize) -> Result<Self::Kv, ModelError>;
+    /// One forward pass: the layer graph, unless the backend has a faster way to the same result for
+    /// some shapes (the CUDA backend replays captured graphs for decode steps).
+    fn run(&self, scratch: &mut Self::Scratch, spans: &mut [Span<Self::Kv>]) -> Result<Vec<Vec<f32>>, ModelError>
+    where
+        Self: Sized,
+    {
+        graph::forward(self, scratch, spans)
+    }
 
     /// Rows of the token embedding table for `tokens`, scaled for Gemma.
     fn embed(&self, tokens: &[u32]) -> Result<Self::Act, ModelError>;
-    fn duplicate(&self, x: &Self::Act) -> Result<Self::Act, ModelError>;
-    fn zeros(&self, rows: usize, width: usize) -> Result<Self::Act, ModelError>;
+    /// An activation whose every row the caller writes before reading (contents unspecified).
+    fn output_rows(&self, rows: usize, width: usize) -> Result<Self::Act, ModelError>;
     /// RMS norm of every `group`-wide slice of every row, times `weight`.
     fn rms_norm(&self, x: &mut Self::Act, group: usize, weight: &Norm) -> Result<(), ModelError>;
     /// A normed copy of `x` (whole rows): what a pre-norm block reads while `x` stays the residual.

@@ -107,14 +107,7 @@ impl Backend for Model {
         Ok(x)
     }
 
-    fn duplicate(&self, x: &Rows) -> Result<Rows, ModelError> {
-        Ok(Rows {
-            data: x.data.clone(),
-            width: x.width,
-        })
-    }
-
-    fn zeros(&self, rows: usize, width: usize) -> Result<Rows, ModelError> {
+    fn output_rows(&self, rows: usize, width: usize) -> Result<Rows, ModelError> {
         Ok(Rows::zeros(rows, width))
     }
 
@@ -181,7 +174,10 @@ impl Backend for Model {
     }
 
     fn normed(&self, x: &Rows, weight: &Norm) -> Result<Rows, ModelError> {
-        let mut h = self.duplicate(x)?;
+        let mut h = Rows {
+            data: x.data.clone(),
+            width: x.width,
+        };
         self.rms_norm(&mut h, x.width, weight)?;
         Ok(h)
     }

@@ -63,7 +63,7 @@ pub fn forward<B: Backend>(
         }
         b.rope(&mut q, &positions, &spec.rope)?;
         b.rope(&mut k, &positions, &spec.rope)?;
-        let mut attn = b.zeros(t, c.q_width())?;
+        let mut attn = b.output_rows(t, c.q_width())?;
         for (span, rows) in spans.iter_mut().zip(&span_rows) {
             let io = AttendRows {
                 q: &q,

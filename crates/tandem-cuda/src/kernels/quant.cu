@@ -149,64 +149,77 @@ __device__ __forceinline__ float dot32(const float* w, const float* x) {
     return (s0 + s1) + (s2 + s3);
 }
 
-// Y[t][r] = W[r] · X[t] for up to MV_BATCH rows of X per block row (grid.y covers the rest). One warp
-// per weight row. The row streams through shared memory in segments of MV_SEG elements, copied with
-// 16-byte loads (coalesced, whatever the block size of the type), then lane l decodes units l and
-// l + 32 of each segment — so lane l takes units l, l + 32, l + 64, ... of the row in ascending order,
-// and the warp sums its lanes in a fixed butterfly. Every sum's order is fixed by `cols` alone, so a
-// row's result never depends on T or on its neighbours.
+// Y[t][r] = W[r] · X[t]. One block of MV_WARPS warps per weight row. The row is cut into segments of
+// MV_SEG elements (32 units); warp w takes segments w, w + MV_WARPS, ...: it copies a segment into
+// shared memory with 16-byte loads (all issued before any is used, so many bytes are in flight), and
+// lane l decodes unit l of it. Lanes are summed in a fixed butterfly, then warps in a fixed tree. The
+// order of every sum is fixed by `cols` alone: a row's result never depends on T, on the rows batched
+// with it, or on which kernel (single or batched) computed it.
 #define MV_BATCH 8
 #define MV_WARPS 4
-#define MV_SEG 2048
+#define MV_SEG 1024
+#define MV_MAX_U4 8
 
-// Copies `bytes` from global `src` to shared `dst`: 16-byte loads when both are 16-byte aligned.
+// Copies `bytes` (at most 32 * 16 * MV_MAX_U4) from global `src` to shared `dst`.
 __device__ __forceinline__ void warp_copy(u8* dst, const u8* src, int bytes, int lane) {
     if ((((size_t)src) & 15) == 0) {
         int n16 = bytes >> 4;
         const uint4* s4 = (const uint4*)src;
         uint4* d4 = (uint4*)dst;
-        for (int i = lane; i < n16; i += 32) d4[i] = __ldg(s4 + i);
+        uint4 tmp[MV_MAX_U4];
+#pragma unroll
+        for (int k = 0; k < MV_MAX_U4; k++)
+            if (lane + 32 * k < n16) tmp[k] = __ldg(s4 + lane + 32 * k);
+#pragma unroll
+        for (int k = 0; k < MV_MAX_U4; k++)
+            if (lane + 32 * k < n16) d4[lane + 32 * k] = tmp[k];
         for (int i = (n16 << 4) + lane; i < bytes; i += 32) dst[i] = src[i];
     } else {
         for (int i = lane; i < bytes; i += 32) dst[i] = src[i];
     }
 }
 
-#define MATVEC(T)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) matvec_##T(                         \
+#define MATVEC_KERNEL(NAME, T, NB)                                                                  \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) NAME(                               \
         const u8* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int rows,     \
         int cols, int n_t) {                                                                        \
         __shared__ uint4 seg_buf[MV_WARPS][(ROW_BYTES(T, MV_SEG) + 15) / 16];                       \
+        __shared__ float red[NB][MV_WARPS];                                                         \
         int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;                                        \
-        int r = blockIdx.x * MV_WARPS + wid;                                                        \
-        int t0 = blockIdx.y * MV_BATCH;                                                             \
-        if (r >= rows) return;                                                                      \
-        int nt = min(MV_BATCH, n_t - t0);                                                           \
+        int r = blockIdx.x, t0 = blockIdx.y * NB;                                                   \
+        int nt = min(NB, n_t - t0);                                                                 \
         const u8* row = W + (size_t)r * ROW_BYTES(T, cols);                                         \
         u8* seg = (u8*)seg_buf[wid];                                                                \
         const float* x = X + (size_t)t0 * cols;                                                     \
-        float acc[MV_BATCH];                                                                        \
-        _Pragma("unroll") for (int t = 0; t < MV_BATCH; t++) acc[t] = 0.f;                          \
-        for (int s0 = 0; s0 < cols; s0 += MV_SEG) {                                                 \
+        float acc[NB];                                                                              \
+        _Pragma("unroll") for (int t = 0; t < NB; t++) acc[t] = 0.f;                                \
+        for (int s0 = wid * MV_SEG; s0 < cols; s0 += MV_WARPS * MV_SEG) {                           \
             int n = min(MV_SEG, cols - s0);                                                         \
             __syncwarp();                                                                           \
             warp_copy(seg, row + ROW_BYTES(T, s0), (int)ROW_BYTES(T, n), lane);                     \
             __syncwarp();                                                                           \
-            for (int u = lane; u < n / 32; u += 32) {                                               \
+            if (lane < n / 32) {                                                                    \
                 float w[32];                                                                        \
-                unit_##T(seg, u, w);                                                                \
-                const float* xu = x + s0 + u * 32;                                                  \
-                _Pragma("unroll") for (int t = 0; t < MV_BATCH; t++) if (t < nt) acc[t] +=           \
+                unit_##T(seg, lane, w);                                                             \
+                const float* xu = x + s0 + lane * 32;                                               \
+                _Pragma("unroll") for (int t = 0; t < NB; t++) if (t < nt) acc[t] +=                 \
                     dot32(w, xu + (size_t)t * cols);                                                \
             }                                                                                       \
         }                                                                                           \
-        _Pragma("unroll") for (int t = 0; t < MV_BATCH; t++) {                                      \
-            if (t < nt) {                                                                           \
-                float s = warp_sum(acc[t]);                                                         \
-                if (lane == 0) Y[(size_t)(t0 + t) * rows + r] = s;                                  \
-            }                                                                                       \
+        _Pragma("unroll") for (int t = 0; t < NB; t++) {                                            \
+            float v = warp_sum(acc[t]);                                                             \
+            if (lane == 0) red[t][wid] = v;                                                         \
         }                                                                                           \
-    }                                                                                               \
+        __syncthreads();                                                                            \
+        if (threadIdx.x < nt) {                                                                     \
+            const float* p = red[threadIdx.x];                                                      \
+            Y[(size_t)(t0 + threadIdx.x) * rows + r] = (p[0] + p[1]) + (p[2] + p[3]);               \
+        }                                                                                           \
+    }
+
+#define MATVEC(T)                                                                                   \
+    MATVEC_KERNEL(matvec_##T, T, 1)                                                                 \
+    MATVEC_KERNEL(matvecb_##T, T, MV_BATCH)                                                         \
     /* The whole matrix as f16 (the prefill route's GEMM operand): one thread per unit. */          \
     extern "C" __global__ void dequant_f16_##T(const u8* __restrict__ W, u16* __restrict__ out,     \
                                                int rows, int cols) {                                \
@@ -243,3 +256,248 @@ MATVEC(q8_0)
 MATVEC(q4_k)
 MATVEC(q5_k)
 MATVEC(q6_k)
+
+// ---- Variant 2: one warp per weight row, no shared memory. Lane l decodes units l, l + 32, ...
+// straight from global memory with the widest loads the type's layout allows (16-byte loads for
+// F16/BF16/F32 and the K-quants with 16-byte aligned rows), and the warp sums in a fixed butterfly.
+// Its sums are ordered differently from `matvec_`: a model uses one variant for every row count.
+
+__device__ __forceinline__ void gunit_f16(const u8* row, int u, float* w) {
+    const uint4* p = (const uint4*)(row + (size_t)u * 64);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint4 v = __ldg(p + k);
+        const u16* h = (const u16*)&v;
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[8 * k + i] = h2f(h[i]);
+    }
+}
+
+__device__ __forceinline__ void gunit_bf16(const u8* row, int u, float* w) {
+    const uint4* p = (const uint4*)(row + (size_t)u * 64);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint4 v = __ldg(p + k);
+        const u16* h = (const u16*)&v;
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[8 * k + i] = bf2f(h[i]);
+    }
+}
+
+__device__ __forceinline__ void gunit_f32(const u8* row, int u, float* w) {
+    const float4* p = (const float4*)(row + (size_t)u * 128);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float4 v = __ldg(p + k);
+        w[4 * k] = v.x;
+        w[4 * k + 1] = v.y;
+        w[4 * k + 2] = v.z;
+        w[4 * k + 3] = v.w;
+    }
+}
+
+__device__ __forceinline__ void gunit_q4_k(const u8* row, int u, float* w) {
+    const u8* b = row + (size_t)(u >> 3) * 144;
+    int s = u & 7;
+    uint4 head = __ldg((const uint4*)b);
+    const u8* hb = (const u8*)&head;
+    int sc, m;
+    scale_min_k4(s, hb + 4, &sc, &m);
+    float d1 = h2f((u16)hb[0] | ((u16)hb[1] << 8)) * sc, m1 = h2f((u16)hb[2] | ((u16)hb[3] << 8)) * m;
+    const uint4* q4 = (const uint4*)(b + 16 + (s >> 1) * 32);
+    uint4 qa = __ldg(q4), qb = __ldg(q4 + 1);
+    const u8* q0 = (const u8*)&qa;
+    const u8* q1 = (const u8*)&qb;
+    int shift = (s & 1) * 4;
+#pragma unroll
+    for (int l = 0; l < 16; l++) {
+        w[l] = d1 * ((q0[l] >> shift) & 0xF) - m1;
+        w[l + 16] = d1 * ((q1[l] >> shift) & 0xF) - m1;
+    }
+}
+
+__device__ __forceinline__ void gunit_q5_k(const u8* row, int u, float* w) {
+    const u8* b = row + (size_t)(u >> 3) * 176;
+    int s = u & 7;
+    uint4 head = __ldg((const uint4*)b);
+    const u8* hb = (const u8*)&head;
+    int sc, m;
+    scale_min_k4(s, hb + 4, &sc, &m);
+    float d1 = h2f((u16)hb[0] | ((u16)hb[1] << 8)) * sc, m1 = h2f((u16)hb[2] | ((u16)hb[3] << 8)) * m;
+    uint4 ha = __ldg((const uint4*)(b + 16)), hbv = __ldg((const uint4*)(b + 32));
+    const uint4* q4 = (const uint4*)(b + 48 + (s >> 1) * 32);
+    uint4 qa = __ldg(q4), qb = __ldg(q4 + 1);
+    const u8* h0 = (const u8*)&ha;
+    const u8* h1 = (const u8*)&hbv;
+    const u8* q0 = (const u8*)&qa;
+    const u8* q1 = (const u8*)&qb;
+    int shift = (s & 1) * 4;
+    u8 bit = (u8)(1 << s);
+#pragma unroll
+    for (int l = 0; l < 16; l++) {
+        w[l] = d1 * (((q0[l] >> shift) & 0xF) + ((h0[l] & bit) ? 16 : 0)) - m1;
+        w[l + 16] = d1 * (((q1[l] >> shift) & 0xF) + ((h1[l] & bit) ? 16 : 0)) - m1;
+    }
+}
+
+// Types whose blocks are not 16-byte aligned decode with the byte loads of `unit_<T>` (through L1).
+#define gunit_q4_0 unit_q4_0
+#define gunit_q4_1 unit_q4_1
+#define gunit_q5_0 unit_q5_0
+#define gunit_q8_0 unit_q8_0
+#define gunit_q6_k unit_q6_k
+
+#define MATVEC2_KERNEL(NAME, T, NB)                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) NAME(const u8* __restrict__ W,                \
+                                                           const float* __restrict__ X,             \
+                                                           float* __restrict__ Y, int rows, int cols, \
+                                                           int n_t) {                               \
+        int lane = threadIdx.x & 31;                                                                \
+        int r = blockIdx.x * 4 + (threadIdx.x >> 5);                                                \
+        int t0 = blockIdx.y * NB;                                                                   \
+        if (r >= rows) return;                                                                      \
+        int nt = min(NB, n_t - t0);                                                                 \
+        const u8* row = W + (size_t)r * ROW_BYTES(T, cols);                                         \
+        const float* x = X + (size_t)t0 * cols;                                                     \
+        float acc[NB];                                                                              \
+        _Pragma("unroll") for (int t = 0; t < NB; t++) acc[t] = 0.f;                                \
+        for (int u = lane; u < cols / 32; u += 32) {                                                \
+            float w[32];                                                                            \
+            gunit_##T(row, u, w);                                                                   \
+            _Pragma("unroll") for (int t = 0; t < NB; t++) if (t < nt) acc[t] +=                     \
+                dot32(w, x + (size_t)t * cols + u * 32);                                            \
+        }                                                                                           \
+        _Pragma("unroll") for (int t = 0; t < NB; t++) {                                            \
+            if (t < nt) {                                                                           \
+                float s = warp_sum(acc[t]);                                                         \
+                if (lane == 0) Y[(size_t)(t0 + t) * rows + r] = s;                                  \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
+#define MATVEC2(T)                                                                                  \
+    MATVEC2_KERNEL(matvec2_##T, T, 1)                                                               \
+    MATVEC2_KERNEL(matvec2b_##T, T, MV_BATCH)
+
+MATVEC2(f32)
+MATVEC2(f16)
+MATVEC2(bf16)
+MATVEC2(q4_0)
+MATVEC2(q4_1)
+MATVEC2(q5_0)
+MATVEC2(q8_0)
+MATVEC2(q4_k)
+MATVEC2(q5_k)
+MATVEC2(q6_k)
+
+// ---- Variant 3: one warp per weight row, one element per lane. For each unit (32 elements) lane l
+// decodes element l and multiplies it by x[l] of that unit: consecutive lanes read consecutive bytes
+// of the weights and consecutive floats of x, so every load is coalesced whatever the block layout.
+// Four units are in flight per iteration. Lane partial sums run over units in ascending order; the
+// warp sums its lanes in a fixed butterfly.
+
+__device__ __forceinline__ float elem_f32(const u8* row, int u, int l) { return ((const float*)row)[u * 32 + l]; }
+__device__ __forceinline__ float elem_f16(const u8* row, int u, int l) { return h2f(((const u16*)row)[u * 32 + l]); }
+__device__ __forceinline__ float elem_bf16(const u8* row, int u, int l) { return bf2f(((const u16*)row)[u * 32 + l]); }
+
+__device__ __forceinline__ float elem_q4_0(const u8* row, int u, int l) {
+    const u8* b = row + (size_t)u * 18;
+    int q = (b[2 + (l & 15)] >> ((l >> 4) * 4)) & 0xF;
+    return (q - 8) * ld_f16(b);
+}
+
+__device__ __forceinline__ float elem_q4_1(const u8* row, int u, int l) {
+    const u8* b = row + (size_t)u * 20;
+    int q = (b[4 + (l & 15)] >> ((l >> 4) * 4)) & 0xF;
+    return q * ld_f16(b) + ld_f16(b + 2);
+}
+
+__device__ __forceinline__ float elem_q5_0(const u8* row, int u, int l) {
+    const u8* b = row + (size_t)u * 22;
+    u32 qh = (u32)b[2] | ((u32)b[3] << 8) | ((u32)b[4] << 16) | ((u32)b[5] << 24);
+    int j = l & 15;
+    u32 lo = l < 16 ? (b[6 + j] & 0xF) : (b[6 + j] >> 4);
+    u32 hi = l < 16 ? ((qh >> j) << 4) & 0x10 : (qh >> (j + 12)) & 0x10;
+    return ((int)(lo | hi) - 16) * ld_f16(b);
+}
+
+__device__ __forceinline__ float elem_q8_0(const u8* row, int u, int l) {
+    const u8* b = row + (size_t)u * 34;
+    return (float)(signed char)b[2 + l] * ld_f16(b);
+}
+
+__device__ __forceinline__ float elem_q4_k(const u8* row, int u, int l) {
+    const u8* b = row + (size_t)(u >> 3) * 144;
+    int s = u & 7, sc, m;
+    scale_min_k4(s, b + 4, &sc, &m);
+    int q = (b[16 + (s >> 1) * 32 + l] >> ((s & 1) * 4)) & 0xF;
+    return ld_f16(b) * sc * q - ld_f16(b + 2) * m;
+}
+
+__device__ __forceinline__ float elem_q5_k(const u8* row, int u, int l) {
+    const u8* b = row + (size_t)(u >> 3) * 176;
+    int s = u & 7, sc, m;
+    scale_min_k4(s, b + 4, &sc, &m);
+    int q = ((b[48 + (s >> 1) * 32 + l] >> ((s & 1) * 4)) & 0xF) + ((b[16 + l] >> s) & 1) * 16;
+    return ld_f16(b) * sc * q - ld_f16(b + 2) * m;
+}
+
+__device__ __forceinline__ float elem_q6_k(const u8* row, int u, int l) {
+    const u8* b = row + (size_t)(u >> 3) * 210;
+    int h = (u & 7) >> 2, k = u & 3;
+    int ql = b[64 * h + ((k & 1) ? 32 : 0) + l];
+    int qh = b[128 + 32 * h + l];
+    int q = (((ql >> ((k >> 1) * 4)) & 0xF) | (((qh >> (2 * k)) & 3) << 4)) - 32;
+    return ld_f16(b + 208) * (float)((const signed char*)b)[192 + 8 * h + 2 * k + (l >> 4)] * q;
+}
+
+#define MV3_UNROLL 4
+#define MATVEC3_KERNEL(NAME, T, NB)                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) NAME(const u8* __restrict__ W,                \
+                                                           const float* __restrict__ X,             \
+                                                           float* __restrict__ Y, int rows, int cols, \
+                                                           int n_t) {                               \
+        int lane = threadIdx.x & 31;                                                                \
+        int r = blockIdx.x * 4 + (threadIdx.x >> 5);                                                \
+        int t0 = blockIdx.y * NB;                                                                   \
+        if (r >= rows) return;                                                                      \
+        int nt = min(NB, n_t - t0);                                                                 \
+        const u8* row = W + (size_t)r * ROW_BYTES(T, cols);                                         \
+        const float* x = X + (size_t)t0 * cols + lane;                                              \
+        float acc[NB];                                                                              \
+        _Pragma("unroll") for (int t = 0; t < NB; t++) acc[t] = 0.f;                                \
+        int units = cols / 32, u = 0;                                                               \
+        for (; u + MV3_UNROLL <= units; u += MV3_UNROLL) {                                          \
+            float w[MV3_UNROLL];                                                                    \
+            _Pragma("unroll") for (int k = 0; k < MV3_UNROLL; k++) w[k] = elem_##T(row, u + k, lane); \
+            _Pragma("unroll") for (int k = 0; k < MV3_UNROLL; k++)                                  \
+                _Pragma("unroll") for (int t = 0; t < NB; t++) if (t < nt) acc[t] =                 \
+                    fmaf(w[k], x[(size_t)t * cols + (u + k) * 32], acc[t]);                         \
+        }                                                                                           \
+        for (; u < units; u++) {                                                                    \
+            float w = elem_##T(row, u, lane);                                                       \
+            _Pragma("unroll") for (int t = 0; t < NB; t++) if (t < nt) acc[t] =                     \
+                fmaf(w, x[(size_t)t * cols + u * 32], acc[t]);                                      \
+        }                                                                                           \
+        _Pragma("unroll") for (int t = 0; t < NB; t++) {                                            \
+            if (t < nt) {                                                                           \
+                float s = warp_sum(acc[t]);                                                         \
+                if (lane == 0) Y[(size_t)(t0 + t) * rows + r] = s;                                  \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
+#define MATVEC3(T)                                                                                  \
+    MATVEC3_KERNEL(matvec3_##T, T, 1)                                                               \
+    MATVEC3_KERNEL(matvec3b_##T, T, MV_BATCH)
+
+MATVEC3(f32)
+MATVEC3(f16)
+MATVEC3(bf16)
+MATVEC3(q4_0)
+MATVEC3(q4_1)
+MATVEC3(q5_0)
+MATVEC3(q8_0)
+MATVEC3(q4_k)
+MATVEC3(q5_k)
+MATVEC3(q6_k)

@@ -1,0 +1,225 @@
+//! Kernel launchers shared by the backend, the load-time tuning and `tandem gpu-check`: each takes
+//! device buffers and shapes, checks its sizes fit the kernels' ints, and reports failures as
+//! `CudaError` naming the kernel.
+
+use std::ffi::c_void;
+
+use cudarc::cublas::{result::gemm_ex, sys as blas};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use tandem_gguf::GgmlType;
+
+use crate::device::{driver, Gpu};
+use crate::routes::MV_BATCH;
+use crate::CudaError;
+
+/// The kernel-name suffix of a weight type, or `None` when no CUDA kernel reads it.
+pub fn type_suffix(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::F32 => "f32",
+        GgmlType::F16 => "f16",
+        GgmlType::BF16 => "bf16",
+        GgmlType::Q4_0 => "q4_0",
+        GgmlType::Q4_1 => "q4_1",
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q4_K => "q4_k",
+        GgmlType::Q5_K => "q5_k",
+        GgmlType::Q6_K => "q6_k",
+        _ => return None,
+    })
+}
+
+/// The two matvec kernel families (`kernels/quant.cu`): same function, different summation orders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatvecFamily {
+    /// A block per row; warps take 1024-element segments staged in shared memory.
+    Segmented,
+    /// A warp per row; lanes read their units straight from global memory.
+    WarpPerRow,
+    /// A warp per row; lane l takes element l of every unit (coalesced loads for every layout).
+    Lanewise,
+}
+
+impl MatvecFamily {
+    pub fn prefix(self, batched: bool) -> &'static str {
+        match (self, batched) {
+            (MatvecFamily::Segmented, false) => "matvec_",
+            (MatvecFamily::Segmented, true) => "matvecb_",
+            (MatvecFamily::WarpPerRow, false) => "matvec2_",
+            (MatvecFamily::WarpPerRow, true) => "matvec2b_",
+            (MatvecFamily::Lanewise, false) => "matvec3_",
+            (MatvecFamily::Lanewise, true) => "matvec3b_",
+        }
+    }
+}
+
+pub(crate) fn launch_cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+pub(crate) fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per).max(1) as u32
+}
+
+pub(crate) fn i32_of(n: usize, what: &str) -> Result<i32, CudaError> {
+    i32::try_from(n).map_err(|_| CudaError::Driver {
+        what: what.into(),
+        err: format!("{n} does not fit a kernel's int"),
+    })
+}
+
+/// `out[t] = W · x[t]` with the matvec kernel for weight type `suffix` (see `routes`).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_into(
+    gpu: &Gpu,
+    family: MatvecFamily,
+    suffix: &str,
+    w: &CudaSlice<u8>,
+    x: &CudaSlice<f32>,
+    t: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut CudaSlice<f32>,
+) -> Result<(), CudaError> {
+    // One row of activations takes the single kernel, more the batched one: same sums, same bits.
+    let batched = t > 1;
+    let name = format!("{}{suffix}", family.prefix(batched));
+    let per_block = if batched { MV_BATCH } else { 1 };
+    let f = gpu.function(&name)?;
+    let (r, c, n) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, i32_of(t, "t")?);
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(w).arg(x).arg(out).arg(&r).arg(&c).arg(&n);
+    let row_blocks = match family {
+        MatvecFamily::Segmented => rows as u32,
+        MatvecFamily::WarpPerRow | MatvecFamily::Lanewise => blocks(rows, 4),
+    };
+    driver(&name, unsafe {
+        b.launch(launch_cfg((row_blocks, blocks(t, per_block), 1), 128))
+    })?;
+    Ok(())
+}
+
+/// Dequantizes a whole matrix of type `suffix` to f16 (the GEMM route's operand).
+pub fn dequant_f16(
+    gpu: &Gpu,
+    suffix: &str,
+    w: &CudaSlice<u8>,
+    rows: usize,
+    cols: usize,
+) -> Result<CudaSlice<u16>, CudaError> {
+    let mut out = gpu.alloc_out::<u16>(rows * cols)?;
+    let f = gpu.function(&format!("dequant_f16_{suffix}"))?;
+    let units = rows * (cols / 32);
+    let (r, c) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?);
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(w).arg(&mut out).arg(&r).arg(&c);
+    driver(&format!("dequant_f16_{suffix}"), unsafe {
+        b.launch(launch_cfg((blocks(units, 256), 1, 1), 256))
+    })?;
+    Ok(out)
+}
+
+/// `out[t] = W16 · f16(x[t])` through cuBLAS GemmEx: f16 operands, f32 accumulation and output.
+/// `x16` (at least `t * cols` elements) receives the f16 activations.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_into(
+    gpu: &Gpu,
+    w16: &CudaSlice<u16>,
+    x: &CudaSlice<f32>,
+    x16: &mut CudaSlice<u16>,
+    t: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut CudaSlice<f32>,
+) -> Result<(), CudaError> {
+    let n = t * cols;
+    {
+        let f = gpu.function("to_f16")?;
+        let mut b = gpu.stream.launch_builder(f);
+        let n64 = n as u64;
+        b.arg(x).arg(&mut *x16).arg(&n64);
+        driver("to_f16", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) }).map(|_| ())?;
+    }
+    let stream = &gpu.stream;
+    let (alpha, beta) = (1f32, 0f32);
+    {
+        let (a, _ga) = w16.device_ptr(stream);
+        let (bx, _gb) = x16.device_ptr(stream);
+        let (c, _gc) = out.device_ptr_mut(stream);
+        // Column-major view: C (rows × t) = Wᵀ (W is cols × rows column-major) · X (cols × t).
+        unsafe {
+            gemm_ex(
+                *gpu.blas.handle(),
+                blas::cublasOperation_t::CUBLAS_OP_T,
+                blas::cublasOperation_t::CUBLAS_OP_N,
+                i32_of(rows, "rows")?,
+                i32_of(t, "t")?,
+                i32_of(cols, "cols")?,
+                &alpha as *const f32 as *const c_void,
+                a as *const c_void,
+                blas::cudaDataType_t::CUDA_R_16F,
+                i32_of(cols, "lda")?,
+                bx as *const c_void,
+                blas::cudaDataType_t::CUDA_R_16F,
+                i32_of(cols, "ldb")?,
+                &beta as *const f32 as *const c_void,
+                c as *mut c_void,
+                blas::cudaDataType_t::CUDA_R_32F,
+                i32_of(rows, "ldc")?,
+                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| CudaError::Blas {
+            what: format!("cublasGemmEx {rows}x{cols} by {t}"),
+            err: format!("{e:?}"),
+        })?;
+    }
+    Ok(())
+}
+
+/// Times one-row products of this matrix with each matvec family (and cuBLAS over the f16 copy, when
+/// there is one) and returns the fastest: "measure both, keep the faster per shape".
+pub(crate) fn tune_decode(
+    gpu: &Gpu,
+    suffix: &str,
+    w: &CudaSlice<u8>,
+    w16: Option<&CudaSlice<u16>>,
+    rows: usize,
+    cols: usize,
+) -> Result<(MatvecFamily, bool), CudaError> {
+    // A fixed, non-zero input: timings on zeros can flatter a kernel.
+    let xs: Vec<f32> = (0..cols).map(|i| ((i as f32) * 0.37).sin()).collect();
+    let x = gpu.upload(&xs)?;
+    let mut out = gpu.alloc::<f32>(rows)?;
+    let mut time = |f: &mut dyn FnMut(&mut CudaSlice<f32>) -> Result<(), CudaError>| -> Result<f64, CudaError> {
+        f(&mut out)?;
+        gpu.synchronize()?;
+        let start = std::time::Instant::now();
+        for _ in 0..5 {
+            f(&mut out)?;
+        }
+        gpu.synchronize()?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let seg = time(&mut |o| matvec_into(gpu, MatvecFamily::Segmented, suffix, w, &x, 1, rows, cols, o))?;
+    let warp = time(&mut |o| matvec_into(gpu, MatvecFamily::WarpPerRow, suffix, w, &x, 1, rows, cols, o))?;
+    let family = if warp < seg {
+        MatvecFamily::WarpPerRow
+    } else {
+        MatvecFamily::Segmented
+    };
+    let best = seg.min(warp);
+    let cublas = match w16 {
+        Some(w16) => {
+            let mut x16 = gpu.alloc_out::<u16>(cols)?;
+            time(&mut |o| gemm_into(gpu, w16, &x, &mut x16, 1, rows, cols, o))? < best
+        }
+        None => false,
+    };
+    Ok((family, cublas))
+}
