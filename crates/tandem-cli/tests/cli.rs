@@ -123,6 +123,30 @@ fn bad_inputs_are_clear_errors() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `--device cuda` on a machine without an NVIDIA driver (CI) is a one-line error and a non-zero exit,
+/// never a panic from the dynamic loader; with a driver the tiny model runs.
+#[test]
+fn cuda_device_without_a_gpu_is_a_clear_error() {
+    let dir = temp_dir("cuda");
+    let model = synth(&dir, "llama", "q8_0", 5, &[]);
+    let out = tandem(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "--device",
+        "cuda",
+        "-n",
+        "2",
+        "hi",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        assert!(err.contains("--device cuda: CUDA unavailable"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn tokenize_and_detokenize_the_real_models() {
     // `pull` of a cached model is instant (the README's test command pulled both already).
