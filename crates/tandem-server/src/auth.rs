@@ -48,6 +48,13 @@ fn bearer(req: &Request) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
 }
 
+/// A refusal sent after reading the request body (up to the body limit): closing a connection with
+/// unread bytes makes the kernel reset it, and the client can lose the response to that reset.
+async fn refuse(state: &AppState, req: Request, error: ApiError) -> Response {
+    let _ = axum::body::to_bytes(req.into_body(), state.config.max_body_bytes).await;
+    error.into_response()
+}
+
 /// Routes for API users: open when no API key is configured, else an API or admin key is needed.
 pub(crate) async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let keys = &state.keys;
@@ -55,14 +62,15 @@ pub(crate) async fn require_api_key(State(state): State<Arc<AppState>>, req: Req
         return next.run(req).await;
     }
     let Some(key) = bearer(&req) else {
-        return ApiError::unauthorized("missing API key: send `Authorization: Bearer <key>`").into_response();
+        let e = ApiError::unauthorized("missing API key: send `Authorization: Bearer <key>`");
+        return refuse(&state, req, e).await;
     };
     let d = digest(key);
     // Both sets are always checked, so timing does not tell which one a key is in.
     if contains(&keys.api, &d) | contains(&keys.admin, &d) {
         next.run(req).await
     } else {
-        ApiError::unauthorized("invalid API key").into_response()
+        refuse(&state, req, ApiError::unauthorized("invalid API key")).await
     }
 }
 
@@ -70,18 +78,20 @@ pub(crate) async fn require_api_key(State(state): State<Arc<AppState>>, req: Req
 pub(crate) async fn require_admin_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let keys = &state.keys;
     let Some(key) = bearer(&req) else {
-        return ApiError::unauthorized("missing admin key: send `Authorization: Bearer <key>`").into_response();
+        let e = ApiError::unauthorized("missing admin key: send `Authorization: Bearer <key>`");
+        return refuse(&state, req, e).await;
     };
     if keys.admin.is_empty() {
-        return ApiError::forbidden("admin routes are disabled: the server has no admin key").into_response();
+        let e = ApiError::forbidden("admin routes are disabled: the server has no admin key");
+        return refuse(&state, req, e).await;
     }
     let d = digest(key);
     let admin = contains(&keys.admin, &d);
     if admin {
         next.run(req).await
     } else if contains(&keys.api, &d) {
-        ApiError::forbidden("this key is not an admin key").into_response()
+        refuse(&state, req, ApiError::forbidden("this key is not an admin key")).await
     } else {
-        ApiError::unauthorized("invalid admin key").into_response()
+        refuse(&state, req, ApiError::unauthorized("invalid admin key")).await
     }
 }

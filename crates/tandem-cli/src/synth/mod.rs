@@ -123,12 +123,27 @@ fn gpt2_byte_char(b: u8) -> char {
 
 /// The value distribution of a tensor: norms near 1, matrices scaled by fan-in so activations keep their
 /// size, embeddings wide enough that the logits have real margins.
-fn scale_for(role: Role, row_len: u64) -> (f32, f32) {
+///
+/// A model with its own output matrix gets real margins the way a tied one does (where the residual
+/// stream carries the token's embedding and the output reads it back): the output rows repeat the
+/// embedding rows (`tensor_seed`), and the matrices that write into the residual stream are scaled down
+/// so the layers perturb the embedding rather than drown it. Gemma's tied shapes keep their scales.
+fn scale_for(role: Role, row_len: u64, untied: bool) -> (f32, f32) {
     let fan_in = (row_len as f32).sqrt();
     match role {
         Role::Norm => (1.0, 0.05),
         Role::Embedding | Role::Output => (0.0, 4.0 / fan_in),
+        Role::AttnOutput | Role::FfnDown if untied => (0.0, 0.02 / fan_in),
         _ => (0.0, 1.0 / fan_in),
+    }
+}
+
+/// The seed of a tensor's values: an untied output repeats the embedding's rows.
+fn tensor_seed(seed: u64, spec: &shapes::TensorSpec, untied: bool) -> u64 {
+    if untied && spec.role == Role::Output {
+        rng::seed_for(seed, "token_embd.weight")
+    } else {
+        rng::seed_for(seed, &spec.name)
     }
 }
 
@@ -152,8 +167,9 @@ pub fn write(opts: &SynthOptions, path: &Path) -> Result<()> {
         let n_rows: u64 = spec.dims[1..].iter().product();
         let row_bytes = ty.row_bytes(row_len).context("row size")? as usize;
         let rows_per_chunk = (CHUNK_F32_BYTES / (row_len * 4)).clamp(1, n_rows);
-        let tensor_seed = rng::seed_for(opts.seed, &spec.name);
-        let (mean, std) = scale_for(spec.role, row_len);
+        let untied = !opts.shape.tied_output;
+        let tensor_seed = tensor_seed(opts.seed, spec, untied);
+        let (mean, std) = scale_for(spec.role, row_len, untied);
         let mut chunk_start = 0;
         while chunk_start < n_rows {
             let rows = rows_per_chunk.min(n_rows - chunk_start);
