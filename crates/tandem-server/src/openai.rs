@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use tandem_tokenizer::ChatMessage;
 
 use crate::errors::{ApiError, ApiJson};
-use crate::generate::{End, GenParams, Generation, Piece, TokenEntry};
+use crate::generate::{Collected, End, GenParams, Generation, Piece, TokenEntry};
 use crate::params::{self, SamplingFields, StopField};
 use crate::stream::{sse_response, SseFormat, PROMPT_HEADER};
 use crate::AppState;
@@ -238,30 +238,82 @@ pub(crate) async fn chat(
         top_logprobs,
         ignore_eos: false,
     };
-    let mut g = Generation::start(&state, gen).await?;
-    let meta = Meta::new(&state, "chatcmpl");
-    let logprobs = top_logprobs.is_some();
+    respond::<ChatStream>(&state, gen, stream, include_usage).await
+}
+
+/// What differs between the chat and the completions responses; `respond` does the rest.
+trait ResponseKind: SseFormat + Sized {
+    /// The id prefix (`chatcmpl-…`, `cmpl-…`).
+    const ID_PREFIX: &'static str;
+    /// The `object` of a whole (not streamed) response.
+    const OBJECT: &'static str;
+    fn stream(meta: Meta, logprobs: bool, include_usage: bool) -> Self;
+    /// The one choice of a whole response.
+    fn choice(out: &Collected, logprobs: bool) -> Value;
+}
+
+/// Starts the generation, then streams it as SSE or answers with the whole response.
+async fn respond<K: ResponseKind>(
+    state: &Arc<AppState>,
+    gen: GenParams,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    let logprobs = gen.top_logprobs.is_some();
+    let mut g = Generation::start(state, gen).await?;
+    let meta = Meta::new(state, K::ID_PREFIX);
     if stream {
-        return Ok(sse_response(
-            g,
-            ChatStream {
-                meta,
-                logprobs,
-                include_usage,
-            },
-        ));
+        return Ok(sse_response(g, K::stream(meta, logprobs, include_usage)));
     }
     let out = g.collect().await?;
-    let choice = json!({
-        "index": 0,
-        "message": {"role": "assistant", "content": out.text},
-        "logprobs": if logprobs { chat_logprobs(&out.logprobs) } else { Value::Null },
-        "finish_reason": out.reason.finish_reason(),
-    });
-    let mut body = meta.object("chat.completion", json!([choice]));
+    let mut body = meta.object(K::OBJECT, json!([K::choice(&out, logprobs)]));
     body["usage"] = usage(&g);
     body["tandem"] = g.tandem_json();
     Ok(with_header(g.prompt_cache_line(), body))
+}
+
+impl ResponseKind for ChatStream {
+    const ID_PREFIX: &'static str = "chatcmpl";
+    const OBJECT: &'static str = "chat.completion";
+
+    fn stream(meta: Meta, logprobs: bool, include_usage: bool) -> Self {
+        ChatStream {
+            meta,
+            logprobs,
+            include_usage,
+        }
+    }
+
+    fn choice(out: &Collected, logprobs: bool) -> Value {
+        json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": out.text},
+            "logprobs": if logprobs { chat_logprobs(&out.logprobs) } else { Value::Null },
+            "finish_reason": out.reason.finish_reason(),
+        })
+    }
+}
+
+impl ResponseKind for CompletionStream {
+    const ID_PREFIX: &'static str = "cmpl";
+    const OBJECT: &'static str = "text_completion";
+
+    fn stream(meta: Meta, logprobs: bool, include_usage: bool) -> Self {
+        CompletionStream {
+            meta,
+            logprobs,
+            include_usage,
+        }
+    }
+
+    fn choice(out: &Collected, logprobs: bool) -> Value {
+        json!({
+            "index": 0,
+            "text": out.text,
+            "logprobs": if logprobs { completion_logprobs(&out.logprobs) } else { Value::Null },
+            "finish_reason": out.reason.finish_reason(),
+        })
+    }
 }
 
 struct ChatStream {
@@ -364,30 +416,7 @@ pub(crate) async fn completions(
         top_logprobs,
         ignore_eos: false,
     };
-    let mut g = Generation::start(&state, gen).await?;
-    let meta = Meta::new(&state, "cmpl");
-    let logprobs = top_logprobs.is_some();
-    if stream {
-        return Ok(sse_response(
-            g,
-            CompletionStream {
-                meta,
-                logprobs,
-                include_usage,
-            },
-        ));
-    }
-    let out = g.collect().await?;
-    let choice = json!({
-        "index": 0,
-        "text": out.text,
-        "logprobs": if logprobs { completion_logprobs(&out.logprobs) } else { Value::Null },
-        "finish_reason": out.reason.finish_reason(),
-    });
-    let mut body = meta.object("text_completion", json!([choice]));
-    body["usage"] = usage(&g);
-    body["tandem"] = g.tandem_json();
-    Ok(with_header(g.prompt_cache_line(), body))
+    respond::<CompletionStream>(&state, gen, stream, include_usage).await
 }
 
 struct CompletionStream {
