@@ -235,7 +235,7 @@ struct LoadedInfo<'a> {
     n_ctx: usize,
 }
 
-pub(crate) fn print_kv<K: SequenceCache>(n_ctx: usize, kv: &K) {
+fn print_kv<K: SequenceCache>(n_ctx: usize, kv: &K) {
     eprintln!(
         "kv cache: {} positions, {:.2} MB allocated, {:.2} MB at the full context of {} (f16)",
         kv.len(),
@@ -247,7 +247,7 @@ pub(crate) fn print_kv<K: SequenceCache>(n_ctx: usize, kv: &K) {
 
 /// On the GPU: device memory in use, split into weights, KV and the rest (activations, attention
 /// partials, cuBLAS workspace, the CUDA runtime).
-pub(crate) fn print_gpu_memory(engine: &AnyEngine, kv_bytes: usize) {
+fn print_gpu_memory(engine: &AnyEngine, kv_bytes: usize) {
     if let AnyEngine::Cuda(e) = engine {
         if let Ok((free, total)) = e.model.gpu.mem_info() {
             let m = &e.model.memory;
@@ -287,7 +287,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
         tokenizer,
         n_ctx,
     } = load(&args.model)?;
-    let kv_bytes = on_engine!(&mut engine, |e| run_on(e, &tokenizer, n_ctx, &prompt, args))?;
+    let info = LoadedInfo {
+        tokenizer: &tokenizer,
+        n_ctx,
+    };
+    let kv_bytes = on_engine!(&mut engine, |e| run_on(e, &info, &prompt, args))?;
     if args.model.verbose {
         print_gpu_memory(&engine, kv_bytes);
     }
@@ -295,14 +299,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
 }
 
 /// Generates on any backend; returns the bytes the sequence's KV cache held.
-fn run_on<B: Backend>(
-    engine: &mut Engine<B>,
-    tokenizer: &Tokenizer,
-    n_ctx: usize,
-    prompt: &str,
-    args: &RunArgs,
-) -> Result<usize> {
-    let loaded = LoadedInfo { tokenizer, n_ctx };
+fn run_on<B: Backend>(engine: &mut Engine<B>, loaded: &LoadedInfo, prompt: &str, args: &RunArgs) -> Result<usize> {
     let ids = loaded.tokenizer.try_encode(prompt, true, args.special)?;
     let opts = GenerateOptions {
         max_tokens: args.sampling.max_tokens,

@@ -88,9 +88,10 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    kernel_checks(args, &mut table)?;
+    let gpu = Gpu::new(args.gpu)?;
+    kernel_checks(&gpu, &mut table)?;
     if args.bench_kernels {
-        kernel_bench(args, &mut table)?;
+        kernel_bench(&gpu, &mut table)?;
     }
     for m in &args.models {
         model_checks(args, m, threads, &mut table)?;
@@ -110,8 +111,7 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     Ok(())
 }
 
-fn kernel_checks(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
-    let gpu = Gpu::new(args.gpu)?;
+fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     let seed = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64 | 1;
     eprintln!("gpu: {} ({}); kernel check seed {seed}", gpu.name, gpu.arch);
     let mut rng = Rng(seed);
@@ -138,7 +138,7 @@ fn kernel_checks(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
         }
         let deq = tandem_quant::dequantize(ty, &w)?;
         let w_dev = gpu.upload(&w)?;
-        let w16 = dequant_f16(&gpu, suffix, &w_dev, rows, cols)?;
+        let w16 = dequant_f16(gpu, suffix, &w_dev, rows, cols)?;
         let families = [
             MatvecFamily::Segmented,
             MatvecFamily::WarpPerRow,
@@ -160,7 +160,7 @@ fn kernel_checks(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
             let x_dev = gpu.upload(&x)?;
             for (f, family) in families.into_iter().enumerate() {
                 let mut out = gpu.upload(&vec![f32::NAN; t * rows])?;
-                matvec_into(&gpu, family, suffix, &w_dev, &x_dev, t, rows, cols, &mut out)?;
+                matvec_into(gpu, family, suffix, &w_dev, &x_dev, t, rows, cols, &mut out)?;
                 let mv = gpu.download(&out)?;
                 worst_mv[f] = worst_mv[f].max(rel_err(&mv, &reference));
                 // Batch invariance: each row of a batched matvec equals that row computed alone.
@@ -168,7 +168,7 @@ fn kernel_checks(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
                     for i in 0..t {
                         let xi = gpu.upload(&x[i * cols..(i + 1) * cols])?;
                         let mut oi = gpu.upload(&vec![f32::NAN; rows])?;
-                        matvec_into(&gpu, family, suffix, &w_dev, &xi, 1, rows, cols, &mut oi)?;
+                        matvec_into(gpu, family, suffix, &w_dev, &xi, 1, rows, cols, &mut oi)?;
                         let alone = gpu.download(&oi)?;
                         let batched = &mv[i * rows..(i + 1) * rows];
                         batch_bits_equal[f] &= alone.iter().zip(batched).all(|(a, b)| a.to_bits() == b.to_bits());
@@ -177,7 +177,7 @@ fn kernel_checks(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
             }
             let mut out = gpu.upload(&vec![f32::NAN; t * rows])?;
             let mut x16 = gpu.alloc::<u16>(t * cols)?;
-            gemm_into(&gpu, &w16, &x_dev, &mut x16, t, rows, cols, &mut out)?;
+            gemm_into(gpu, &w16, &x_dev, &mut x16, t, rows, cols, &mut out)?;
             worst_gemm = worst_gemm.max(rel_err(&gpu.download(&out)?, &reference));
         }
         // f32 accumulation over exactly dequantized weights; the GEMM route rounds both operands to f16.
@@ -203,8 +203,7 @@ fn kernel_checks(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
 
 /// Times the single-row matvec over matrices much larger than L2 (four copies, rotated), the decode
 /// route's whole cost: weight bytes read once over elapsed time.
-fn kernel_bench(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
-    let gpu = Gpu::new(args.gpu)?;
+fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let (rows, cols) = (16384usize, 8192usize);
     for ty in [
@@ -233,13 +232,13 @@ fn kernel_bench(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
             MatvecFamily::Lanewise,
         ] {
             for w in &copies {
-                matvec_into(&gpu, family, suffix, w, &x, 1, rows, cols, &mut out)?;
+                matvec_into(gpu, family, suffix, w, &x, 1, rows, cols, &mut out)?;
             }
             gpu.synchronize()?;
             let iters = 40;
             let t0 = Instant::now();
             for i in 0..iters {
-                matvec_into(&gpu, family, suffix, &copies[i % 4], &x, 1, rows, cols, &mut out)?;
+                matvec_into(gpu, family, suffix, &copies[i % 4], &x, 1, rows, cols, &mut out)?;
             }
             gpu.synchronize()?;
             let secs = t0.elapsed().as_secs_f64() / iters as f64;
@@ -261,14 +260,14 @@ fn kernel_bench(args: &GpuCheckArgs, table: &mut Vec<Row>) -> Result<()> {
             // The alternative for one row: cuBLAS over an f16 copy (4x the bytes of Q4_K).
             let w16: Vec<_> = copies
                 .iter()
-                .map(|w| dequant_f16(&gpu, suffix, w, rows, cols))
+                .map(|w| dequant_f16(gpu, suffix, w, rows, cols))
                 .collect::<Result<_, _>>()?;
             let mut x16 = gpu.alloc::<u16>(cols)?;
-            gemm_into(&gpu, &w16[0], &x, &mut x16, 1, rows, cols, &mut out)?;
+            gemm_into(gpu, &w16[0], &x, &mut x16, 1, rows, cols, &mut out)?;
             gpu.synchronize()?;
             let t0 = Instant::now();
             for i in 0..40 {
-                gemm_into(&gpu, &w16[i % 4], &x, &mut x16, 1, rows, cols, &mut out)?;
+                gemm_into(gpu, &w16[i % 4], &x, &mut x16, 1, rows, cols, &mut out)?;
             }
             gpu.synchronize()?;
             let secs = t0.elapsed().as_secs_f64() / 40.0;

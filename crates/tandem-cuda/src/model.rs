@@ -209,15 +209,6 @@ impl CudaModel {
         GpuSequenceKv::new(&self.gpu, &self.cpu.config, n_ctx)
     }
 
-    /// Runs the layer graph on the GPU (decode steps through captured graphs); see `graph::forward`.
-    pub fn forward(
-        &self,
-        scratch: &mut GpuScratch,
-        spans: &mut [Span<GpuSequenceKv>],
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.run(scratch, spans)
-    }
-
     fn dry(&self) -> bool {
         self.mode.get() == Mode::Dry
     }
@@ -522,12 +513,9 @@ impl Backend for CudaModel {
             return Ok(self.act(t, m.rows)?);
         }
         let g = self.matrix(m)?;
-        let route = routes::matmul_route(t, self.deterministic);
+        let route = routes::matmul_route(t, self.deterministic, g.decode_cublas);
         let out = match (route, &g.f16) {
             (MatmulRoute::Gemm, Some(w16)) => self.gemm(w16, x.buf()?, t, m.rows, m.cols)?,
-            (MatmulRoute::Matvec, Some(w16)) if t == 1 && g.decode_cublas && !self.deterministic => {
-                self.gemm(w16, x.buf()?, t, m.rows, m.cols)?
-            }
             _ => {
                 let mut out = self.act(t, m.rows)?;
                 let buf = out.buf_mut()?;

@@ -2,7 +2,9 @@
 //!
 //! Matmul route tree, for `t` activation rows:
 //! - `t == 1` (decode): `Matvec` — one warp per weight row reads the quantized blocks once; the
-//!   step is memory-bound, so reading 4-6 bits per weight is what sets its speed.
+//!   step is memory-bound, so reading 4-6 bits per weight is what sets its speed. Unless cuBLAS over
+//!   the f16 copy was measured faster for this matrix at load (`one_row_cublas`): then `Gemm` with one
+//!   row, which reads 4x the bytes of Q4 weights but streams them at full bandwidth.
 //! - `1 < t <= MATVEC_MAX_ROWS` (very short chunks, batched decode): `Matvec` again, batched — each
 //!   warp applies a decoded weight unit to up to 8 rows, so the weights are still read about once, and
 //!   a GEMM's tile setup would cost more than it saves.
@@ -32,11 +34,15 @@ pub enum MatmulRoute {
     Gemm,
 }
 
-pub fn matmul_route(t: usize, deterministic: bool) -> MatmulRoute {
-    if deterministic || t <= MATVEC_MAX_ROWS {
+/// The route for `t` rows of a matrix; `one_row_cublas`: the load-time measurement found cuBLAS over
+/// the f16 copy faster than every matvec family for one row of this matrix.
+pub fn matmul_route(t: usize, deterministic: bool, one_row_cublas: bool) -> MatmulRoute {
+    if deterministic {
         MatmulRoute::Matvec
-    } else {
+    } else if t > MATVEC_MAX_ROWS || (t == 1 && one_row_cublas) {
         MatmulRoute::Gemm
+    } else {
+        MatmulRoute::Matvec
     }
 }
 
@@ -102,10 +108,17 @@ mod tests {
 
     #[test]
     fn decode_and_short_chunks_take_the_matvec_and_prefill_the_gemm() {
-        assert_eq!(matmul_route(1, false), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(MATVEC_MAX_ROWS, false), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(MATVEC_MAX_ROWS + 1, false), MatmulRoute::Gemm);
-        assert_eq!(matmul_route(512, true), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(1, false, false), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(MATVEC_MAX_ROWS, false, false), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(MATVEC_MAX_ROWS + 1, false, false), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(512, true, false), MatmulRoute::Matvec);
+    }
+
+    #[test]
+    fn one_row_takes_cublas_only_where_it_was_measured_faster_and_never_when_deterministic() {
+        assert_eq!(matmul_route(1, false, true), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(2, false, true), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(1, true, true), MatmulRoute::Matvec);
     }
 
     #[test]

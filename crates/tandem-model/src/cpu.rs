@@ -8,7 +8,6 @@ use tandem_backend::cpu::ops::{self, rope_angles, rope_row, RopeParams};
 
 use crate::backend::{AttendRows, Backend, SequenceCache};
 use crate::config::{Activation, ModelConfig};
-use crate::graph::{self, Span};
 use crate::kv::{SequenceKv, StagingBuffers};
 use crate::weights::{Matrix, Norm, Weights};
 use crate::{Model, ModelError};
@@ -57,13 +56,6 @@ impl SequenceCache for SequenceKv {
 
     fn bytes_at_capacity(&self) -> usize {
         SequenceKv::bytes_at_capacity(self)
-    }
-}
-
-impl Model {
-    /// Runs the layer graph on the CPU; see [`graph::forward`].
-    pub fn forward(&self, ws: &mut Workspace, spans: &mut [Span]) -> Result<Vec<Vec<f32>>, ModelError> {
-        graph::forward(self, ws, spans)
     }
 }
 

@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tandem_model::kv::Checkpoint;
-use tandem_model::{LogitRows, Model, ModelError, SequenceKv, Span, Workspace};
+use tandem_model::{Backend, LogitRows, Model, ModelError, SequenceKv, Span, Workspace};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use super::api::*;
@@ -237,7 +237,7 @@ impl Cached {
 /// One forward pass and the seconds it took.
 fn timed_forward(model: &Model, ws: &mut Workspace, spans: &mut [Span]) -> (Result<Vec<Vec<f32>>, ModelError>, f64) {
     let t0 = Instant::now();
-    let result = model.forward(ws, spans);
+    let result = model.run(ws, spans);
     (result, t0.elapsed().as_secs_f64())
 }
 
