@@ -46,8 +46,10 @@ fn start(extra: &[&str]) -> Server {
         .spawn()
         .unwrap();
     let server = Server { child, port };
+    // Up means answering HTTP, not merely accepting TCP: a bare connect can succeed before the server
+    // serves (or, rarely, connect the probe to itself), and the first real request then fails.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while !matches!(try_http(port, "GET", "/health", None, ""), Ok((200, _))) {
         assert!(Instant::now() < deadline, "the server did not come up");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -56,18 +58,22 @@ fn start(extra: &[&str]) -> Server {
 
 /// One HTTP/1.1 request; returns (status, body).
 fn http(port: u16, method: &str, path: &str, key: Option<&str>, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    try_http(port, method, path, key, body).unwrap()
+}
+
+fn try_http(port: u16, method: &str, path: &str, key: Option<&str>, body: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
     let auth = key
         .map(|k| format!("Authorization: Bearer {k}\r\n"))
         .unwrap_or_default();
-    write!(
-        s,
+    // The whole request in one write, rather than one small write per formatted piece.
+    let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
-    .unwrap();
+    );
+    s.write_all(request.as_bytes())?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
+    s.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw).into_owned();
     let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
@@ -76,7 +82,7 @@ fn http(port: u16, method: &str, path: &str, key: Option<&str>, body: &str) -> (
     } else {
         body.to_string()
     };
-    (status, body)
+    Ok((status, body))
 }
 
 fn dechunk(mut s: &str) -> String {
