@@ -130,7 +130,8 @@ impl Gpu {
     }
 }
 
-/// The `extern "C" __global__` kernel names a source defines, `MATVEC(T)` instantiations expanded.
+/// The `extern "C" __global__` kernel names a source defines, with the instantiations of the
+/// `MATVEC`, `MATVEC2`, `MATVEC3` and `MMVQ` macros expanded.
 pub fn kernel_names(body: &str) -> Vec<String> {
     let mut names = Vec::new();
     for line in body.lines() {
@@ -144,6 +145,7 @@ pub fn kernel_names(body: &str) -> Vec<String> {
         for (family, prefixes) in [
             ("MATVEC2(", ["matvec2_", "matvec2b_"]),
             ("MATVEC3(", ["matvec3_", "matvec3b_"]),
+            ("MMVQ(", ["mmvq_", "mmvqb_"]),
         ] {
             if let Some(t) = l.strip_prefix(family).and_then(|r| r.strip_suffix(')')) {
                 names.extend(prefixes.iter().map(|p| format!("{p}{t}")));
@@ -195,6 +197,18 @@ mod tests {
         assert!(quant.contains(&"dequant_f16_q6_k".to_string()));
         assert!(quant.contains(&"embed_q8_0".to_string()));
         assert_eq!(quant.len(), 80);
+        let mmvq = kernel_names(nvrtc::MMVQ.body);
+        for k in [
+            "quantize_q8k",
+            "quantize_q8",
+            "repack_q6_k",
+            "mmvq_q4_k",
+            "mmvqb_q4_k",
+            "mmvqb_q8_0",
+        ] {
+            assert!(mmvq.contains(&k.to_string()), "{k} in {mmvq:?}");
+        }
+        assert_eq!(mmvq.len(), 10);
     }
 
     #[test]

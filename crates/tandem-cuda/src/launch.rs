@@ -9,6 +9,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKerne
 use tandem_gguf::GgmlType;
 
 use crate::device::{driver, Gpu};
+use crate::int8::{mmvq_into, quantize_act_into, ActQuant};
 use crate::routes::MV_BATCH;
 use crate::CudaError;
 
@@ -182,16 +183,29 @@ pub fn gemm_into(
     Ok(())
 }
 
-/// Times one-row products of this matrix with each matvec family (and cuBLAS over the f16 copy, when
-/// there is one) and returns the fastest: "measure both, keep the faster per shape".
+/// The kernel that takes a matrix's matvec route (decode and very short chunks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// A float matvec family over the ggml layout.
+    Float(MatvecFamily),
+    /// The integer (`dp4a`) kernel over the integer-route layout, activations quantized as `ActQuant`.
+    Int8(ActQuant),
+}
+
+/// Times one-row products of this matrix with each matvec family, the integer kernel (when `int8`
+/// gives its format and weights) and cuBLAS over the f16 copy (when there is one), and returns the
+/// fastest: "measure both, keep the faster per shape". The integer timing includes quantizing the
+/// activations, which the model does once per input however many matrices read it.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn tune_decode(
     gpu: &Gpu,
     suffix: &str,
     w: &CudaSlice<u8>,
+    int8: Option<(ActQuant, &CudaSlice<u8>)>,
     w16: Option<&CudaSlice<u16>>,
     rows: usize,
     cols: usize,
-) -> Result<(MatvecFamily, bool), CudaError> {
+) -> Result<(DecodeKernel, bool), CudaError> {
     // A fixed, non-zero input: timings on zeros can flatter a kernel.
     let xs: Vec<f32> = (0..cols).map(|i| ((i as f32) * 0.37).sin()).collect();
     let x = gpu.upload(&xs)?;
@@ -206,20 +220,29 @@ pub(crate) fn tune_decode(
         gpu.synchronize()?;
         Ok(start.elapsed().as_secs_f64())
     };
-    let seg = time(&mut |o| matvec_into(gpu, MatvecFamily::Segmented, suffix, w, &x, 1, rows, cols, o))?;
-    let warp = time(&mut |o| matvec_into(gpu, MatvecFamily::WarpPerRow, suffix, w, &x, 1, rows, cols, o))?;
-    let family = if warp < seg {
-        MatvecFamily::WarpPerRow
-    } else {
-        MatvecFamily::Segmented
-    };
-    let best = seg.min(warp);
+    let mut best = (f64::INFINITY, DecodeKernel::Float(MatvecFamily::Segmented));
+    for family in [MatvecFamily::Segmented, MatvecFamily::WarpPerRow] {
+        let secs = time(&mut |o| matvec_into(gpu, family, suffix, w, &x, 1, rows, cols, o))?;
+        if secs < best.0 {
+            best = (secs, DecodeKernel::Float(family));
+        }
+    }
+    if let Some((fmt, wq)) = int8 {
+        let mut a = gpu.alloc_out::<u8>(fmt.bytes(1, cols))?;
+        let secs = time(&mut |o| {
+            quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
+            mmvq_into(gpu, suffix, wq, &a, 1, rows, cols, o)
+        })?;
+        if secs < best.0 {
+            best = (secs, DecodeKernel::Int8(fmt));
+        }
+    }
     let cublas = match w16 {
         Some(w16) => {
             let mut x16 = gpu.alloc_out::<u16>(cols)?;
-            time(&mut |o| gemm_into(gpu, w16, &x, &mut x16, 1, rows, cols, o))? < best
+            time(&mut |o| gemm_into(gpu, w16, &x, &mut x16, 1, rows, cols, o))? < best.0
         }
         None => false,
     };
-    Ok((family, cublas))
+    Ok((best.1, cublas))
 }

@@ -5,7 +5,8 @@
 //! - `device`: the context, stream, cuBLAS handle and loaded kernels; every CUDA call is checked.
 //! - `routes`: which kernel a call takes, by shape (GPU-free, unit-tested).
 //! - `kv`: per-sequence f16 caches on the device under the CPU's `RingPlacement` metadata.
-//! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM) and load-time tuning.
+//! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM) and load-time tuning;
+//!   `int8`: the integer decode route (int8 activations, `dp4a` matvecs).
 //! - `model`: the `Backend` implementation and weight upload; `pool`: recycled device buffers;
 //!   `decode_graph`: decode steps captured once as CUDA graphs and replayed.
 //!
@@ -15,13 +16,16 @@
 
 mod decode_graph;
 pub mod device;
+pub mod int8;
 pub mod kv;
 pub mod launch;
 pub mod model;
 pub mod nvrtc;
 pub mod pool;
+mod profile;
 pub mod routes;
 
+pub use cudarc::driver::CudaSlice;
 pub use device::Gpu;
 pub use kv::GpuSequenceKv;
 pub use model::{CudaModel, GpuMemory};

@@ -17,21 +17,24 @@ use tandem_model::{Model, ModelConfig, ModelError, Span};
 
 use crate::decode_graph::DecodeGraph;
 use crate::device::{driver, Gpu};
+use crate::int8::{self, int8_format, mmvq_into, quantize_act_into, ActQuant};
 use crate::kv::GpuSequenceKv;
 use crate::launch::{
-    blocks, dequant_f16, gemm_into, i32_of, launch_cfg, matvec_into, tune_decode, type_suffix, MatvecFamily,
+    blocks, dequant_f16, gemm_into, i32_of, launch_cfg, matvec_into, tune_decode, type_suffix, DecodeKernel,
 };
 use crate::pool::{BufPool, DevBuf};
+use crate::profile::OpProfile;
 use crate::routes::{self, KvRoute, MatmulRoute, ATT_TILE};
 use crate::CudaError;
 
 struct GpuMatrix {
     suffix: &'static str,
+    /// The quantized weights, in the layout `decode` reads (the ggml layout unless `Int8` repacked them).
     quantized: CudaSlice<u8>,
     /// The GEMM route's operand (absent in deterministic mode and for the embedding table).
     f16: Option<CudaSlice<u16>>,
-    /// The matvec kernel family measured fastest for this shape (used for every row count).
-    family: MatvecFamily,
+    /// The matvec-route kernel measured fastest for this shape (used for every row count).
+    decode: DecodeKernel,
     /// Whether cuBLAS over the f16 copy beat every matvec for one row (not in deterministic mode).
     decode_cublas: bool,
 }
@@ -49,6 +52,9 @@ pub struct GpuAct {
     pub buf: Option<DevBuf<f32>>,
     pub rows: usize,
     pub width: usize,
+    /// These rows quantized for the integer route, made by the first matmul that needs them and
+    /// reused by the others reading the same input (q, k and v; gate and up). Cleared on any write.
+    int8: RefCell<Vec<(ActQuant, DevBuf<u8>)>>,
 }
 
 impl GpuAct {
@@ -57,6 +63,7 @@ impl GpuAct {
     }
 
     fn buf_mut(&mut self) -> Result<&mut CudaSlice<f32>, CudaError> {
+        self.int8.get_mut().clear();
         self.buf.as_deref_mut().ok_or_else(dry_buffer)
     }
 }
@@ -110,9 +117,20 @@ pub struct CudaModel {
     pub(crate) staging: RefCell<Vec<i32>>,
     f32_pool: Rc<BufPool<f32>>,
     u16_pool: Rc<BufPool<u16>>,
+    u8_pool: Rc<BufPool<u8>>,
     pub(crate) captured_out: RefCell<Option<DevBuf<f32>>>,
     pub(crate) graphs: RefCell<Vec<DecodeGraph>>,
     pub(crate) warmed: RefCell<HashSet<u64>>,
+    /// GPU time per op (`TANDEM_CUDA_PROFILE=1`).
+    profile: Option<OpProfile>,
+}
+
+impl Drop for CudaModel {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            eprint!("{}", p.report());
+        }
+    }
 }
 
 /// Index slots in the parameter arena: far more than a decode step's few per layer.
@@ -142,27 +160,45 @@ impl CudaModel {
         let mut memory = GpuMemory::default();
         let mut matrices = HashMap::new();
         let mut tuned = HashMap::new();
+        let int8_enabled = std::env::var("TANDEM_CUDA_INT8").map_or(true, |v| v != "0");
         for m in mats {
             let bytes = m.bytes(&cpu.file);
             let suffix = type_suffix(m.ty).expect("checked above");
-            let quantized = gpu.upload(bytes)?;
+            let original = gpu.upload(bytes)?;
             memory.weights_quantized += bytes.len();
             // The embedding table only needs its f16 copy when it is also the output projection.
             let multiplies = m.name != w.token_embd.name || w.output.name == w.token_embd.name;
             let f16 = if multiplies && !deterministic {
                 memory.weights_f16 += m.rows * m.cols * 2;
-                Some(dequant_f16(&gpu, suffix, &quantized, m.rows, m.cols)?)
+                Some(dequant_f16(&gpu, suffix, &original, m.rows, m.cols)?)
             } else {
                 None
             };
+            // The embedding kernels read the ggml layout, so the table never takes the integer route.
+            let int8_fmt = int8_format(m.ty).filter(|_| int8_enabled && m.name != w.token_embd.name);
             let key = (suffix, m.rows, m.cols);
-            let (family, decode_cublas) = match tuned.get(&key) {
+            let mut repacked = None;
+            let (decode, decode_cublas) = match tuned.get(&key) {
                 Some(&choice) => choice,
                 None => {
-                    let choice = tune_decode(&gpu, suffix, &quantized, f16.as_ref(), m.rows, m.cols)?;
+                    if let Some(fmt) = int8_fmt {
+                        repacked = Some((fmt, int8::repack(&gpu, m.ty, &original, m.rows, m.cols)?));
+                    }
+                    let int8 = repacked
+                        .as_ref()
+                        .map(|(fmt, r)| (*fmt, r.as_ref().unwrap_or(&original)));
+                    let choice = tune_decode(&gpu, suffix, &original, int8, f16.as_ref(), m.rows, m.cols)?;
                     tuned.insert(key, choice);
                     choice
                 }
+            };
+            // Keep one copy of the quantized weights: the layout the chosen decode kernel reads.
+            let quantized = match decode {
+                DecodeKernel::Int8(_) => match repacked {
+                    Some((_, r)) => r.unwrap_or(original),
+                    None => int8::repack(&gpu, m.ty, &original, m.rows, m.cols)?.unwrap_or(original),
+                },
+                DecodeKernel::Float(_) => original,
             };
             matrices.insert(
                 m.name.clone(),
@@ -170,7 +206,7 @@ impl CudaModel {
                     suffix,
                     quantized,
                     f16,
-                    family,
+                    decode,
                     decode_cublas,
                 },
             );
@@ -183,12 +219,15 @@ impl CudaModel {
             memory.norms += n.data.len() * 4;
         }
         let arena = gpu.alloc::<i32>(ARENA_INTS)?;
+        let profile = (std::env::var("TANDEM_CUDA_PROFILE").as_deref() == Ok("1")).then(OpProfile::default);
         gpu.synchronize()?;
         Ok(CudaModel {
             cpu,
             gpu,
             deterministic,
-            graphs_enabled: Cell::new(std::env::var("TANDEM_CUDA_GRAPHS").map_or(true, |v| v != "0")),
+            graphs_enabled: Cell::new(
+                profile.is_none() && std::env::var("TANDEM_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            ),
             matrices,
             norms,
             memory,
@@ -198,9 +237,11 @@ impl CudaModel {
             staging: RefCell::new(Vec::new()),
             f32_pool: Rc::default(),
             u16_pool: Rc::default(),
+            u8_pool: Rc::default(),
             captured_out: RefCell::new(None),
             graphs: RefCell::new(Vec::new()),
             warmed: RefCell::new(HashSet::new()),
+            profile,
         })
     }
 
@@ -232,7 +273,12 @@ impl CudaModel {
             Mode::Dry => None,
             mode => Some(self.f32_pool.take(&self.gpu, rows * width, mode == Mode::Normal)?),
         };
-        Ok(GpuAct { buf, rows, width })
+        Ok(GpuAct {
+            buf,
+            rows,
+            width,
+            int8: RefCell::new(Vec::new()),
+        })
     }
 
     /// Index lists (positions, cache rows, placement) for kernels. Launched now: uploaded, each distinct
@@ -285,6 +331,28 @@ impl CudaModel {
         let mut x16 = self.u16_pool.take(&self.gpu, t * cols, may_allocate)?;
         gemm_into(&self.gpu, w16, x, &mut x16, t, rows, cols, out.buf_mut()?)?;
         Ok(out)
+    }
+
+    /// Runs `f` (which enqueues op `name`), timed when profiling.
+    fn profiled<T, E: From<CudaError>>(&self, name: &str, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        match &self.profile {
+            Some(p) if self.mode.get() == Mode::Normal => p.time(&self.gpu, name.to_string(), f),
+            _ => f(),
+        }
+    }
+
+    /// Quantizes `x` for integer kernels reading `fmt`, unless an earlier matmul already did.
+    fn quantize_once(&self, x: &GpuAct, fmt: ActQuant) -> Result<(), CudaError> {
+        if x.int8.borrow().iter().any(|(f, _)| *f == fmt) {
+            return Ok(());
+        }
+        let may_allocate = self.mode.get() == Mode::Normal;
+        let mut a = self.u8_pool.take(&self.gpu, fmt.bytes(x.rows, x.width), may_allocate)?;
+        self.profiled(&format!("quantize {fmt:?} x{}", x.width), || {
+            quantize_act_into(&self.gpu, fmt, x.buf()?, x.rows, x.width, &mut a)
+        })?;
+        x.int8.borrow_mut().push((fmt, a));
+        Ok(())
     }
 
     /// Tiles a single query can span in a layer (the graph's fixed attention grid).
@@ -413,42 +481,44 @@ impl Backend for CudaModel {
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<GpuAct, ModelError> {
-        let c = &self.cpu.config;
-        let table = &self.cpu.weights.token_embd;
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= table.rows) {
-            return Err(ModelError::Token {
-                id,
-                n_vocab: table.rows,
-            });
-        }
-        // A pass starts here: uploads from the previous pass are not reused. Not while capturing: a
-        // buffer freed during capture would become part of the graph (and fail the capture).
-        if self.mode.get() != Mode::Capture {
-            self.uploads.borrow_mut().clear();
-        }
-        let g = self.matrix(table)?;
-        let ids: Vec<usize> = tokens.iter().map(|&t| t as usize).collect();
-        let ids = self.param(&ids, "token id")?;
-        let mut out = self.act(tokens.len(), c.d_model)?;
-        if self.dry() {
-            return Ok(out);
-        }
-        let (n, cols) = (i32_of(tokens.len(), "tokens")?, i32_of(c.d_model, "d_model")?);
-        let scale = c.embed_scale.unwrap_or(1.0);
-        let ids_v = self.view(&ids);
-        let f = self.gpu.function(&format!("embed_{}", g.suffix))?;
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(&g.quantized)
-            .arg(&ids_v)
-            .arg(out.buf_mut()?)
-            .arg(&n)
-            .arg(&cols)
-            .arg(&scale);
-        let units = tokens.len() * c.d_model / 32;
-        driver("embed", unsafe {
-            b.launch(launch_cfg((blocks(units, 256), 1, 1), 256))
-        })?;
-        Ok(out)
+        self.profiled("embed", || {
+            let c = &self.cpu.config;
+            let table = &self.cpu.weights.token_embd;
+            if let Some(&id) = tokens.iter().find(|&&id| id as usize >= table.rows) {
+                return Err(ModelError::Token {
+                    id,
+                    n_vocab: table.rows,
+                });
+            }
+            // A pass starts here: uploads from the previous pass are not reused. Not while capturing: a
+            // buffer freed during capture would become part of the graph (and fail the capture).
+            if self.mode.get() != Mode::Capture {
+                self.uploads.borrow_mut().clear();
+            }
+            let g = self.matrix(table)?;
+            let ids: Vec<usize> = tokens.iter().map(|&t| t as usize).collect();
+            let ids = self.param(&ids, "token id")?;
+            let mut out = self.act(tokens.len(), c.d_model)?;
+            if self.dry() {
+                return Ok(out);
+            }
+            let (n, cols) = (i32_of(tokens.len(), "tokens")?, i32_of(c.d_model, "d_model")?);
+            let scale = c.embed_scale.unwrap_or(1.0);
+            let ids_v = self.view(&ids);
+            let f = self.gpu.function(&format!("embed_{}", g.suffix))?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(&g.quantized)
+                .arg(&ids_v)
+                .arg(out.buf_mut()?)
+                .arg(&n)
+                .arg(&cols)
+                .arg(&scale);
+            let units = tokens.len() * c.d_model / 32;
+            driver("embed", unsafe {
+                b.launch(launch_cfg((blocks(units, 256), 1, 1), 256))
+            })?;
+            Ok(out)
+        })
     }
 
     fn output_rows(&self, rows: usize, width: usize) -> Result<GpuAct, ModelError> {
@@ -456,55 +526,61 @@ impl Backend for CudaModel {
     }
 
     fn rms_norm(&self, x: &mut GpuAct, group: usize, weight: &Norm) -> Result<(), ModelError> {
-        if self.dry() {
-            return Ok(());
-        }
-        let w = self.norm(weight)?;
-        let groups = x.rows * x.width / group;
-        let (g, eps) = (i32_of(group, "group")?, self.cpu.config.eps);
-        let f = self.gpu.function("rms_norm")?;
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(x.buf_mut()?).arg(w).arg(&g).arg(&eps);
-        let threads = if group >= 1024 { 256 } else { 128 };
-        driver("rms_norm", unsafe {
-            b.launch(launch_cfg((groups as u32, 1, 1), threads))
-        })?;
-        Ok(())
+        self.profiled("rms_norm (q/k norm)", || {
+            if self.dry() {
+                return Ok(());
+            }
+            let w = self.norm(weight)?;
+            let groups = x.rows * x.width / group;
+            let (g, eps) = (i32_of(group, "group")?, self.cpu.config.eps);
+            let f = self.gpu.function("rms_norm")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(x.buf_mut()?).arg(w).arg(&g).arg(&eps);
+            let threads = if group >= 1024 { 256 } else { 128 };
+            driver("rms_norm", unsafe {
+                b.launch(launch_cfg((groups as u32, 1, 1), threads))
+            })?;
+            Ok(())
+        })
     }
 
     fn normed(&self, x: &GpuAct, weight: &Norm) -> Result<GpuAct, ModelError> {
-        let mut out = self.act(x.rows, x.width)?;
-        if self.dry() {
-            return Ok(out);
-        }
-        let w = self.norm(weight)?;
-        let (width, eps) = (i32_of(x.width, "width")?, self.cpu.config.eps);
-        let f = self.gpu.function("rms_norm_to")?;
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(x.buf()?).arg(out.buf_mut()?).arg(w).arg(&width).arg(&eps);
-        driver("rms_norm_to", unsafe {
-            b.launch(launch_cfg((x.rows as u32, 1, 1), 256))
-        })?;
-        Ok(out)
+        self.profiled("rms_norm_to", || {
+            let mut out = self.act(x.rows, x.width)?;
+            if self.dry() {
+                return Ok(out);
+            }
+            let w = self.norm(weight)?;
+            let (width, eps) = (i32_of(x.width, "width")?, self.cpu.config.eps);
+            let f = self.gpu.function("rms_norm_to")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(x.buf()?).arg(out.buf_mut()?).arg(w).arg(&width).arg(&eps);
+            driver("rms_norm_to", unsafe {
+                b.launch(launch_cfg((x.rows as u32, 1, 1), 256))
+            })?;
+            Ok(out)
+        })
     }
 
     fn add_normed(&self, x: &mut GpuAct, y: GpuAct, norm: Option<&Norm>) -> Result<(), ModelError> {
-        if self.dry() {
-            return Ok(());
-        }
-        // Without a norm the weight pointer is never read; any uploaded norm stands in.
-        let w = self.norm(norm.unwrap_or(&self.cpu.weights.output_norm))?;
-        let (width, eps, has) = (
-            i32_of(x.width, "width")?,
-            self.cpu.config.eps,
-            i32::from(norm.is_some()),
-        );
-        let rows = x.rows as u32;
-        let f = self.gpu.function("add_normed")?;
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(x.buf_mut()?).arg(y.buf()?).arg(w).arg(&width).arg(&eps).arg(&has);
-        driver("add_normed", unsafe { b.launch(launch_cfg((rows, 1, 1), 256)) })?;
-        Ok(())
+        self.profiled("add_normed", || {
+            if self.dry() {
+                return Ok(());
+            }
+            // Without a norm the weight pointer is never read; any uploaded norm stands in.
+            let w = self.norm(norm.unwrap_or(&self.cpu.weights.output_norm))?;
+            let (width, eps, has) = (
+                i32_of(x.width, "width")?,
+                self.cpu.config.eps,
+                i32::from(norm.is_some()),
+            );
+            let rows = x.rows as u32;
+            let f = self.gpu.function("add_normed")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(x.buf_mut()?).arg(y.buf()?).arg(w).arg(&width).arg(&eps).arg(&has);
+            driver("add_normed", unsafe { b.launch(launch_cfg((rows, 1, 1), 256)) })?;
+            Ok(())
+        })
     }
 
     fn matmul(&self, m: &Matrix, x: &GpuAct) -> Result<GpuAct, ModelError> {
@@ -514,22 +590,44 @@ impl Backend for CudaModel {
         }
         let g = self.matrix(m)?;
         let route = routes::matmul_route(t, self.deterministic, g.decode_cublas);
+        let shape = format!("{}x{} {}, t={t}", m.rows, m.cols, g.suffix);
         let out = match (route, &g.f16) {
-            (MatmulRoute::Gemm, Some(w16)) => self.gemm(w16, x.buf()?, t, m.rows, m.cols)?,
+            (MatmulRoute::Gemm, Some(w16)) => {
+                self.profiled(&format!("gemm {shape}"), || self.gemm(w16, x.buf()?, t, m.rows, m.cols))?
+            }
             _ => {
                 let mut out = self.act(t, m.rows)?;
-                let buf = out.buf_mut()?;
-                matvec_into(
-                    &self.gpu,
-                    g.family,
-                    g.suffix,
-                    &g.quantized,
-                    x.buf()?,
-                    t,
-                    m.rows,
-                    m.cols,
-                    buf,
-                )?;
+                match g.decode {
+                    DecodeKernel::Float(family) => {
+                        let buf = out.buf_mut()?;
+                        self.profiled(&format!("matvec {family:?} {shape}"), || {
+                            matvec_into(
+                                &self.gpu,
+                                family,
+                                g.suffix,
+                                &g.quantized,
+                                x.buf()?,
+                                t,
+                                m.rows,
+                                m.cols,
+                                buf,
+                            )
+                        })?
+                    }
+                    DecodeKernel::Int8(fmt) => {
+                        self.quantize_once(x, fmt)?;
+                        let cache = x.int8.borrow();
+                        let a = cache
+                            .iter()
+                            .find(|(f, _)| *f == fmt)
+                            .map(|(_, a)| a)
+                            .expect("just quantized");
+                        let buf = out.buf_mut()?;
+                        self.profiled(&format!("matvec Int8 {shape}"), || {
+                            mmvq_into(&self.gpu, g.suffix, &g.quantized, a, t, m.rows, m.cols, buf)
+                        })?
+                    }
+                }
                 out
             }
         };
@@ -537,27 +635,29 @@ impl Backend for CudaModel {
     }
 
     fn rope(&self, x: &mut GpuAct, positions: &[usize], rope: &RopeParams) -> Result<(), ModelError> {
-        let pos = self.param(positions, "position")?;
-        if self.dry() {
-            return Ok(());
-        }
-        let hd = self.cpu.config.head_dim;
-        let n_heads = x.width / hd;
-        let n = x.rows * n_heads * (rope.n_rot / 2);
-        let (rows, nh, hdi, nr) = (
-            i32_of(x.rows, "rows")?,
-            i32_of(n_heads, "heads")?,
-            i32_of(hd, "head dim")?,
-            i32_of(rope.n_rot, "n_rot")?,
-        );
-        let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
-        let pos_v = self.view(&pos);
-        let f = self.gpu.function("rope")?;
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(x.buf_mut()?).arg(&pos_v).arg(&rows).arg(&nh).arg(&hdi).arg(&nr);
-        b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
-        driver("rope", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
-        Ok(())
+        self.profiled("rope", || {
+            let pos = self.param(positions, "position")?;
+            if self.dry() {
+                return Ok(());
+            }
+            let hd = self.cpu.config.head_dim;
+            let n_heads = x.width / hd;
+            let n = x.rows * n_heads * (rope.n_rot / 2);
+            let (rows, nh, hdi, nr) = (
+                i32_of(x.rows, "rows")?,
+                i32_of(n_heads, "heads")?,
+                i32_of(hd, "head dim")?,
+                i32_of(rope.n_rot, "n_rot")?,
+            );
+            let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
+            let pos_v = self.view(&pos);
+            let f = self.gpu.function("rope")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(x.buf_mut()?).arg(&pos_v).arg(&rows).arg(&nh).arg(&hdi).arg(&nr);
+            b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
+            driver("rope", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
+            Ok(())
+        })
     }
 
     fn store_and_attend(
@@ -569,85 +669,97 @@ impl Backend for CudaModel {
         rows: Range<usize>,
         positions: &[usize],
     ) -> Result<(), ModelError> {
-        let t = rows.len();
-        let w = kv.kv_width;
-        let window = kv.layers[layer].window;
-        // One query spans at most `tile_cap` tiles: decode steps keep one grid, so a graph replays.
-        let tile_cap = if t == 1 { self.tile_cap(kv, window) } else { 0 };
-        let lc = &mut kv.layers[layer];
-        match routes::kv_route(&lc.placement, t, window) {
-            KvRoute::InPlace => {
-                let (dst, after) = routes::store_rows(&lc.placement, t);
-                self.store(&io, &rows, dst, &mut lc.k, &mut lc.v)?;
-                lc.placement = after;
-                let p = lc.placement;
-                let source = (p.capacity, p.origin_logical, p.origin_physical);
-                self.attend_from(&mut io, &rows, &lc.k, &lc.v, source, positions, window, tile_cap)?;
-            }
-            KvRoute::Staged { first, gather } => {
-                let n = gather.len() + t;
-                let mut ks = self.gpu.alloc::<u16>(n * w)?;
-                let mut vs = self.gpu.alloc::<u16>(n * w)?;
-                if !gather.is_empty() {
-                    let src = self.param(&gather, "cache row")?;
-                    let src_v = self.view(&src);
-                    let wi = i32_of(w, "kv width")?;
-                    let f = self.gpu.function("kv_gather")?;
-                    let mut b = self.gpu.stream.launch_builder(f);
-                    b.arg(&lc.k).arg(&lc.v).arg(&src_v).arg(&mut ks).arg(&mut vs).arg(&wi);
-                    driver("kv_gather", unsafe {
-                        b.launch(launch_cfg((gather.len() as u32, 1, 1), 256))
-                    })?;
+        self.profiled("store_and_attend", || {
+            let t = rows.len();
+            let w = kv.kv_width;
+            let window = kv.layers[layer].window;
+            // One query spans at most `tile_cap` tiles: decode steps keep one grid, so a graph replays.
+            let tile_cap = if t == 1 { self.tile_cap(kv, window) } else { 0 };
+            let lc = &mut kv.layers[layer];
+            match routes::kv_route(&lc.placement, t, window) {
+                KvRoute::InPlace => {
+                    let (dst, after) = routes::store_rows(&lc.placement, t);
+                    self.store(&io, &rows, dst, &mut lc.k, &mut lc.v)?;
+                    lc.placement = after;
+                    let p = lc.placement;
+                    let source = (p.capacity, p.origin_logical, p.origin_physical);
+                    self.attend_from(&mut io, &rows, &lc.k, &lc.v, source, positions, window, tile_cap)?;
                 }
-                let staged: Vec<i32> = (gather.len()..n).map(|r| r as i32).collect();
-                self.store(&io, &rows, staged, &mut ks, &mut vs)?;
-                self.attend_from(&mut io, &rows, &ks, &vs, (n, first, 0), positions, window, 0)?;
-                // Committed only after attention consumed the staged rows.
-                let (dst, after) = routes::store_rows(&lc.placement, t);
-                self.store(&io, &rows, dst, &mut lc.k, &mut lc.v)?;
-                lc.placement = after;
+                KvRoute::Staged { first, gather } => {
+                    let n = gather.len() + t;
+                    let mut ks = self.gpu.alloc::<u16>(n * w)?;
+                    let mut vs = self.gpu.alloc::<u16>(n * w)?;
+                    if !gather.is_empty() {
+                        let src = self.param(&gather, "cache row")?;
+                        let src_v = self.view(&src);
+                        let wi = i32_of(w, "kv width")?;
+                        let f = self.gpu.function("kv_gather")?;
+                        let mut b = self.gpu.stream.launch_builder(f);
+                        b.arg(&lc.k).arg(&lc.v).arg(&src_v).arg(&mut ks).arg(&mut vs).arg(&wi);
+                        driver("kv_gather", unsafe {
+                            b.launch(launch_cfg((gather.len() as u32, 1, 1), 256))
+                        })?;
+                    }
+                    let staged: Vec<i32> = (gather.len()..n).map(|r| r as i32).collect();
+                    self.store(&io, &rows, staged, &mut ks, &mut vs)?;
+                    self.attend_from(&mut io, &rows, &ks, &vs, (n, first, 0), positions, window, 0)?;
+                    // Committed only after attention consumed the staged rows.
+                    let (dst, after) = routes::store_rows(&lc.placement, t);
+                    self.store(&io, &rows, dst, &mut lc.k, &mut lc.v)?;
+                    lc.placement = after;
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     fn gated(&self, gate: &mut GpuAct, up: &GpuAct, act: Activation) -> Result<(), ModelError> {
-        if self.dry() {
-            return Ok(());
-        }
-        let n = gate.rows * gate.width;
-        let n64 = n as u64;
-        let a: i32 = match act {
-            Activation::Silu => 0,
-            Activation::GeluTanh => 1,
-        };
-        let f = self.gpu.function("gated")?;
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(gate.buf_mut()?).arg(up.buf()?).arg(&n64).arg(&a);
-        driver("gated", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
-        Ok(())
+        self.profiled("gated", || {
+            if self.dry() {
+                return Ok(());
+            }
+            let n = gate.rows * gate.width;
+            let n64 = n as u64;
+            let a: i32 = match act {
+                Activation::Silu => 0,
+                Activation::GeluTanh => 1,
+            };
+            let f = self.gpu.function("gated")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(gate.buf_mut()?).arg(up.buf()?).arg(&n64).arg(&a);
+            driver("gated", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
+            Ok(())
+        })
     }
 
     fn gather_rows(&self, x: &GpuAct, rows: &[usize]) -> Result<GpuAct, ModelError> {
-        let idx = self.param(rows, "row")?;
-        let mut out = self.act(rows.len(), x.width)?;
-        if self.dry() {
-            return Ok(out);
-        }
-        let wi = i32_of(x.width, "width")?;
-        let idx_v = self.view(&idx);
-        let f = self.gpu.function("gather_rows")?;
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(x.buf()?).arg(&idx_v).arg(out.buf_mut()?).arg(&wi);
-        driver("gather_rows", unsafe {
-            b.launch(launch_cfg((rows.len() as u32, 1, 1), 256))
-        })?;
-        Ok(out)
+        self.profiled("gather_rows", || {
+            let idx = self.param(rows, "row")?;
+            let mut out = self.act(rows.len(), x.width)?;
+            if self.dry() {
+                return Ok(out);
+            }
+            let wi = i32_of(x.width, "width")?;
+            let idx_v = self.view(&idx);
+            let f = self.gpu.function("gather_rows")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(x.buf()?).arg(&idx_v).arg(out.buf_mut()?).arg(&wi);
+            driver("gather_rows", unsafe {
+                b.launch(launch_cfg((rows.len() as u32, 1, 1), 256))
+            })?;
+            Ok(out)
+        })
     }
 
     fn to_host(&self, x: GpuAct) -> Result<Vec<f32>, ModelError> {
         match self.mode.get() {
-            Mode::Normal => Ok(self.gpu.download(x.buf()?)?),
+            Mode::Normal => {
+                let host = self.gpu.download(x.buf()?)?;
+                if let Some(p) = &self.profile {
+                    p.collect()?;
+                }
+                Ok(host)
+            }
             // The graph's output: read after the graph runs.
             Mode::Capture => {
                 *self.captured_out.borrow_mut() = x.buf;

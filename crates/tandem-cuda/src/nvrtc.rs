@@ -33,7 +33,12 @@ pub const ATTENTION: KernelFile = KernelFile {
     body: include_str!("kernels/attention.cu"),
 };
 
-pub const ALL: [KernelFile; 3] = [QUANT, OPS, ATTENTION];
+pub const MMVQ: KernelFile = KernelFile {
+    name: "mmvq.cu",
+    body: include_str!("kernels/mmvq.cu"),
+};
+
+pub const ALL: [KernelFile; 4] = [QUANT, MMVQ, OPS, ATTENTION];
 
 /// NVRTC options besides the architecture (no fast math: kernels round as written).
 pub const OPTIONS: [&str; 2] = ["--std=c++17", "--fmad=true"];

@@ -32,3 +32,17 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+// Activation rows one batched matvec block takes (`MV_BATCH` in routes.rs).
+#define MV_BATCH 8
+
+// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block (ggml's `get_scale_min_k4`).
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}

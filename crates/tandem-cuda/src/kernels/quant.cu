@@ -66,16 +66,6 @@ __device__ __forceinline__ void unit_q8_0(const u8* row, int u, float* w) {
     for (int j = 0; j < 32; j++) w[j] = (float)(signed char)b[2 + j] * d;
 }
 
-__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 // Unit u of a K-quant row: super-block u / 8, sub-block s = u % 8 (chunk s / 2, high nibble if odd).
 __device__ __forceinline__ void unit_q4_k(const u8* row, int u, float* w) {
     const u8* b = row + (u >> 3) * 144;
@@ -155,7 +145,6 @@ __device__ __forceinline__ float dot32(const float* w, const float* x) {
 // lane l decodes unit l of it. Lanes are summed in a fixed butterfly, then warps in a fixed tree. The
 // order of every sum is fixed by `cols` alone: a row's result never depends on T, on the rows batched
 // with it, or on which kernel (single or batched) computed it.
-#define MV_BATCH 8
 #define MV_WARPS 4
 #define MV_SEG 1024
 #define MV_MAX_U4 8

@@ -3,10 +3,13 @@
 //! 1. Kernels: for every weight type the GPU reads, a fresh random matrix (quantized on the CPU) and
 //!    fresh random activations; the matvec and GEMM routes against an f64 reference over the same
 //!    dequantized weights, outputs poisoned with NaN first so an unwritten element fails; the matvec
-//!    must also give every row the same bits alone and batched.
+//!    must also give every row the same bits alone and batched. The integer route (`int8.rs`) must
+//!    also quantize activations to the CPU backend's bits.
 //! 2. Models: a prompt prefilled and then greedy decoding on both backends; tokens must agree up to the
 //!    first step whose CPU top-2 margin is below 0.1; the largest relative logit error is reported.
 //! 3. Deterministic mode: `logits_sha256` of teacher-forced scoring must match across chunk sizes.
+
+mod int8;
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -137,6 +140,7 @@ fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
             tandem_quant::quantize_row(ty, &src, &mut w[r * row_bytes..(r + 1) * row_bytes])?;
         }
         let deq = tandem_quant::dequantize(ty, &w)?;
+        int8::int8_checks(gpu, &mut rng, ty, &w, &deq, (rows, cols), table)?;
         let w_dev = gpu.upload(&w)?;
         let w16 = dequant_f16(gpu, suffix, &w_dev, rows, cols)?;
         let families = [
@@ -256,6 +260,7 @@ fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
                 pass: true,
             });
         }
+        int8::int8_bench(gpu, ty, &copies, &x, (rows, cols), table)?;
         if ty == GgmlType::Q4_K {
             // The alternative for one row: cuBLAS over an f16 copy (4x the bytes of Q4_K).
             let w16: Vec<_> = copies

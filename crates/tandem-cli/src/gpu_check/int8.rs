@@ -1,0 +1,180 @@
+//! Checks and timings of the integer decode route: the GPU's activation quantization must give the
+//! CPU backend's bits, and the `dp4a` matvecs must match an f64 reference over the same dequantized
+//! weights and the same quantized activations.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use tandem_backend::cpu::act_quant::{quantize_row_q8, quantize_row_q8k};
+use tandem_backend::Isa;
+use tandem_cuda::int8::{int8_format, mmvq_into, quantize_act_into, repack, ActQuant};
+use tandem_cuda::launch::type_suffix;
+use tandem_cuda::Gpu;
+use tandem_gguf::GgmlType;
+
+use super::{rel_err, Rng, Row};
+
+/// Activation rows quantized on the CPU, in the GPU buffer's layout (quants, scales, sums of 16).
+fn cpu_quantize(fmt: ActQuant, x: &[f32], t: usize, cols: usize) -> Vec<u8> {
+    let isa = Isa::detect();
+    let nb = cols / fmt.block();
+    let mut qs = vec![0i8; t * cols];
+    let mut d = vec![0f32; t * nb];
+    let mut sums: Vec<i32> = Vec::new();
+    for i in 0..t {
+        let (xr, q, dr) = (
+            &x[i * cols..(i + 1) * cols],
+            &mut qs[i * cols..(i + 1) * cols],
+            &mut d[i * nb..(i + 1) * nb],
+        );
+        match fmt {
+            ActQuant::Q8K => {
+                let mut bsums = vec![0i16; cols / 16];
+                quantize_row_q8k(isa, xr, q, dr, &mut bsums);
+                sums.extend(bsums.iter().map(|&s| s as i32));
+            }
+            ActQuant::Q8 => {
+                let (mut sum, mut s) = (vec![0i32; nb], vec![0f32; nb]);
+                quantize_row_q8(isa, xr, q, dr, &mut sum, &mut s);
+            }
+        }
+    }
+    let mut out: Vec<u8> = qs.iter().map(|&q| q as u8).collect();
+    out.extend(d.iter().flat_map(|v| v.to_le_bytes()));
+    out.extend(sums.iter().flat_map(|v| v.to_le_bytes()));
+    out
+}
+
+/// The value each quantized activation stands for: `d[block] * q`.
+fn dequantized_activations(fmt: ActQuant, a: &[u8], t: usize, cols: usize) -> Vec<f64> {
+    let nb = cols / fmt.block();
+    let d = |i: usize| f32::from_le_bytes(a[t * cols + 4 * i..t * cols + 4 * i + 4].try_into().unwrap());
+    (0..t * cols)
+        .map(|i| {
+            let (row, c) = (i / cols, i % cols);
+            d(row * nb + c / fmt.block()) as f64 * (a[i] as i8) as f64
+        })
+        .collect()
+}
+
+/// For weight type `ty` (quantized rows `w`, dequantized `deq`): quantization bits, accuracy for 1, 5
+/// and 64 rows, and batched rows bit-equal to rows alone.
+pub(super) fn int8_checks(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    ty: GgmlType,
+    w: &[u8],
+    deq: &[f32],
+    (rows, cols): (usize, usize),
+    table: &mut Vec<Row>,
+) -> Result<()> {
+    let Some(fmt) = int8_format(ty) else { return Ok(()) };
+    let suffix = type_suffix(ty).context("type has kernels")?;
+    let w_dev = gpu.upload(w)?;
+    let wq = repack(gpu, ty, &w_dev, rows, cols)?.unwrap_or(w_dev);
+    let (mut worst, mut quant_equal, mut batch_equal) = (0f64, true, true);
+    for t in [1usize, 5, 64] {
+        let x: Vec<f32> = (0..t * cols).map(|_| rng.normal()).collect();
+        let x_dev = gpu.upload(&x)?;
+        let mut a = gpu.upload(&vec![0xA5u8; fmt.bytes(t, cols)])?;
+        quantize_act_into(gpu, fmt, &x_dev, t, cols, &mut a)?;
+        let a_host = gpu.download(&a)?;
+        quant_equal &= a_host == cpu_quantize(fmt, &x, t, cols);
+        let xa = dequantized_activations(fmt, &a_host, t, cols);
+        let reference: Vec<f64> = (0..t * rows)
+            .map(|i| {
+                let (ti, r) = (i / rows, i % rows);
+                (0..cols).map(|c| deq[r * cols + c] as f64 * xa[ti * cols + c]).sum()
+            })
+            .collect();
+        let mut out = gpu.upload(&vec![f32::NAN; t * rows])?;
+        mmvq_into(gpu, suffix, &wq, &a, t, rows, cols, &mut out)?;
+        let got = gpu.download(&out)?;
+        worst = worst.max(rel_err(&got, &reference));
+        if t == 5 {
+            for i in 0..t {
+                let xi = gpu.upload(&x[i * cols..(i + 1) * cols])?;
+                let mut ai = gpu.alloc::<u8>(fmt.bytes(1, cols))?;
+                quantize_act_into(gpu, fmt, &xi, 1, cols, &mut ai)?;
+                let mut oi = gpu.upload(&vec![f32::NAN; rows])?;
+                mmvq_into(gpu, suffix, &wq, &ai, 1, rows, cols, &mut oi)?;
+                let alone = gpu.download(&oi)?;
+                batch_equal &= alone
+                    .iter()
+                    .zip(&got[i * rows..(i + 1) * rows])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+            }
+        }
+    }
+    table.push(Row {
+        check: format!("int8 activations ({fmt:?}) for {ty}: GPU bits = CPU bits"),
+        result: format!("{quant_equal}"),
+        pass: quant_equal,
+    });
+    let bound = 1e-5;
+    table.push(Row {
+        check: format!("matvec Int8 {ty} {rows}x{cols}, t=1,5,64"),
+        result: format!("rel err {worst:.2e} (bound {bound:.0e}); batched rows bit-equal: {batch_equal}"),
+        pass: worst < bound && batch_equal,
+    });
+    Ok(())
+}
+
+/// Times the integer matvec on `copies` of a `rows × cols` matrix of type `ty` (ggml layout), with
+/// and without quantizing the activations in the same step.
+pub(super) fn int8_bench(
+    gpu: &Gpu,
+    ty: GgmlType,
+    copies: &[tandem_cuda::CudaSlice<u8>],
+    x: &tandem_cuda::CudaSlice<f32>,
+    (rows, cols): (usize, usize),
+    table: &mut Vec<Row>,
+) -> Result<()> {
+    let Some(fmt) = int8_format(ty) else { return Ok(()) };
+    let suffix = type_suffix(ty).context("type has kernels")?;
+    let packed: Vec<_> = copies
+        .iter()
+        .map(|w| Ok(repack(gpu, ty, w, rows, cols)?))
+        .collect::<Result<Vec<_>>>()?;
+    let weights: Vec<_> = packed
+        .iter()
+        .zip(copies)
+        .map(|(p, w)| p.as_ref().unwrap_or(w))
+        .collect();
+    let bytes = copies[0].len();
+    let mut a = gpu.alloc::<u8>(fmt.bytes(1, cols))?;
+    let mut out = gpu.alloc::<f32>(rows)?;
+    quantize_act_into(gpu, fmt, x, 1, cols, &mut a)?;
+    for with_quantize in [false, true] {
+        for w in &weights {
+            mmvq_into(gpu, suffix, w, &a, 1, rows, cols, &mut out)?;
+        }
+        gpu.synchronize()?;
+        let iters = 40;
+        let t0 = Instant::now();
+        for i in 0..iters {
+            if with_quantize {
+                quantize_act_into(gpu, fmt, x, 1, cols, &mut a)?;
+            }
+            mmvq_into(gpu, suffix, weights[i % weights.len()], &a, 1, rows, cols, &mut out)?;
+        }
+        gpu.synchronize()?;
+        let secs = t0.elapsed().as_secs_f64() / iters as f64;
+        let gbs = bytes as f64 / secs / 1e9;
+        let f = gpu.function(&format!("mmvq_{suffix}"))?;
+        table.push(Row {
+            check: format!(
+                "matvec Int8 {ty} {rows}x{cols} speed{}",
+                if with_quantize { " (+ quantize)" } else { "" }
+            ),
+            result: format!(
+                "{:.1} us, {gbs:.0} GB/s ({:.0}% of 4.3 TB/s copy); {} regs",
+                secs * 1e6,
+                gbs / 43.0,
+                f.num_regs().unwrap_or(-1)
+            ),
+            pass: true,
+        });
+    }
+    Ok(())
+}

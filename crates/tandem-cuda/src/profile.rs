@@ -1,0 +1,72 @@
+//! `TANDEM_CUDA_PROFILE=1`: GPU time per backend op, from CUDA events recorded around each op, printed
+//! to stderr when the model is dropped. Decode graphs are turned off while profiling (an event per op
+//! needs direct launches); the events themselves cost little GPU time, so the shares hold.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use cudarc::driver::{sys, CudaEvent};
+
+use crate::device::{driver, Gpu};
+use crate::CudaError;
+
+#[derive(Default)]
+pub(crate) struct OpProfile {
+    pending: RefCell<Vec<(String, CudaEvent, CudaEvent)>>,
+    /// Milliseconds and calls per op name.
+    totals: RefCell<HashMap<String, (f64, u64)>>,
+}
+
+impl OpProfile {
+    fn event(gpu: &Gpu) -> Result<CudaEvent, CudaError> {
+        driver(
+            "profile event",
+            gpu.stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
+        )
+    }
+
+    /// Runs `f`, which enqueues the work of op `name`, between two recorded events.
+    pub(crate) fn time<T, E: From<CudaError>>(
+        &self,
+        gpu: &Gpu,
+        name: String,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let start = Self::event(gpu)?;
+        let out = f()?;
+        let end = Self::event(gpu)?;
+        self.pending.borrow_mut().push((name, start, end));
+        Ok(out)
+    }
+
+    /// Waits for the recorded ops and adds their times to the totals.
+    pub(crate) fn collect(&self) -> Result<(), CudaError> {
+        let mut totals = self.totals.borrow_mut();
+        for (name, start, end) in self.pending.borrow_mut().drain(..) {
+            let ms = driver("profile elapsed", start.elapsed_ms(&end))? as f64;
+            let e = totals.entry(name).or_default();
+            e.0 += ms;
+            e.1 += 1;
+        }
+        Ok(())
+    }
+
+    /// The totals, largest first, as a table.
+    pub(crate) fn report(&self) -> String {
+        let totals = self.totals.borrow();
+        let all: f64 = totals.values().map(|v| v.0).sum();
+        let mut rows: Vec<_> = totals.iter().collect();
+        rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        let mut s = format!("GPU time per op ({all:.1} ms in all)\n");
+        for (name, (ms, n)) in rows {
+            s += &format!(
+                "{:>9.2} ms {:>5.1}% {:>7} calls {:>8.1} us/call  {name}\n",
+                ms,
+                100.0 * ms / all.max(1e-9),
+                n,
+                1e3 * ms / *n as f64
+            );
+        }
+        s
+    }
+}
