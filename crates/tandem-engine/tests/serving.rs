@@ -313,6 +313,14 @@ fn the_kv_budget_queues_what_does_not_fit() {
 fn a_backend_made_on_the_engine_thread_serves_and_its_load_error_comes_back() {
     let refused = ServingEngine::start_with(|| Err::<Model, _>("no device here"), ServingConfig::default());
     assert!(matches!(refused, Err("no device here")));
+    let panicked = std::panic::catch_unwind(|| {
+        ServingEngine::start_with(
+            || -> Result<Model, String> { panic!("load blew up") },
+            ServingConfig::default(),
+        )
+    });
+    let why = panicked.err().expect("a panic while loading reaches the caller");
+    assert_eq!(why.downcast_ref::<&str>(), Some(&"load blew up"));
 
     let config = ServingConfig {
         n_ctx: 512,

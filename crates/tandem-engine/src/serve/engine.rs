@@ -143,11 +143,13 @@ impl ServingEngine {
                 let _ = thread.join();
                 return Err(e);
             }
-            // The sender went away unused: loading panicked, and the panic belongs to the caller.
-            Err(_) => match thread.join() {
-                Err(panic) => std::panic::resume_unwind(panic),
-                Ok(()) => panic!("the engine thread ended without reporting its load"),
-            },
+            // The sender went away unused: only a panic while loading does that, and it is the caller's.
+            Err(_) => std::panic::resume_unwind(
+                thread
+                    .join()
+                    .err()
+                    .unwrap_or_else(|| Box::new("the engine thread ended without reporting its load")),
+            ),
         };
         Ok(ServingEngine {
             shared,
