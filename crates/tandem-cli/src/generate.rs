@@ -1,7 +1,7 @@
 //! `tandem run` (one prompt, streamed) and `tandem chat` (an interactive REPL with the chat template).
 
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -161,33 +161,16 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let model = Model::from_file(file, threads).with_context(|| format!("loading {}", path.display()))?;
     let n_ctx = args.ctx.unwrap_or(model.config.context_length.min(8192)).max(1);
     if args.verbose {
-        let c = &model.config;
-        eprintln!(
-            "model: {} ({:?}), {} layers, d_model {}, {} heads / {} kv heads × {}, vocab {}, {} threads",
-            path.display(),
-            c.arch,
-            c.n_layer(),
-            c.d_model,
-            c.n_head,
-            c.n_kv_head,
-            c.head_dim,
-            c.n_vocab,
-            threads
-        );
-        let windows: Vec<String> = c
-            .layers
-            .iter()
-            .map(|l| l.window.map_or("global".into(), |w| w.to_string()))
-            .collect();
-        eprintln!("layers: [{}]", windows.join(", "));
-        eprintln!(
-            "weights streamed per decode step: {:.1} MB",
-            model.weights.decode_bytes() as f64 / 1e6
-        );
+        print_model(&path, &model, threads);
     }
     let engine = match args.device {
         Device::Cpu => AnyEngine::Cpu(Box::new(Engine::new(model))),
-        Device::Cuda => AnyEngine::Cuda(Box::new(Engine::new(load_cuda(model, args)?))),
+        Device::Cuda => AnyEngine::Cuda(Box::new(Engine::new(load_cuda(
+            model,
+            args.gpu,
+            args.deterministic,
+            args.verbose,
+        )?))),
     };
     Ok(Loaded {
         engine,
@@ -196,20 +179,47 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     })
 }
 
-/// Uploads the weights to the GPU with a progress bar; a machine without a GPU gets a clear error.
-fn load_cuda(model: Model, args: &ModelArgs) -> Result<CudaModel> {
+/// The model's shape, for `--verbose`.
+pub fn print_model(path: &Path, model: &Model, threads: usize) {
+    let c = &model.config;
+    eprintln!(
+        "model: {} ({:?}), {} layers, d_model {}, {} heads / {} kv heads × {}, vocab {}, {} threads",
+        path.display(),
+        c.arch,
+        c.n_layer(),
+        c.d_model,
+        c.n_head,
+        c.n_kv_head,
+        c.head_dim,
+        c.n_vocab,
+        threads
+    );
+    let windows: Vec<String> = c
+        .layers
+        .iter()
+        .map(|l| l.window.map_or("global".into(), |w| w.to_string()))
+        .collect();
+    eprintln!("layers: [{}]", windows.join(", "));
+    eprintln!(
+        "weights streamed per decode step: {:.1} MB",
+        model.weights.decode_bytes() as f64 / 1e6
+    );
+}
+
+/// Uploads the weights to GPU `gpu` with a progress bar; a machine without a GPU gets a clear error.
+pub fn load_cuda(model: Model, gpu: usize, deterministic: bool, verbose: bool) -> Result<CudaModel> {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("uploading weights {bar:30} {bytes}/{total_bytes}")
             .expect("a valid progress template"),
     );
-    let cuda = CudaModel::load(model, args.gpu, args.deterministic, |done, total| {
+    let cuda = CudaModel::load(model, gpu, deterministic, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })
     .context("--device cuda")?;
     bar.finish_and_clear();
-    if args.verbose {
+    if verbose {
         let m = &cuda.memory;
         eprintln!(
             "gpu: {} ({}), {:.1} GB; weights {:.1} MB quantized + {:.1} MB f16 for the GEMM route{} + {:.2} MB norms",
@@ -249,19 +259,23 @@ fn print_kv<K: SequenceCache>(n_ctx: usize, kv: &K) {
 /// partials, cuBLAS workspace, the CUDA runtime).
 fn print_gpu_memory(engine: &AnyEngine, kv_bytes: usize) {
     if let AnyEngine::Cuda(e) = engine {
-        if let Ok((free, total)) = e.model.gpu.mem_info() {
-            let m = &e.model.memory;
-            let used = total - free;
-            let weights = m.weights_quantized + m.weights_f16 + m.norms;
-            let other = used.saturating_sub(weights + kv_bytes);
-            eprintln!(
-                "gpu memory: {:.1} MB in use = weights {:.1} + kv {:.1} + workspaces and runtime {:.1}",
-                used as f64 / 1e6,
-                weights as f64 / 1e6,
-                kv_bytes as f64 / 1e6,
-                other as f64 / 1e6
-            );
-        }
+        print_cuda_memory(&e.model, kv_bytes);
+    }
+}
+
+pub fn print_cuda_memory(cuda: &CudaModel, kv_bytes: usize) {
+    if let Ok((free, total)) = cuda.gpu.mem_info() {
+        let m = &cuda.memory;
+        let used = total - free;
+        let weights = m.weights_quantized + m.weights_f16 + m.norms;
+        let other = used.saturating_sub(weights + kv_bytes);
+        eprintln!(
+            "gpu memory: {:.1} MB in use = weights {:.1} + kv {:.1} + workspaces and runtime {:.1}",
+            used as f64 / 1e6,
+            weights as f64 / 1e6,
+            kv_bytes as f64 / 1e6,
+            other as f64 / 1e6
+        );
     }
 }
 

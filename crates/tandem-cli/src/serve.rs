@@ -4,12 +4,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use tandem_cuda::CudaModel;
 use tandem_engine::serve::{ServingConfig, ServingEngine};
-use tandem_model::Model;
+use tandem_model::{Model, ServingBackend};
 use tandem_server::{AppState, ServerConfig};
 use tandem_tokenizer::{ChatTemplate, Tokenizer};
+
+use crate::generate::{load_cuda, print_cuda_memory, print_model, Device};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -59,6 +62,20 @@ pub struct ServeArgs {
     /// Seconds running requests may go on after SIGTERM before they are cut.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
+    /// Where the model runs. On the GPU every sequence's KV cache is allocated whole (the full
+    /// context) when its request is admitted, and counts against --kv-budget as such.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
+    /// Which GPU, with `--device cuda`.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+    /// GPU: take the matvec route for every matmul, so a request's logits are bit-identical alone or
+    /// batched (the CPU always is).
+    #[arg(long)]
+    deterministic: bool,
+    /// Print model and memory details to stderr.
+    #[arg(long, short = 'v')]
+    verbose: bool,
 }
 
 /// `512`, `64K`, `1M`, `2G` (powers of 1024).
@@ -90,6 +107,9 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let template = ChatTemplate::from_gguf(&file)?;
     let model = Model::from_file(file, threads)?;
     let n_ctx = args.ctx.unwrap_or(model.config.context_length.min(8192)).max(16);
+    if args.verbose {
+        print_model(&path, &model, threads);
+    }
     let mut api_keys = args.api_keys.clone();
     if let Some(f) = &args.api_key_file {
         let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
@@ -100,18 +120,31 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
                 .map(String::from),
         );
     }
-    let engine = ServingEngine::start(
-        model,
-        ServingConfig {
-            n_ctx,
-            prefill_chunk: args.prefill_chunk,
-            prefill_chunk_busy: args.prefill_chunk_busy,
-            kv_budget_bytes: args.kv_budget,
-            cache_budget_bytes: args.cache_budget,
-            max_queue: args.max_queue,
-            max_tokens_limit: args.max_tokens_limit,
-        },
-    );
+    let serving = ServingConfig {
+        n_ctx,
+        prefill_chunk: args.prefill_chunk,
+        prefill_chunk_busy: args.prefill_chunk_busy,
+        kv_budget_bytes: args.kv_budget,
+        cache_budget_bytes: args.cache_budget,
+        max_queue: args.max_queue,
+        max_tokens_limit: args.max_tokens_limit,
+    };
+    let (engine, device) = match args.device {
+        Device::Cpu => (ServingEngine::start(model, serving), format!("{threads} CPU threads")),
+        Device::Cuda => {
+            let gpu = GpuServe {
+                ordinal: args.gpu,
+                deterministic: args.deterministic,
+                verbose: args.verbose,
+                n_ctx,
+                kv_budget: args.kv_budget,
+            };
+            // The CUDA context belongs to the thread that made it: the engine's.
+            let engine = ServingEngine::start_with(move || load_gpu(model, &gpu), serving)?;
+            let mode = if args.deterministic { ", deterministic" } else { "" };
+            (engine, format!("GPU {}{mode}", args.gpu))
+        }
+    };
     let model_name = match crate::registry::find(&args.model) {
         Some(spec) => spec.alias.to_string(),
         None => path
@@ -139,7 +172,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {addr}"))?;
         eprintln!(
-            "tandem: serving {model_name} on http://{} (context {n_ctx}, KV budget {} MB)",
+            "tandem: serving {model_name} on http://{} ({device}, context {n_ctx}, KV budget {} MB)",
             listener.local_addr()?,
             args.kv_budget >> 20
         );
@@ -147,6 +180,52 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         eprintln!("tandem: stopped");
         Ok(())
     })
+}
+
+/// What the engine thread needs to open the GPU.
+struct GpuServe {
+    ordinal: usize,
+    deterministic: bool,
+    verbose: bool,
+    n_ctx: usize,
+    kv_budget: usize,
+}
+
+/// On the engine thread: the weights to the GPU, then a check that the KV budget holds a sequence.
+fn load_gpu(model: Model, opts: &GpuServe) -> Result<CudaModel> {
+    let cuda = load_cuda(model, opts.ordinal, opts.deterministic, opts.verbose)?;
+    let per_sequence = cuda.kv_sizing(opts.n_ctx).bytes_at(opts.n_ctx);
+    let mb = |b: usize| b as f64 / 1e6;
+    if per_sequence > opts.kv_budget {
+        bail!(
+            "--kv-budget of {:.1} MB holds no sequence: on the GPU each one's KV cache is allocated whole, \
+             {:.1} MB at context {}; raise --kv-budget or lower --ctx",
+            mb(opts.kv_budget),
+            mb(per_sequence),
+            opts.n_ctx
+        );
+    }
+    if opts.verbose {
+        print_cuda_memory(&cuda, 0);
+        eprintln!(
+            "kv: {:.1} MB per sequence on the GPU (the whole context of {}); the budget of {:.1} MB holds {} at once",
+            mb(per_sequence),
+            opts.n_ctx,
+            mb(opts.kv_budget),
+            opts.kv_budget / per_sequence
+        );
+    }
+    if let Ok((free, _)) = cuda.gpu.mem_info() {
+        if opts.kv_budget > free {
+            eprintln!(
+                "tandem: warning: --kv-budget ({:.1} MB) is more than the GPU's free memory ({:.1} MB): \
+                 requests past what fits will fail to allocate",
+                mb(opts.kv_budget),
+                mb(free)
+            );
+        }
+    }
+    Ok(cuda)
 }
 
 #[cfg(test)]

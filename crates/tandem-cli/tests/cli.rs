@@ -1,8 +1,9 @@
 //! The `tandem` binary end to end: synth, inspect, tokenize, detokenize, pull (cached), errors.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::time::Instant;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn tandem(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tandem"))
@@ -143,6 +144,53 @@ fn cuda_device_without_a_gpu_is_a_clear_error() {
     if !out.status.success() {
         assert!(err.contains("--device cuda: CUDA unavailable"), "{err}");
         assert!(!err.contains("panicked"), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `serve --device cuda` loads the model on the engine's thread; without a GPU the load error still
+/// reaches the command line: one line, a non-zero exit, no panic. With a GPU it serves, and is stopped.
+#[test]
+fn serve_on_cuda_without_a_gpu_is_a_clear_error() {
+    let dir = temp_dir("serve-cuda");
+    let model = synth(&dir, "gemma3", "q8_0", 5, &[]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args([
+            "serve",
+            "-m",
+            model.to_str().unwrap(),
+            "--device",
+            "cuda",
+            "--port",
+            "0",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tandem");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let exited = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    match exited {
+        Some(status) => {
+            assert!(!status.success(), "{err}");
+            assert!(err.contains("tandem: error: --device cuda: CUDA unavailable"), "{err}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+        }
+        // Still running at the deadline: only a GPU machine gets that far.
+        None => assert!(err.contains("tandem: serving"), "neither served nor failed: {err}"),
     }
     std::fs::remove_dir_all(&dir).ok();
 }

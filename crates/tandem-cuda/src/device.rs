@@ -8,6 +8,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use cudarc::nvrtc::Ptx;
 
+use crate::kv::KvLedger;
 use crate::nvrtc;
 use crate::CudaError;
 
@@ -18,6 +19,8 @@ pub struct Gpu {
     pub name: String,
     pub arch: String,
     pub total_mem: usize,
+    /// Device bytes of KV caches and checkpoints, and the serving budget that caps them.
+    pub kv_ledger: Arc<KvLedger>,
     functions: HashMap<String, CudaFunction>,
     _modules: Vec<Arc<CudaModule>>,
 }
@@ -83,6 +86,7 @@ impl Gpu {
             name,
             arch,
             total_mem,
+            kv_ledger: Arc::default(),
             functions,
             _modules: modules,
         })

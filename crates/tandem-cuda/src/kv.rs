@@ -1,14 +1,21 @@
 //! Per-sequence KV caches on the GPU: f16 K and V per layer, placed by the same `RingPlacement`
 //! metadata as the CPU cache (global layers grow to the context, sliding-window layers are rings of
 //! `window` rows). Storage is allocated for the whole capacity when the sequence is made.
+//!
+//! For serving, caches and their checkpoints count their device bytes in the GPU's `KvLedger`, the
+//! counterpart of the CPU's block pool: `--kv-budget` caps them the same way. A checkpoint copies the
+//! sliding-window rings device to device; a restore copies them back into the same buffers, so a decode
+//! graph captured for the sequence (which holds their addresses) stays valid.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
 use tandem_model::kv::RingPlacement;
-use tandem_model::{ModelConfig, SequenceCache};
+use tandem_model::{KvCheckpoint, KvSizing, ModelConfig, ModelError, SequenceCache, ServingBackend, ServingCache};
 
-use crate::device::Gpu;
+use crate::device::{driver, Gpu};
+use crate::model::CudaModel;
 use crate::CudaError;
 
 pub struct GpuLayerCache {
@@ -24,14 +31,17 @@ pub struct GpuSequenceKv {
     pub layers: Vec<GpuLayerCache>,
     pub n_ctx: usize,
     pub kv_width: usize,
+    grant: KvGrant,
 }
 
 impl GpuSequenceKv {
     pub fn new(gpu: &Gpu, config: &ModelConfig, n_ctx: usize) -> Result<Self, CudaError> {
         let w = config.kv_width();
+        // The serving engine reserves exactly these bytes for a request: one formula for both.
+        let sizing = KvSizing::new(config, n_ctx, None);
+        let grant = gpu.kv_ledger.grant(sizing.bytes_at(n_ctx))?;
         let mut layers = Vec::with_capacity(config.layers.len());
-        for spec in &config.layers {
-            let capacity = spec.window.map_or(n_ctx, |win| win.min(n_ctx));
+        for (spec, &capacity) in config.layers.iter().zip(&sizing.layer_rows) {
             layers.push(GpuLayerCache {
                 placement: RingPlacement::new(capacity),
                 window: spec.window,
@@ -45,15 +55,13 @@ impl GpuSequenceKv {
             layers,
             n_ctx,
             kv_width: w,
+            grant,
         })
     }
 
     /// Device bytes held by K and V of every layer.
     pub fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| 2 * l.placement.capacity * self.kv_width * 2)
-            .sum()
+        self.grant.bytes
     }
 }
 
@@ -73,5 +81,283 @@ impl SequenceCache for GpuSequenceKv {
     /// Device caches are allocated whole when the sequence is made.
     fn bytes_at_capacity(&self) -> usize {
         self.bytes()
+    }
+}
+
+/// Device bytes held by KV caches and checkpoints, against an optional cap.
+#[derive(Default)]
+pub struct KvLedger {
+    state: Mutex<LedgerState>,
+}
+
+#[derive(Default)]
+struct LedgerState {
+    budget: Option<usize>,
+    in_use: usize,
+}
+
+impl KvLedger {
+    fn state(&self) -> std::sync::MutexGuard<'_, LedgerState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Caps what later grants may bring the total to (`None`: no cap).
+    pub fn set_budget(&self, bytes: Option<usize>) {
+        self.state().budget = bytes;
+    }
+
+    pub fn in_use(&self) -> usize {
+        self.state().in_use
+    }
+
+    /// Counts `bytes` until the grant is dropped; an error when they would pass the budget.
+    pub fn grant(self: &Arc<Self>, bytes: usize) -> Result<KvGrant, CudaError> {
+        let mut st = self.state();
+        if let Some(budget) = st.budget {
+            if st.in_use + bytes > budget {
+                return Err(CudaError::KvFull {
+                    budget_bytes: budget,
+                    in_use: st.in_use,
+                    need: bytes,
+                });
+            }
+        }
+        st.in_use += bytes;
+        Ok(KvGrant {
+            ledger: Arc::clone(self),
+            bytes,
+        })
+    }
+}
+
+/// Bytes counted in a `KvLedger` while this lives.
+pub struct KvGrant {
+    ledger: Arc<KvLedger>,
+    bytes: usize,
+}
+
+impl Drop for KvGrant {
+    fn drop(&mut self) {
+        self.ledger.state().in_use -= self.bytes;
+    }
+}
+
+/// Device copies of a sequence's sliding-window layers at one position.
+pub struct GpuCheckpoint {
+    pub pos: usize,
+    rings: Vec<RingCopy>,
+    grant: KvGrant,
+}
+
+struct RingCopy {
+    layer: usize,
+    placement: RingPlacement,
+    k: CudaSlice<u16>,
+    v: CudaSlice<u16>,
+}
+
+impl KvCheckpoint for GpuCheckpoint {
+    fn pos(&self) -> usize {
+        self.pos
+    }
+
+    fn bytes(&self) -> usize {
+        self.grant.bytes
+    }
+}
+
+impl GpuSequenceKv {
+    /// Copies `cp`'s rings back into this sequence's buffers.
+    fn copy_back(&mut self, cp: &GpuCheckpoint) -> Result<(), CudaError> {
+        for ring in &cp.rings {
+            let layer = &mut self.layers[ring.layer];
+            let stream = Arc::clone(layer.k.stream());
+            driver("cuMemcpyDtoD (restore K)", stream.memcpy_dtod(&ring.k, &mut layer.k))?;
+            driver("cuMemcpyDtoD (restore V)", stream.memcpy_dtod(&ring.v, &mut layer.v))?;
+            layer.placement = ring.placement;
+        }
+        Ok(())
+    }
+}
+
+impl ServingCache for GpuSequenceKv {
+    type Checkpoint = GpuCheckpoint;
+
+    fn truncate(&mut self, pos: usize) -> bool {
+        if !self.layers.iter().all(|l| l.placement.can_truncate(pos, l.window)) {
+            return false;
+        }
+        // The whole capacity stays allocated: only the placement moves back.
+        self.layers.iter_mut().for_each(|l| l.placement.truncate(pos));
+        true
+    }
+
+    fn checkpoint(&self) -> Result<GpuCheckpoint, ModelError> {
+        let rings: Vec<(usize, &GpuLayerCache)> = self
+            .layers
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.window.is_some())
+            .collect();
+        let bytes = rings.iter().map(|(_, l)| l.k.num_bytes() + l.v.num_bytes()).sum();
+        let grant = self.grant.ledger.grant(bytes)?;
+        let mut copies = Vec::with_capacity(rings.len());
+        for (layer, l) in rings {
+            copies.push(RingCopy {
+                layer,
+                placement: l.placement,
+                k: driver("cuMemcpyDtoD (checkpoint K)", l.k.try_clone())?,
+                v: driver("cuMemcpyDtoD (checkpoint V)", l.v.try_clone())?,
+            });
+        }
+        Ok(GpuCheckpoint {
+            pos: self.len(),
+            rings: copies,
+            grant,
+        })
+    }
+
+    /// As on the CPU, except that a device copy failing midway leaves the sequence empty rather than
+    /// half restored.
+    fn restore(&mut self, cp: &GpuCheckpoint) -> bool {
+        let fits = self.layers.iter().enumerate().all(|(i, l)| {
+            match cp.rings.iter().find(|r| r.layer == i) {
+                // Same buffer sizes: a checkpoint of this sequence (the copy needs no bounds of its own).
+                Some(r) => r.k.len() == l.k.len() && r.v.len() == l.v.len(),
+                None => l.window.is_none() && l.placement.can_truncate(cp.pos, None),
+            }
+        });
+        if !fits {
+            return false;
+        }
+        if self.copy_back(cp).is_err() {
+            for l in &mut self.layers {
+                l.placement = RingPlacement::new(l.placement.capacity);
+            }
+            return false;
+        }
+        for l in self.layers.iter_mut().filter(|l| l.window.is_none()) {
+            l.placement.truncate(cp.pos);
+        }
+        true
+    }
+}
+
+impl ServingBackend for CudaModel {
+    fn set_kv_budget(&mut self, bytes: usize) {
+        self.gpu.kv_ledger.set_budget(Some(bytes));
+    }
+
+    /// Device caches are allocated whole when the sequence is made, whatever its length.
+    fn kv_sizing(&self, n_ctx: usize) -> KvSizing {
+        KvSizing::new(&self.cpu.config, n_ctx, None)
+    }
+
+    fn kv_bytes_in_use(&self) -> usize {
+        self.gpu.kv_ledger.in_use()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+    use tandem_model::config::{Activation, Arch, LayerSpec};
+
+    /// A ring of 4 rows and a global layer, one KV head of 32.
+    fn small_config() -> ModelConfig {
+        let rope = RopeParams {
+            style: RopeStyle::Neox,
+            n_rot: 32,
+            freq_base: 10_000.0,
+            freq_scale: 1.0,
+        };
+        ModelConfig {
+            arch: Arch::Gemma3,
+            n_vocab: 512,
+            d_model: 64,
+            n_head: 2,
+            n_kv_head: 1,
+            head_dim: 32,
+            d_ff: 128,
+            eps: 1e-6,
+            context_length: 16,
+            layers: vec![LayerSpec { window: Some(4), rope }, LayerSpec { window: None, rope }],
+            attn_scale: 0.18,
+            embed_scale: None,
+            activation: Activation::GeluTanh,
+            qk_norm: true,
+            post_norms: true,
+        }
+    }
+
+    /// Runs only where a GPU is; elsewhere `Gpu::new` must say why not.
+    #[test]
+    fn checkpoint_and_restore_on_the_device() {
+        let gpu = match Gpu::new(0) {
+            Ok(gpu) => gpu,
+            Err(CudaError::Unavailable(why)) => {
+                eprintln!("no GPU, device copies not exercised: {why}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let config = small_config();
+        let mut kv = GpuSequenceKv::new(&gpu, &config, 16).unwrap();
+        let fill = |kv: &mut GpuSequenceKv, value: u16, rows: usize| {
+            for l in &mut kv.layers {
+                let n = l.k.len();
+                gpu.stream.memcpy_htod(&vec![value; n], &mut l.k).unwrap();
+                gpu.stream.memcpy_htod(&vec![value + 1; n], &mut l.v).unwrap();
+                l.placement = l.placement.append(rows).1;
+            }
+        };
+        fill(&mut kv, 10, 6);
+        let ring_at_6 = kv.layers[0].placement;
+        assert!(ring_at_6.is_wrapped());
+        let cp = kv.checkpoint().unwrap();
+        assert_eq!((cp.pos, cp.bytes()), (6, 2 * 4 * 32 * 2));
+        assert_eq!(gpu.kv_ledger.in_use(), kv.bytes() + cp.bytes());
+        fill(&mut kv, 20, 3);
+        assert!(!kv.truncate(6), "the ring moved past what position 6 needs");
+        assert!(kv.restore(&cp));
+        assert_eq!(kv.len(), 6);
+        assert_eq!(kv.layers[0].placement, ring_at_6);
+        assert_eq!(kv.layers[1].placement.end(), 6);
+        let ring_k = gpu.download(&kv.layers[0].k).unwrap();
+        let ring_v = gpu.download(&kv.layers[0].v).unwrap();
+        assert!(ring_k.iter().all(|&x| x == 10) && ring_v.iter().all(|&x| x == 11));
+        assert!(kv.truncate(5), "a restored cache cuts back like any other");
+        // No room in the budget: the checkpoint is refused, not allocated past it.
+        gpu.kv_ledger.set_budget(Some(gpu.kv_ledger.in_use()));
+        assert!(matches!(kv.checkpoint(), Err(ModelError::KvFull { .. })));
+        drop(cp);
+        assert_eq!(gpu.kv_ledger.in_use(), kv.bytes());
+    }
+
+    #[test]
+    fn the_ledger_counts_caps_and_releases() {
+        let ledger = Arc::new(KvLedger::default());
+        let a = ledger.grant(600).unwrap();
+        ledger.set_budget(Some(1000));
+        let b = ledger.grant(400).unwrap();
+        assert_eq!(ledger.in_use(), 1000);
+        match ledger.grant(1) {
+            Err(CudaError::KvFull {
+                budget_bytes: 1000,
+                in_use: 1000,
+                need: 1,
+            }) => {}
+            other => panic!("expected KvFull, got {:?}", other.map(|g| g.bytes)),
+        }
+        drop(a);
+        assert_eq!(ledger.in_use(), 400);
+        let c = ledger.grant(600).unwrap();
+        drop((b, c));
+        assert_eq!(ledger.in_use(), 0);
+        assert!(matches!(
+            ModelError::from(ledger.grant(2000).map(|_| ()).unwrap_err()),
+            ModelError::KvFull { budget_bytes: 1000 }
+        ));
     }
 }

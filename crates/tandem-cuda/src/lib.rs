@@ -4,7 +4,8 @@
 //!   cached on disk by source hash and arch.
 //! - `device`: the context, stream, cuBLAS handle and loaded kernels; every CUDA call is checked.
 //! - `routes`: which kernel a call takes, by shape (GPU-free, unit-tested).
-//! - `kv`: per-sequence f16 caches on the device under the CPU's `RingPlacement` metadata.
+//! - `kv`: per-sequence f16 caches on the device under the CPU's `RingPlacement` metadata, their
+//!   checkpoints and byte ledger, and the serving engine's `ServingBackend` for `CudaModel`.
 //! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM) and load-time tuning;
 //!   `int8`: the integer decode route (int8 activations, `dp4a` matvecs).
 //! - `model`: the `Backend` implementation and weight upload; `pool`: recycled device buffers;
@@ -43,10 +44,20 @@ pub enum CudaError {
     Blas { what: String, err: String },
     #[error("weight {name}: type {ty} has no CUDA kernel")]
     UnsupportedType { name: String, ty: tandem_gguf::GgmlType },
+    #[error("the KV cache budget of {budget_bytes} bytes has {in_use} in use, no room for {need} more")]
+    KvFull {
+        budget_bytes: usize,
+        in_use: usize,
+        need: usize,
+    },
 }
 
 impl From<CudaError> for tandem_model::ModelError {
     fn from(e: CudaError) -> Self {
-        tandem_model::ModelError::Kernel(e.to_string())
+        match e {
+            // A spent budget keeps its kind, as the CPU pool reports it.
+            CudaError::KvFull { budget_bytes, .. } => tandem_model::ModelError::KvFull { budget_bytes },
+            e => tandem_model::ModelError::Kernel(e.to_string()),
+        }
     }
 }

@@ -308,3 +308,37 @@ fn the_kv_budget_queues_what_does_not_fit() {
     );
     assert!(engine.stats().kv_bytes_budget == budget);
 }
+
+#[test]
+fn a_backend_made_on_the_engine_thread_serves_and_its_load_error_comes_back() {
+    let refused = ServingEngine::start_with(|| Err::<Model, _>("no device here"), ServingConfig::default());
+    assert!(matches!(refused, Err("no device here")));
+    let panicked = std::panic::catch_unwind(|| {
+        ServingEngine::start_with(
+            || -> Result<Model, String> { panic!("load blew up") },
+            ServingConfig::default(),
+        )
+    });
+    let why = panicked.err().expect("a panic while loading reaches the caller");
+    assert_eq!(why.downcast_ref::<&str>(), Some(&"load blew up"));
+
+    let config = ServingConfig {
+        n_ctx: 512,
+        ..Default::default()
+    };
+    let path = model_path(GEMMA.1);
+    let made = ServingEngine::start_with(
+        move || Model::from_file(GgufFile::open(path)?, threads()),
+        config.clone(),
+    )
+    .expect("the model loads on the engine thread");
+    let (given, tok) = engine(config);
+    let prompt = tok.encode("The capital of France is", true, false);
+    let bits = |(_, tokens, _): (usize, Vec<(u32, f32)>, FinishReason)| {
+        tokens.iter().map(|(t, l)| (*t, l.to_bits())).collect::<Vec<_>>()
+    };
+    let a = bits(collect(made.submit(request(prompt.clone(), 8)).unwrap()));
+    let b = bits(collect(given.submit(request(prompt, 8)).unwrap()));
+    assert_eq!(a.len(), 8);
+    assert_eq!(a, b, "the same model gives the same bits however it reached the engine");
+}

@@ -6,12 +6,14 @@
 //! - `graph`: the layer graph, written once for one row (decode) or many (prefill), any mix of sequences
 //!   and any backend.
 //! - `kv`: per-sequence f16 caches with ring placement for sliding-window layers.
+//! - `serving`: what the serving engine asks of a backend (request sizing, KV budget, prefix reuse).
 
 pub mod backend;
 pub mod config;
 pub mod cpu;
 pub mod graph;
 pub mod kv;
+pub mod serving;
 pub mod weights;
 
 use std::path::Path;
@@ -25,6 +27,7 @@ pub use config::{Arch, ModelConfig};
 pub use cpu::{Rows, Workspace};
 pub use graph::{LogitRows, Span};
 pub use kv::{KvPool, SequenceKv};
+pub use serving::{KvCheckpoint, KvSizing, ServingBackend, ServingCache};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -17,6 +17,9 @@
 //! the cached sequence is cut back to the common prefix when every layer still holds what that needs,
 //! else restored from the checkpoint taken when its prompt was read (sliding-window rings move on during
 //! decoding, so only the checkpoint can take them back).
+//!
+//! The loop is generic over the backend (`ServingBackend`): the backend is made on the loop's thread
+//! (`start_with`), since a GPU backend's context belongs to the thread that made it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,8 +27,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tandem_model::kv::Checkpoint;
-use tandem_model::{Backend, LogitRows, Model, ModelError, SequenceKv, Span, Workspace};
+use tandem_model::{
+    Backend, KvCheckpoint, KvSizing, LogitRows, Model, ModelError, SequenceCache, ServingBackend, ServingCache, Span,
+};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use super::api::*;
@@ -80,17 +84,28 @@ struct Shared {
 pub struct ServingEngine {
     shared: Arc<Shared>,
     config: ServingConfig,
-    /// An empty sequence, to size a request's KV need (`bytes_at`) without the model.
-    sizer: SequenceKv,
+    /// Sizes a request's KV need (`bytes_at`) without the model.
+    sizing: KvSizing,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl ServingEngine {
-    /// Starts the loop thread, which takes ownership of the model. KV blocks for all sequences (running
-    /// and cached) come from one pool capped at `kv_budget_bytes`.
-    pub fn start(mut model: Model, config: ServingConfig) -> Self {
-        model.set_kv_budget(config.kv_budget_bytes);
-        let sizer = model.new_sequence(config.n_ctx);
+    /// Starts the loop thread on the CPU model. KV blocks for all sequences (running and cached) come
+    /// from one pool capped at `kv_budget_bytes`.
+    pub fn start(model: Model, config: ServingConfig) -> Self {
+        Self::start_with(move || Ok::<_, std::convert::Infallible>(model), config).unwrap_or_else(|e| match e {})
+    }
+
+    /// Starts the loop thread, which makes its backend with `load` and owns it from then on; a load
+    /// error comes back here. KV for all sequences (running and cached) is capped at `kv_budget_bytes`.
+    pub fn start_with<B, E>(
+        load: impl FnOnce() -> Result<B, E> + Send + 'static,
+        config: ServingConfig,
+    ) -> Result<Self, E>
+    where
+        B: ServingBackend + 'static,
+        E: Send + 'static,
+    {
         let shared = Arc::new(Shared {
             inbox: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
@@ -104,16 +119,49 @@ impl ServingEngine {
         });
         let loop_shared = Arc::clone(&shared);
         let loop_config = config.clone();
+        let (ready_tx, ready) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("tandem-engine".into())
-            .spawn(move || Loop::new(model, loop_config, loop_shared).run())
+            .spawn(move || {
+                let mut model = match load() {
+                    Ok(model) => model,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                model.set_kv_budget(loop_config.kv_budget_bytes);
+                let sizing = model.kv_sizing(loop_config.n_ctx);
+                if ready_tx.send(Ok(sizing.clone())).is_ok() {
+                    Loop::new(model, sizing, loop_config, loop_shared).run();
+                }
+            })
             .expect("spawning the engine thread");
-        ServingEngine {
+        let sizing = match ready.recv() {
+            Ok(Ok(sizing)) => sizing,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            // The sender went away unused: only a panic while loading does that, and it is the caller's.
+            Err(_) => std::panic::resume_unwind(
+                thread
+                    .join()
+                    .err()
+                    .unwrap_or_else(|| Box::new("the engine thread ended without reporting its load")),
+            ),
+        };
+        Ok(ServingEngine {
             shared,
             config,
-            sizer,
+            sizing,
             thread: Mutex::new(Some(thread)),
-        }
+        })
+    }
+
+    /// KV bytes a request reaching `positions` reserves (on the GPU: the whole cache at any length).
+    pub fn kv_bytes_for(&self, positions: usize) -> usize {
+        self.sizing.bytes_at(positions.min(self.config.n_ctx))
     }
 }
 
@@ -137,9 +185,7 @@ impl EngineHandle for ServingEngine {
                 limit: self.config.max_tokens_limit,
             });
         }
-        let need = self
-            .sizer
-            .bytes_at((request.prompt.len() + request.max_tokens).min(self.config.n_ctx));
+        let need = self.kv_bytes_for(request.prompt.len() + request.max_tokens);
         if need > self.config.kv_budget_bytes {
             return Err(SubmitError::KvBudget {
                 need,
@@ -194,10 +240,10 @@ enum Phase {
     Decode { next: u32 },
 }
 
-struct Sequence {
+struct Sequence<K: ServingCache> {
     request: GenerationRequest,
     events: UnboundedSender<Event>,
-    kv: SequenceKv,
+    kv: K,
     /// Tokens whose K/V are in `kv`, in order.
     fed: Vec<u32>,
     phase: Phase,
@@ -206,7 +252,7 @@ struct Sequence {
     generated: usize,
     reserved: usize,
     /// Checkpoints at the ends of this conversation's prompts (oldest first, at most `MAX_CHECKPOINTS`).
-    checkpoints: Vec<Checkpoint>,
+    checkpoints: Vec<K::Checkpoint>,
     submitted: Instant,
     started: Instant,
     first_token: Option<Instant>,
@@ -221,48 +267,55 @@ const MAX_CHECKPOINTS: usize = 4;
 /// (a BOS, a system prompt's first words) are cheap to read again and not worth evicting it for.
 const MIN_REUSE: usize = 16;
 
-struct Cached {
+struct Cached<K: ServingCache> {
     fed: Vec<u32>,
-    kv: SequenceKv,
-    checkpoints: Vec<Checkpoint>,
+    kv: K,
+    checkpoints: Vec<K::Checkpoint>,
     last_used: Instant,
 }
 
-impl Cached {
+impl<K: ServingCache> Cached<K> {
     fn bytes(&self) -> usize {
-        self.kv.bytes_allocated() + self.checkpoints.iter().map(Checkpoint::bytes).sum::<usize>()
+        self.kv.bytes_allocated() + self.checkpoints.iter().map(KvCheckpoint::bytes).sum::<usize>()
     }
 }
 
+/// A sequence cache with what it can be reused from, as `reuse_prefix` hands it over:
+/// (cache, tokens in it, checkpoints, positions reused).
+type Reused<K> = (K, Vec<u32>, Vec<<K as ServingCache>::Checkpoint>, usize);
+
 /// One forward pass and the seconds it took.
-fn timed_forward(model: &Model, ws: &mut Workspace, spans: &mut [Span]) -> (Result<Vec<Vec<f32>>, ModelError>, f64) {
+fn timed_forward<B: Backend>(
+    model: &B,
+    ws: &mut B::Scratch,
+    spans: &mut [Span<B::Kv>],
+) -> (Result<Vec<Vec<f32>>, ModelError>, f64) {
     let t0 = Instant::now();
     let result = model.run(ws, spans);
     (result, t0.elapsed().as_secs_f64())
 }
 
-struct Loop {
-    model: Model,
+struct Loop<B: ServingBackend> {
+    model: B,
     config: ServingConfig,
     shared: Arc<Shared>,
-    ws: Workspace,
+    ws: B::Scratch,
     queue: VecDeque<Pending>,
-    running: Vec<Sequence>,
-    cache: Vec<Cached>,
+    running: Vec<Sequence<B::Kv>>,
+    cache: Vec<Cached<B::Kv>>,
     reserved: usize,
-    /// An empty sequence that sizes a request's KV need (`bytes_at`), made once.
-    sizer: SequenceKv,
+    /// Sizes a request's KV need (`bytes_at`).
+    sizing: KvSizing,
 }
 
-impl Loop {
-    fn new(model: Model, config: ServingConfig, shared: Arc<Shared>) -> Self {
-        let sizer = model.new_sequence(config.n_ctx);
+impl<B: ServingBackend> Loop<B> {
+    fn new(model: B, sizing: KvSizing, config: ServingConfig, shared: Arc<Shared>) -> Self {
         Loop {
-            sizer,
+            sizing,
             model,
             config,
             shared,
-            ws: Workspace::default(),
+            ws: B::Scratch::default(),
             queue: VecDeque::new(),
             running: Vec::new(),
             cache: Vec::new(),
@@ -344,7 +397,7 @@ impl Loop {
                 .running
                 .iter()
                 .flat_map(|s| &s.checkpoints)
-                .map(Checkpoint::bytes)
+                .map(KvCheckpoint::bytes)
                 .sum::<usize>()
     }
 
@@ -356,7 +409,7 @@ impl Loop {
                 continue;
             }
             let len = (p.request.prompt.len() + p.request.max_tokens).min(self.config.n_ctx);
-            let need = self.sizer.bytes_at(len);
+            let need = self.sizing.bytes_at(len);
             // Cached conversations give way to running ones.
             while self.reserved + need + self.unreserved_bytes() > self.config.kv_budget_bytes && !self.cache.is_empty()
             {
@@ -367,7 +420,14 @@ impl Loop {
                 return;
             }
             let Some(p) = self.queue.pop_front() else { return };
-            let (kv, fed, checkpoints, reused) = self.reuse_prefix(&p.request.prompt);
+            let (kv, fed, checkpoints, reused) = match self.reuse_prefix(&p.request.prompt) {
+                Ok(reused) => reused,
+                // Device memory can run out below the budget (the GPU is shared with the weights).
+                Err(e) => {
+                    let _ = p.events.send(Event::Failed(format!("allocating the KV cache: {e}")));
+                    continue;
+                }
+            };
             let _ = p.events.send(Event::Started {
                 prompt_tokens: p.request.prompt.len(),
                 reused,
@@ -409,7 +469,7 @@ impl Loop {
 
     /// The best cached conversation for `prompt`: its KV cut back (or restored) to the longest prefix
     /// it can serve, leaving at least one prompt token to read.
-    fn reuse_prefix(&mut self, prompt: &[u32]) -> (SequenceKv, Vec<u32>, Vec<Checkpoint>, usize) {
+    fn reuse_prefix(&mut self, prompt: &[u32]) -> Result<Reused<B::Kv>, ModelError> {
         let limit = prompt.len() - 1;
         let mut best: Option<(usize, usize)> = None;
         for (i, c) in self.cache.iter().enumerate() {
@@ -420,22 +480,22 @@ impl Loop {
         }
         if let Some((i, common)) = best {
             let mut c = self.cache.swap_remove(i);
-            c.checkpoints.retain(|cp| cp.pos <= common);
+            c.checkpoints.retain(|cp| cp.pos() <= common);
             if c.kv.truncate(common) {
                 c.fed.truncate(common);
-                return (c.kv, c.fed, c.checkpoints, common);
+                return Ok((c.kv, c.fed, c.checkpoints, common));
             }
             // The latest checkpoint inside the common prefix.
             while let Some(cp) = c.checkpoints.last() {
-                if cp.pos > 0 && c.kv.restore(cp) {
-                    let pos = cp.pos;
+                if cp.pos() > 0 && c.kv.restore(cp) {
+                    let pos = cp.pos();
                     c.fed.truncate(pos);
-                    return (c.kv, c.fed, c.checkpoints, pos);
+                    return Ok((c.kv, c.fed, c.checkpoints, pos));
                 }
                 c.checkpoints.pop();
             }
         }
-        (self.model.new_sequence(self.config.n_ctx), Vec::new(), Vec::new(), 0)
+        Ok((self.model.new_kv(self.config.n_ctx)?, Vec::new(), Vec::new(), 0))
     }
 
     /// One decode step for every sequence with a token waiting: one forward pass for the whole batch.
@@ -453,13 +513,13 @@ impl Loop {
                 Phase::Prefill { .. } => unreachable!("filtered above"),
             })
             .collect();
-        let mut picked: Vec<&mut Sequence> = Vec::with_capacity(decoding.len());
+        let mut picked: Vec<&mut Sequence<B::Kv>> = Vec::with_capacity(decoding.len());
         for (i, s) in self.running.iter_mut().enumerate() {
             if decoding.contains(&i) {
                 picked.push(s);
             }
         }
-        let mut spans: Vec<Span> = picked
+        let mut spans: Vec<Span<B::Kv>> = picked
             .iter_mut()
             .zip(&tokens)
             .map(|(s, t)| Span {
@@ -534,13 +594,13 @@ impl Loop {
             .map(|&(i, from, to)| self.running[i].request.prompt[from..to].to_vec())
             .collect();
         let rows: usize = pieces.iter().map(Vec::len).sum();
-        let mut picked: Vec<(&mut Sequence, usize)> = Vec::new();
+        let mut picked: Vec<(&mut Sequence<B::Kv>, usize)> = Vec::new();
         for (i, s) in self.running.iter_mut().enumerate() {
             if let Some(k) = shares.iter().position(|sh| sh.0 == i) {
                 picked.push((s, k));
             }
         }
-        let mut spans: Vec<Span> = picked
+        let mut spans: Vec<Span<B::Kv>> = picked
             .iter_mut()
             .map(|(s, k)| {
                 let last = shares[*k].2 == s.request.prompt.len();
@@ -589,7 +649,7 @@ impl Loop {
     }
 
     /// Samples the next token from `logits`, sends it, and decides whether the sequence goes on.
-    fn emit_next(s: &mut Sequence, logits: &[f32]) {
+    fn emit_next(s: &mut Sequence<B::Kv>, logits: &[f32]) {
         let token = s.sampler.sample(logits, &s.history);
         let logprob = s.request.top_logprobs.map(|k| {
             let lse = log_sum_exp(logits);
@@ -610,7 +670,7 @@ impl Loop {
             Some(FinishReason::Stop)
         } else if s.generated >= s.request.max_tokens {
             Some(FinishReason::Length)
-        } else if s.kv.len() + 1 > s.kv.n_ctx {
+        } else if s.kv.len() + 1 > s.kv.n_ctx() {
             Some(FinishReason::ContextFull)
         } else {
             None
@@ -660,7 +720,7 @@ impl Loop {
         let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
         st.queued = self.queue.len() + self.shared.inbox.lock().map_or(0, |q| q.len());
         st.running = self.running.len();
-        st.kv_bytes_used = self.model.kv_pool.bytes_in_use();
+        st.kv_bytes_used = self.model.kv_bytes_in_use();
         st.cached_sequences = self.cache.len();
     }
 }

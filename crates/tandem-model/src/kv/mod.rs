@@ -223,13 +223,11 @@ impl LayerCache {
     /// Whether the cache still holds every row a query at `pos` would see, once rows from `pos` on
     /// are dropped.
     fn can_truncate(&self, pos: usize) -> bool {
-        let needed_from = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        let p = &self.placement;
-        p.origin_logical <= needed_from && p.origin_logical <= pos && pos <= p.end()
+        self.placement.can_truncate(pos, self.window)
     }
 
     fn truncate(&mut self, pos: usize) {
-        self.placement.len = pos - self.placement.origin_logical;
+        self.placement.truncate(pos);
         // A global layer's rows past the cut are free again; a ring keeps its blocks (it wraps).
         if self.window.is_none() {
             let keep = pos.div_ceil(BLOCK_ROWS);

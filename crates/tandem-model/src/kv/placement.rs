@@ -51,6 +51,18 @@ impl RingPlacement {
         (offset < self.len).then(|| (self.origin_physical + offset) % self.capacity)
     }
 
+    /// Whether the layer still holds every row a query at `pos` would see once rows from `pos` on are
+    /// dropped (`window`: the layer's; `None` sees every key).
+    pub fn can_truncate(&self, pos: usize, window: Option<usize>) -> bool {
+        let needed_from = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        self.origin_logical <= needed_from && self.origin_logical <= pos && pos <= self.end()
+    }
+
+    /// Drops every position from `pos` on (checked with `can_truncate` first).
+    pub fn truncate(&mut self, pos: usize) {
+        self.len = pos - self.origin_logical;
+    }
+
     /// Picks the route for a chunk of `t` rows starting at `end()`, for a layer whose queries see keys
     /// from `p + 1 - window` (`window` = `None`: all keys).
     pub fn route(&self, t: usize, window: Option<usize>) -> ChunkRoute {
@@ -124,6 +136,22 @@ mod tests {
         replay(512, &[512, 512, 114]);
         replay(5, &[1; 17]);
         replay(4, &[7, 7, 7]);
+    }
+
+    #[test]
+    fn truncation_keeps_what_a_query_needs() {
+        let global = RingPlacement::new(4096).append(900).1;
+        assert!(global.can_truncate(0, None) && global.can_truncate(900, None));
+        assert!(!global.can_truncate(901, None), "past the end");
+        let mut ring = RingPlacement::new(512).append(900).1;
+        assert_eq!(ring.origin_logical, 388);
+        // A query at 899 sees keys 388..=899: all still there; at 898 it would need 387.
+        assert!(ring.can_truncate(899, Some(512)));
+        assert!(!ring.can_truncate(898, Some(512)));
+        ring.truncate(899);
+        assert_eq!((ring.end(), ring.len), (899, 511));
+        let young = RingPlacement::new(512).append(300).1;
+        assert!(young.can_truncate(17, Some(512)), "an unwrapped ring cuts anywhere");
     }
 
     #[test]

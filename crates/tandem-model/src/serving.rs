@@ -1,0 +1,187 @@
+//! What the serving engine asks of a backend beyond the layer graph: sizing a request's KV before it
+//! runs, a cap on KV memory, and cutting a finished conversation's cache back (or restoring a
+//! checkpoint of its sliding-window rings) so a follow-up turn reuses it. The CPU implementation is
+//! here; the CUDA one lives with its cache in `tandem-cuda`.
+
+use crate::backend::{Backend, SequenceCache};
+use crate::config::ModelConfig;
+use crate::kv::{Checkpoint, SequenceKv, BLOCK_ROWS};
+use crate::{Model, ModelError};
+
+/// How many KV bytes a sequence holds at a given length: what admission reserves for a request. Plain
+/// data, so the engine's handle sizes requests on any thread without the backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvSizing {
+    /// Rows each layer may hold: the context, or the window of a sliding-window layer.
+    pub layer_rows: Vec<usize>,
+    /// Bytes of one row of K and V together.
+    pub row_bytes: usize,
+    /// Storage grows in steps of this many rows; `None`: every layer is allocated whole up front.
+    pub grow_rows: Option<usize>,
+}
+
+impl KvSizing {
+    /// A sequence of up to `n_ctx` positions with `config`'s layers (f16 K and V).
+    pub fn new(config: &ModelConfig, n_ctx: usize, grow_rows: Option<usize>) -> Self {
+        KvSizing {
+            layer_rows: config
+                .layers
+                .iter()
+                .map(|l| l.window.map_or(n_ctx, |w| w.min(n_ctx)))
+                .collect(),
+            row_bytes: config.kv_width() * 2 * 2,
+            grow_rows,
+        }
+    }
+
+    /// Bytes the sequence holds once it has `len` positions.
+    pub fn bytes_at(&self, len: usize) -> usize {
+        self.layer_rows
+            .iter()
+            .map(|&rows| match self.grow_rows {
+                Some(step) => len.min(rows).div_ceil(step) * step * self.row_bytes,
+                None => rows * self.row_bytes,
+            })
+            .sum()
+    }
+}
+
+/// A copy of a sequence's state at one position, to go back to later.
+pub trait KvCheckpoint {
+    /// The position it was taken at.
+    fn pos(&self) -> usize;
+    /// Bytes of KV storage it holds.
+    fn bytes(&self) -> usize;
+}
+
+/// A sequence cache the serving loop can reuse across turns.
+pub trait ServingCache: SequenceCache {
+    type Checkpoint: KvCheckpoint;
+    /// Drops every position from `pos` on; false (and nothing changed) when a sliding-window layer has
+    /// already overwritten rows a query at `pos` would need.
+    fn truncate(&mut self, pos: usize) -> bool;
+    /// Copies what `truncate` cannot take back (the sliding-window layers) at the current position;
+    /// fails when the KV budget has no room for the copy.
+    fn checkpoint(&self) -> Result<Self::Checkpoint, ModelError>;
+    /// Goes back to a checkpoint taken earlier on this sequence; false (and nothing changed) when it
+    /// cannot.
+    fn restore(&mut self, cp: &Self::Checkpoint) -> bool;
+}
+
+/// A backend the serving engine can run: its caches are reusable and its KV memory capped.
+pub trait ServingBackend: Backend<Kv: ServingCache> {
+    /// Caps the KV bytes of every sequence and checkpoint together; takes effect for caches made
+    /// afterwards.
+    fn set_kv_budget(&mut self, bytes: usize);
+    /// How a sequence of up to `n_ctx` positions grows.
+    fn kv_sizing(&self, n_ctx: usize) -> KvSizing;
+    /// KV bytes held now by every sequence and checkpoint.
+    fn kv_bytes_in_use(&self) -> usize;
+}
+
+impl KvCheckpoint for Checkpoint {
+    fn pos(&self) -> usize {
+        self.pos
+    }
+
+    fn bytes(&self) -> usize {
+        Checkpoint::bytes(self)
+    }
+}
+
+impl ServingCache for SequenceKv {
+    type Checkpoint = Checkpoint;
+
+    fn truncate(&mut self, pos: usize) -> bool {
+        SequenceKv::truncate(self, pos)
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint, ModelError> {
+        SequenceKv::checkpoint(self)
+    }
+
+    fn restore(&mut self, cp: &Checkpoint) -> bool {
+        SequenceKv::restore(self, cp)
+    }
+}
+
+impl ServingBackend for Model {
+    fn set_kv_budget(&mut self, bytes: usize) {
+        Model::set_kv_budget(self, bytes);
+    }
+
+    /// CPU caches take blocks from the pool as they grow.
+    fn kv_sizing(&self, n_ctx: usize) -> KvSizing {
+        KvSizing::new(&self.config, n_ctx, Some(BLOCK_ROWS))
+    }
+
+    fn kv_bytes_in_use(&self) -> usize {
+        self.kv_pool.bytes_in_use()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Activation, Arch, LayerSpec};
+    use crate::kv::KvPool;
+    use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+
+    fn config(windows: &[Option<usize>], kv_heads: usize) -> ModelConfig {
+        let rope = RopeParams {
+            style: RopeStyle::Neox,
+            n_rot: 64,
+            freq_base: 10_000.0,
+            freq_scale: 1.0,
+        };
+        ModelConfig {
+            arch: Arch::Gemma3,
+            n_vocab: 512,
+            d_model: 256,
+            n_head: 4,
+            n_kv_head: kv_heads,
+            head_dim: 64,
+            d_ff: 512,
+            eps: 1e-6,
+            context_length: 8192,
+            layers: windows.iter().map(|&window| LayerSpec { window, rope }).collect(),
+            attn_scale: 0.125,
+            embed_scale: None,
+            activation: Activation::GeluTanh,
+            qk_norm: true,
+            post_norms: true,
+        }
+    }
+
+    #[test]
+    fn cpu_sizing_matches_what_the_cache_allocates() {
+        for (windows, kv_heads, n_ctx) in [
+            (vec![None, None], 1, 4096),
+            (vec![Some(512), Some(512), None], 2, 3000),
+            (vec![Some(1024), None], 4, 700),
+            (vec![Some(8); 5], 1, 100),
+        ] {
+            let c = config(&windows, kv_heads);
+            let kv = SequenceKv::new(&c, n_ctx, &KvPool::new(c.kv_width(), None));
+            let sizing = KvSizing::new(&c, n_ctx, Some(BLOCK_ROWS));
+            for len in [0, 1, 255, 256, 257, 511, 512, 513, 699, 700, 1500, 2999, 3000, 4096] {
+                assert_eq!(
+                    sizing.bytes_at(len),
+                    kv.bytes_at(len),
+                    "{windows:?} n_ctx {n_ctx} len {len}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn whole_allocation_is_the_full_capacity_at_any_length() {
+        let c = config(&[Some(512), None, Some(512)], 2);
+        let sizing = KvSizing::new(&c, 2048, None);
+        let whole = (512 + 2048 + 512) * c.kv_width() * 4;
+        assert_eq!(sizing.bytes_at(1), whole);
+        assert_eq!(sizing.bytes_at(2048), whole);
+        // A context shorter than the window caps the ring too.
+        assert_eq!(KvSizing::new(&c, 100, None).bytes_at(5), 300 * c.kv_width() * 4);
+    }
+}
