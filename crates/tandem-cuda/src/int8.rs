@@ -27,7 +27,7 @@ impl ActQuant {
         }
     }
 
-    /// Bytes of `t` quantized rows of `cols`: quants, then block scales, then (Q8_K) sums of 16.
+    /// Bytes of `t` quantized rows of `cols`: quants, then (Q8_K) sums of 16, then block scales.
     pub fn bytes(self, t: usize, cols: usize) -> usize {
         let sums = match self {
             ActQuant::Q8K => t * (cols / 16) * 4,

@@ -3,7 +3,8 @@
 //! - `nvrtc`: kernel sources (`kernels/*.cu`), compiled at run time for the detected architecture and
 //!   cached on disk by source hash and arch.
 //! - `device`: the context, stream, cuBLAS handle and loaded kernels; every CUDA call is checked.
-//! - `routes`: which kernel a call takes, by shape (GPU-free, unit-tested).
+//! - `routes`: which kernel a call takes, by shape (GPU-free, unit-tested); `attention_gemm`: prefill
+//!   attention by cuBLAS batched GEMMs.
 //! - `kv`: per-sequence f16 caches on the device under the CPU's `RingPlacement` metadata, their
 //!   checkpoints and byte ledger, and the serving engine's `ServingBackend` for `CudaModel`.
 //! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM) and load-time tuning;
@@ -15,6 +16,7 @@
 //! its GPU-free parts test on machines with no CUDA at all; on such a machine `Gpu::new` returns
 //! `CudaError::Unavailable` with the reason.
 
+pub mod attention_gemm;
 mod decode_graph;
 pub mod device;
 pub mod int8;

@@ -15,6 +15,7 @@ use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm, Weights};
 use tandem_model::{Model, ModelConfig, ModelError, Span};
 
+use crate::attention_gemm::key_range;
 use crate::decode_graph::DecodeGraph;
 use crate::device::{driver, Gpu};
 use crate::int8::{self, int8_format, mmvq_into, quantize_act_into, ActQuant};
@@ -24,7 +25,7 @@ use crate::launch::{
 };
 use crate::pool::{BufPool, DevBuf};
 use crate::profile::OpProfile;
-use crate::routes::{self, KvRoute, MatmulRoute, ATT_TILE};
+use crate::routes::{self, AttentionRoute, KvRoute, MatmulRoute, ATT_TILE};
 use crate::CudaError;
 
 struct GpuMatrix {
@@ -62,7 +63,7 @@ impl GpuAct {
         self.buf.as_deref().ok_or_else(dry_buffer)
     }
 
-    fn buf_mut(&mut self) -> Result<&mut CudaSlice<f32>, CudaError> {
+    pub(crate) fn buf_mut(&mut self) -> Result<&mut CudaSlice<f32>, CudaError> {
         self.int8.get_mut().clear();
         self.buf.as_deref_mut().ok_or_else(dry_buffer)
     }
@@ -133,6 +134,16 @@ impl Drop for CudaModel {
     }
 }
 
+/// Threads of a one-block-per-row kernel (norms): a decode step has one row, so the block's width is
+/// the kernel's parallelism. Fixed by the width alone, so a row's sums never depend on the batch.
+fn row_threads(width: usize) -> u32 {
+    if width >= 2048 {
+        1024
+    } else {
+        256
+    }
+}
+
 /// Index slots in the parameter arena: far more than a decode step's few per layer.
 const ARENA_INTS: usize = 1 << 16;
 
@@ -176,7 +187,8 @@ impl CudaModel {
             };
             // The embedding kernels read the ggml layout, so the table never takes the integer route.
             let int8_fmt = int8_format(m.ty).filter(|_| int8_enabled && m.name != w.token_embd.name);
-            let key = (suffix, m.rows, m.cols);
+            // The choice depends on whether the integer kernel was on offer (not for the embedding table).
+            let key = (suffix, m.rows, m.cols, int8_fmt.is_some());
             let mut repacked = None;
             let (decode, decode_cublas) = match tuned.get(&key) {
                 Some(&choice) => choice,
@@ -375,6 +387,15 @@ impl CudaModel {
         let c = &self.cpu.config;
         let (capacity, origin_logical, origin_physical) = source;
         let t = rows.len();
+        // Prefill chunks (never captured, so only in direct launches) take the tensor cores when their
+        // keys are contiguous in this buffer.
+        if self.mode.get() == Mode::Normal && routes::attention_route(t, self.deterministic) == AttentionRoute::Gemm {
+            if let Some(keys) = key_range(positions, window, source) {
+                return self.profiled("attention (GEMM route)", || {
+                    self.attend_gemm(io, rows, kc, vc, keys, positions, window)
+                });
+            }
+        }
         let span = routes::tile_span(positions, window, origin_logical);
         let tile_cap = tile_cap.max(span.n);
         let pos = self.param(positions, "position")?;
@@ -414,7 +435,7 @@ impl CudaModel {
                 .arg(&tc)
                 .arg(partial.buf_mut()?);
             let grid = (tile_cap as u32, c.n_head as u32, t as u32);
-            driver("attend_partial", unsafe { b.launch(launch_cfg(grid, 32)) })?;
+            driver("attend_partial", unsafe { b.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
         }
         let mut out_view = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
         let f = self.gpu.function("attend_combine")?;
@@ -556,7 +577,7 @@ impl Backend for CudaModel {
             let mut b = self.gpu.stream.launch_builder(f);
             b.arg(x.buf()?).arg(out.buf_mut()?).arg(w).arg(&width).arg(&eps);
             driver("rms_norm_to", unsafe {
-                b.launch(launch_cfg((x.rows as u32, 1, 1), 256))
+                b.launch(launch_cfg((x.rows as u32, 1, 1), row_threads(x.width)))
             })?;
             Ok(out)
         })
@@ -574,11 +595,11 @@ impl Backend for CudaModel {
                 self.cpu.config.eps,
                 i32::from(norm.is_some()),
             );
-            let rows = x.rows as u32;
+            let (rows, threads) = (x.rows as u32, row_threads(x.width));
             let f = self.gpu.function("add_normed")?;
             let mut b = self.gpu.stream.launch_builder(f);
             b.arg(x.buf_mut()?).arg(y.buf()?).arg(w).arg(&width).arg(&eps).arg(&has);
-            driver("add_normed", unsafe { b.launch(launch_cfg((rows, 1, 1), 256)) })?;
+            driver("add_normed", unsafe { b.launch(launch_cfg((rows, 1, 1), threads)) })?;
             Ok(())
         })
     }

@@ -14,10 +14,19 @@
 //! - `deterministic`: always `Matvec`, whose per-element summation order depends on the matrix width
 //!   alone, so logits are bit-identical across chunk sizes and batch compositions.
 //!
-//! Attention takes the same two kernels for every chunk shape (partial softmax per position-aligned
-//! tile, then an in-order combine); what changes with the chunk is where the keys are read from
-//! (`KvRoute`: the cache in place, or a staged copy when the chunk would overwrite ring rows its own
-//! early queries still need), and which tiles the grid spans (`TileSpan`).
+//! Attention route tree (`attention_route`), for a chunk of `t` queries:
+//! - `t <= MATVEC_MAX_ROWS` (decode, very short chunks) or `deterministic`: `Tiles` — partial softmax
+//!   per position-aligned key tile, then an in-order combine (`kernels/attention.cu`). A query meets
+//!   the same tiles in the same order however it is chunked, so this is the bit-exact route; each
+//!   query reads its keys itself, which is what a single decode query needs anyway.
+//! - `t > MATVEC_MAX_ROWS` (prefill): `Gemm` — the scores of the whole chunk by cuBLAS batched GEMMs on
+//!   the tensor cores, a masked softmax to f16, and P·V by cuBLAS (`attention_gemm.rs`): every key is
+//!   read once per chunk instead of once per query. It needs the chunk's keys contiguous in the
+//!   buffer; where a ring wraps inside them, the chunk takes `Tiles`.
+//!
+//! On either route, what changes with the chunk is where the keys are read from (`KvRoute`: the cache
+//! in place, or a staged copy when the chunk would overwrite ring rows its own early queries still
+//! need), and which tiles the tile kernel's grid spans (`TileSpan`).
 
 use tandem_model::kv::{ChunkRoute, RingPlacement};
 
@@ -43,6 +52,21 @@ pub fn matmul_route(t: usize, deterministic: bool, one_row_cublas: bool) -> Matm
         MatmulRoute::Gemm
     } else {
         MatmulRoute::Matvec
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionRoute {
+    Tiles,
+    Gemm,
+}
+
+/// The attention route for a chunk of `t` queries (see the route tree above).
+pub fn attention_route(t: usize, deterministic: bool) -> AttentionRoute {
+    if deterministic || t <= MATVEC_MAX_ROWS {
+        AttentionRoute::Tiles
+    } else {
+        AttentionRoute::Gemm
     }
 }
 
@@ -119,6 +143,14 @@ mod tests {
         assert_eq!(matmul_route(1, false, true), MatmulRoute::Gemm);
         assert_eq!(matmul_route(2, false, true), MatmulRoute::Matvec);
         assert_eq!(matmul_route(1, true, true), MatmulRoute::Matvec);
+    }
+
+    #[test]
+    fn prefill_chunks_attend_on_the_tensor_cores_except_in_deterministic_mode() {
+        assert_eq!(attention_route(1, false), AttentionRoute::Tiles);
+        assert_eq!(attention_route(MATVEC_MAX_ROWS, false), AttentionRoute::Tiles);
+        assert_eq!(attention_route(MATVEC_MAX_ROWS + 1, false), AttentionRoute::Gemm);
+        assert_eq!(attention_route(512, true), AttentionRoute::Tiles);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tandem_gguf::GgmlType;
 
 use super::{rel_err, Rng, Row};
 
-/// Activation rows quantized on the CPU, in the GPU buffer's layout (quants, scales, sums of 16).
+/// Activation rows quantized on the CPU, in the GPU buffer's layout (quants, sums of 16, scales).
 fn cpu_quantize(fmt: ActQuant, x: &[f32], t: usize, cols: usize) -> Vec<u8> {
     let isa = Isa::detect();
     let nb = cols / fmt.block();
@@ -40,15 +40,16 @@ fn cpu_quantize(fmt: ActQuant, x: &[f32], t: usize, cols: usize) -> Vec<u8> {
         }
     }
     let mut out: Vec<u8> = qs.iter().map(|&q| q as u8).collect();
-    out.extend(d.iter().flat_map(|v| v.to_le_bytes()));
     out.extend(sums.iter().flat_map(|v| v.to_le_bytes()));
+    out.extend(d.iter().flat_map(|v| v.to_le_bytes()));
     out
 }
 
 /// The value each quantized activation stands for: `d[block] * q`.
 fn dequantized_activations(fmt: ActQuant, a: &[u8], t: usize, cols: usize) -> Vec<f64> {
     let nb = cols / fmt.block();
-    let d = |i: usize| f32::from_le_bytes(a[t * cols + 4 * i..t * cols + 4 * i + 4].try_into().unwrap());
+    let scales = fmt.bytes(t, cols) - t * nb * 4;
+    let d = |i: usize| f32::from_le_bytes(a[scales + 4 * i..scales + 4 * i + 4].try_into().unwrap());
     (0..t * cols)
         .map(|i| {
             let (row, c) = (i / cols, i % cols);

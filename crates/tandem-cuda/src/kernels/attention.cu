@@ -17,13 +17,19 @@
 #define MAX_HEAD_DIM 256
 
 // partial layout: [(q * n_head + h) * tile_cap + tile] * (head_dim + 2): m, l, acc[head_dim].
-extern "C" __global__ void __launch_bounds__(32) attend_partial(
+// One block of ATT_WARPS warps per (tile, head, query): warp w scores keys 32w .. 32w + 31 of the tile
+// (lane i takes key i, a whole-row dot), takes their softmax partial (max, sum, weighted V rows) on its
+// own, and the block merges its warps' partials in ascending order. The order of every sum is fixed
+// by the tile and the key positions alone.
+#define ATT_WARPS (ATT_TILE / 32)
+extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_partial(
     const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, int capacity,
     int kv_width, const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head,
     int head_dim, float scale, int window, int tile_cap, float* __restrict__ partial) {
     int origin_logical = meta[0], origin_physical = meta[1], tile_lo = meta[2], n_tiles = meta[3];
     if ((int)blockIdx.x >= n_tiles) return;
-    int tile = tile_lo + blockIdx.x, h = blockIdx.y, qi = blockIdx.z, lane = threadIdx.x;
+    int tile = tile_lo + blockIdx.x, h = blockIdx.y, qi = blockIdx.z;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int p = pos[qi];
     int first = window > 0 ? max(0, p + 1 - window) : 0;
     first = max(first, origin_logical);
@@ -31,7 +37,7 @@ extern "C" __global__ void __launch_bounds__(32) attend_partial(
     float* out = partial + ((size_t)(qi * n_head + h) * tile_cap + blockIdx.x) * (head_dim + 2);
     int per = head_dim / 32;
     if (lo > hi) {
-        if (lane == 0) {
+        if (threadIdx.x == 0) {
             out[0] = -INFINITY;
             out[1] = 0.f;
         }
@@ -41,54 +47,67 @@ extern "C" __global__ void __launch_bounds__(32) attend_partial(
     const float* qr = q + ((size_t)qi * n_head + h) * head_dim;
     // Queries are rounded to f16, as the CPU backend (and llama.cpp) does before the K product.
     __shared__ float qs[MAX_HEAD_DIM];
-    for (int d = lane; d < head_dim; d += 32) qs[d] = h2f(f2h(qr[d]));
-    __syncwarp();
+    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    __shared__ float wacc[ATT_WARPS][MAX_HEAD_DIM];
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = h2f(f2h(qr[d]));
+    __syncthreads();
+    int key = tile * ATT_TILE + 32 * w + lane;
+    bool valid = key >= lo && key <= hi;
+    size_t phys = valid ? (size_t)((origin_physical + (key - origin_logical)) % capacity) : 0;
+    float s = -INFINITY;
+    if (valid) {
+        const uint4* kr = (const uint4*)(kc + phys * kv_width + kvh * head_dim);
+        float dot = 0.f;
+        for (int d8 = 0; d8 < head_dim / 8; d8++) {
+            uint4 v = kr[d8];
+            const u16* hv = (const u16*)&v;
+#pragma unroll
+            for (int i = 0; i < 8; i++) dot = fmaf(qs[d8 * 8 + i], h2f(hv[i]), dot);
+        }
+        s = dot * scale;
+    }
+    unsigned live = __ballot_sync(0xffffffffu, valid);
+    float m = warp_max(s);
+    float e = valid ? expf(s - m) : 0.f;
+    float l = warp_sum(e);
     float acc[MAX_HEAD_DIM / 32];
 #pragma unroll
     for (int j = 0; j < MAX_HEAD_DIM / 32; j++) acc[j] = 0.f;
-    float m = -INFINITY, l = 0.f;
-    // Keys in blocks of 32: lane i scores key base + i on its own (a whole-row dot), the block's
-    // maximum and sum are warp reductions, then every lane adds the 32 weighted V rows for its dims.
-    for (int base = lo; base <= hi; base += 32) {
-        int key = base + lane;
-        bool valid = key <= hi;
-        size_t phys = valid ? (size_t)((origin_physical + (key - origin_logical)) % capacity) : 0;
-        float s = -INFINITY;
-        if (valid) {
-            const uint4* kr = (const uint4*)(kc + phys * kv_width + kvh * head_dim);
-            float dot = 0.f;
-            for (int d8 = 0; d8 < head_dim / 8; d8++) {
-                uint4 v = kr[d8];
-                const u16* hv = (const u16*)&v;
+    for (int k = 0; k < 32; k++) {
+        if (!((live >> k) & 1u)) continue;
+        float ek = __shfl_sync(0xffffffffu, e, k);
+        size_t pk = (size_t)__shfl_sync(0xffffffffu, (unsigned long long)phys, k);
+        const u16* vr = vc + pk * kv_width + kvh * head_dim;
 #pragma unroll
-                for (int i = 0; i < 8; i++) dot = fmaf(qs[d8 * 8 + i], h2f(hv[i]), dot);
-            }
-            s = dot * scale;
-        }
-        float m_new = fmaxf(m, warp_max(s));
-        float corr = expf(m - m_new);
-        float e = valid ? expf(s - m_new) : 0.f;
-        l = l * corr + warp_sum(e);
-#pragma unroll
-        for (int j = 0; j < MAX_HEAD_DIM / 32; j++) acc[j] *= corr;
-        int n = min(32, hi - base + 1);
-        for (int k = 0; k < n; k++) {
-            float ek = __shfl_sync(0xffffffffu, e, k);
-            size_t pk = (size_t)__shfl_sync(0xffffffffu, (unsigned long long)phys, k);
-            const u16* vr = vc + pk * kv_width + kvh * head_dim;
-#pragma unroll
-            for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
-                if (j < per) acc[j] = fmaf(ek, h2f(vr[lane + 32 * j]), acc[j]);
-        }
-        m = m_new;
+        for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
+            if (j < per) acc[j] = fmaf(ek, h2f(vr[lane + 32 * j]), acc[j]);
     }
     if (lane == 0) {
-        out[0] = m;
-        out[1] = l;
+        wm[w] = m;
+        wl[w] = l;
     }
 #pragma unroll
     for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
-        if (j < per) out[2 + lane + 32 * j] = acc[j];
+        if (j < per) wacc[w][lane + 32 * j] = acc[j];
+    __syncthreads();
+    // Merge the warps in ascending order (warps with no key in range carry l = 0 and are skipped).
+    float mm = -INFINITY;
+    for (int k = 0; k < ATT_WARPS; k++)
+        if (wl[k] > 0.f) mm = fmaxf(mm, wm[k]);
+    float f[ATT_WARPS], ll = 0.f;
+    for (int k = 0; k < ATT_WARPS; k++) {
+        f[k] = wl[k] > 0.f ? expf(wm[k] - mm) : 0.f;
+        ll += wl[k] * f[k];
+    }
+    if (threadIdx.x == 0) {
+        out[0] = mm;
+        out[1] = ll;
+    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float v = 0.f;
+        for (int k = 0; k < ATT_WARPS; k++) v += wacc[k][d] * f[k];
+        out[2 + d] = v;
+    }
 }
 
 // out[q][h] = merge of the tiles' partial softmaxes, in ascending tile order. One warp per (head, query).
@@ -118,4 +137,40 @@ extern "C" __global__ void __launch_bounds__(32) attend_combine(const float* __r
 #pragma unroll
     for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
         if (j < per) o[lane + 32 * j] = acc[j] / l;
+}
+
+// Sum or maximum over a block of up to 1024 threads in a fixed tree; every thread gets the result.
+__device__ float block_reduce(float v, bool is_max) {
+    __shared__ float part[32];
+    v = is_max ? warp_max(v) : warp_sum(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    int n = blockDim.x >> 5;
+    float r = part[0];
+    for (int k = 1; k < n; k++) r = is_max ? fmaxf(r, part[k]) : r + part[k];
+    return r;
+}
+
+// The prefill GEMM route's softmax (`attention_gemm.rs`): S holds the scaled scores [h][i][j] of query
+// i against the key at position key_lo + j; P receives, rounded to f16, the softmax over the keys
+// query i may see (positions [max(key_lo, p + 1 - window), p]) and 0 for every other key. One block
+// per (query, head).
+extern "C" __global__ void __launch_bounds__(256) attend_softmax(const float* __restrict__ S, u16* __restrict__ P,
+                                                                 const int* __restrict__ pos, int t, int nk,
+                                                                 int key_lo, int window) {
+    int i = blockIdx.x, h = blockIdx.y;
+    const float* s = S + ((size_t)h * t + i) * nk;
+    u16* pr = P + ((size_t)h * t + i) * nk;
+    int p = pos[i];
+    int first = window > 0 ? max(key_lo, p + 1 - window) : key_lo;
+    int jlo = first - key_lo, jhi = p - key_lo;
+    float m = -INFINITY;
+    for (int j = jlo + threadIdx.x; j <= jhi; j += blockDim.x) m = fmaxf(m, s[j]);
+    m = block_reduce(m, true);
+    float sum = 0.f;
+    for (int j = jlo + threadIdx.x; j <= jhi; j += blockDim.x) sum += expf(s[j] - m);
+    float inv = 1.f / block_reduce(sum, false);
+    for (int j = threadIdx.x; j < nk; j += blockDim.x)
+        pr[j] = (j >= jlo && j <= jhi) ? f2h(expf(s[j] - m) * inv) : (u16)0;
 }

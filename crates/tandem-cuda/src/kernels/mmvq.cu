@@ -9,8 +9,9 @@
 // are then the CPU's exactly; only the order of the float sums over blocks differs.
 //
 // Quantized activations of `n_t` rows of `cols`, in one byte buffer (see `act_bytes` in launch.rs):
-//   qs: n_t * cols int8 | d: n_t * (cols / B) f32 | sums: n_t * (cols / 16) int32 (Q8_K only)
-// with B = 256 (Q8_K) or 32 (Q8).
+//   qs: n_t * cols int8 | sums: n_t * (cols / 16) int32 (Q8_K only) | d: n_t * (cols / B) f32
+// with B = 256 (Q8_K) or 32 (Q8). The quants and sums are whole 16-byte lines (cols is a multiple of
+// 256 for Q8_K), so kernels read them with 16-byte loads.
 //
 // Weights: Q4_K is read in its ggml layout (144-byte super-blocks, 16-byte aligned). Q6_K (210 bytes)
 // and Q8_0 (34 bytes) are not 16-byte aligned, so they are repacked once at load (`repack_*`): each row
@@ -21,12 +22,13 @@ __device__ __forceinline__ const signed char* act_qs(const u8* a, int t, int col
     return (const signed char*)a + (size_t)t * cols;
 }
 
-__device__ __forceinline__ const float* act_d(const u8* a, int n_t, int t, int cols, int blk) {
-    return (const float*)(a + (size_t)n_t * cols) + (size_t)t * (cols / blk);
+__device__ __forceinline__ int* act_sums(const u8* a, int n_t, int t, int cols) {
+    return (int*)(a + (size_t)n_t * cols) + (size_t)t * (cols / 16);
 }
 
-__device__ __forceinline__ const int* act_sums(const u8* a, int n_t, int t, int cols, int blk) {
-    return (const int*)(a + (size_t)n_t * cols + (size_t)n_t * (cols / blk) * 4) + (size_t)t * (cols / 16);
+__device__ __forceinline__ float* act_d(const u8* a, int n_t, int t, int cols, int blk) {
+    size_t sums = blk == 256 ? (size_t)n_t * (cols / 16) * 4 : 0;
+    return (float*)(a + (size_t)n_t * cols + sums) + (size_t)t * (cols / blk);
 }
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
@@ -54,8 +56,8 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8k(const float* __re
     for (int k = 1; k < 8; k++) first = min(first, red_idx[k]);
     float vmax = x[(size_t)t * cols + blk * 256 + first];
     signed char* qs = (signed char*)a + (size_t)t * cols + blk * 256;
-    float* d = (float*)(a + (size_t)n_t * cols) + (size_t)t * (cols / 256) + blk;
-    int* sums = (int*)(a + (size_t)n_t * cols + (size_t)n_t * (cols / 256) * 4) + (size_t)t * (cols / 16) + blk * 16;
+    float* d = act_d(a, n_t, t, cols, 256) + blk;
+    int* sums = act_sums(a, n_t, t, cols) + blk * 16;
     int q = 0;
     if (vmax != 0.f) {
         float iscale = -127.f / vmax;
@@ -84,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(128) quantize_q8(const float* __res
     float id = amax != 0.f ? 127.f / amax : 0.f;
     int q = __float2int_rn(v * id);
     ((signed char*)a)[(size_t)t * cols + blk * 32 + lane] = (signed char)q;
-    if (lane == 0) ((float*)(a + (size_t)n_t * cols))[(size_t)t * (cols / 32) + blk] = h2f(f2h(amax / 127.f));
+    if (lane == 0) act_d(a, n_t, t, cols, 32)[blk] = h2f(f2h(amax / 127.f));
 }
 
 // Q6_K -> per row: super-blocks of 208 bytes (ql[128] | qh[64] | scales[16]); then d (f16) of every
@@ -203,7 +205,7 @@ __device__ __forceinline__ void mmvq_q4_k_rows(const u8* W, const u8* A, float* 
                     const signed char* xq = act_qs(A, m.t0 + t, cols) + e;
                     int dl = dot16(lo + 4, ldx16(xq + 16)) + dot16(lo, ldx16(xq));
                     int dh = dot16(hi + 4, ldx16(xq + 48)) + dot16(hi, ldx16(xq + 32));
-                    int4 bs = __ldg((const int4*)(act_sums(A, n_t, m.t0 + t, cols, 256) + e / 16));
+                    int4 bs = __ldg((const int4*)(act_sums(A, n_t, m.t0 + t, cols) + e / 16));
                     int isum = sc0 * dl + sc1 * dh, msum = m0 * (bs.x + bs.y) + m1 * (bs.z + bs.w);
                     float dx = __ldg(act_d(A, n_t, m.t0 + t, cols, 256) + sb);
                     acc[t] += dx * (d * (float)isum - dmin * (float)msum);

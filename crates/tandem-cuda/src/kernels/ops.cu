@@ -20,7 +20,7 @@ __device__ float inv_rms(const float* g, int n, float eps) {
 }
 
 // RMS norm of each `group`-wide slice (one block per slice), times `weight`, in place.
-extern "C" __global__ void rms_norm(float* __restrict__ x, const float* __restrict__ weight, int group,
+extern "C" __global__ void __launch_bounds__(1024) rms_norm(float* __restrict__ x, const float* __restrict__ weight, int group,
                                     float eps) {
     float* g = x + (size_t)blockIdx.x * group;
     float scale = inv_rms(g, group, eps);
@@ -28,7 +28,7 @@ extern "C" __global__ void rms_norm(float* __restrict__ x, const float* __restri
 }
 
 // out = norm(x) * weight, one block per row: the pre-norm of a block, leaving the residual alone.
-extern "C" __global__ void rms_norm_to(const float* __restrict__ x, float* __restrict__ out,
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_to(const float* __restrict__ x, float* __restrict__ out,
                                        const float* __restrict__ weight, int width, float eps) {
     const float* g = x + (size_t)blockIdx.x * width;
     float* o = out + (size_t)blockIdx.x * width;
@@ -37,7 +37,7 @@ extern "C" __global__ void rms_norm_to(const float* __restrict__ x, float* __res
 }
 
 // x += norm(y) * weight (has_norm) or x += y: a block's output joining the residual, one block per row.
-extern "C" __global__ void add_normed(float* __restrict__ x, const float* __restrict__ y,
+extern "C" __global__ void __launch_bounds__(1024) add_normed(float* __restrict__ x, const float* __restrict__ y,
                                       const float* __restrict__ weight, int width, float eps, int has_norm) {
     const float* g = y + (size_t)blockIdx.x * width;
     float* o = x + (size_t)blockIdx.x * width;
