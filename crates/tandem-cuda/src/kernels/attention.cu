@@ -58,6 +58,7 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_partial(
     if (valid) {
         const uint4* kr = (const uint4*)(kc + phys * kv_width + kvh * head_dim);
         float dot = 0.f;
+#pragma unroll 4
         for (int d8 = 0; d8 < head_dim / 8; d8++) {
             uint4 v = kr[d8];
             const u16* hv = (const u16*)&v;
@@ -66,21 +67,26 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_partial(
         }
         s = dot * scale;
     }
-    unsigned live = __ballot_sync(0xffffffffu, valid);
     float m = warp_max(s);
     float e = valid ? expf(s - m) : 0.f;
     float l = warp_sum(e);
     float acc[MAX_HEAD_DIM / 32];
 #pragma unroll
     for (int j = 0; j < MAX_HEAD_DIM / 32; j++) acc[j] = 0.f;
+    // Keys out of range have e = 0 and read row 0 (always allocated) without a branch, so the loads of
+    // many keys are in flight at once; a zero weight leaves the sum as it was (select, not 0 * v).
+#pragma unroll 8
     for (int k = 0; k < 32; k++) {
-        if (!((live >> k) & 1u)) continue;
         float ek = __shfl_sync(0xffffffffu, e, k);
         size_t pk = (size_t)__shfl_sync(0xffffffffu, (unsigned long long)phys, k);
         const u16* vr = vc + pk * kv_width + kvh * head_dim;
 #pragma unroll
-        for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
-            if (j < per) acc[j] = fmaf(ek, h2f(vr[lane + 32 * j]), acc[j]);
+        for (int j = 0; j < MAX_HEAD_DIM / 32; j++) {
+            if (j < per) {
+                float v = h2f(vr[lane + 32 * j]);
+                acc[j] = ek != 0.f ? fmaf(ek, v, acc[j]) : acc[j];
+            }
+        }
     }
     if (lane == 0) {
         wm[w] = m;
