@@ -1,6 +1,7 @@
 //! `tandem bench`: prompt processing (pp) and text generation (tg) throughput, measured the way
-//! llama-bench measures them: pp feeds N random tokens to an empty context as one batch; tg decodes N
-//! tokens one at a time after an empty context. Each test runs once to warm up, then `-r` times.
+//! llama-bench measures them: pp feeds N random tokens to an empty context in chunks of `--ubatch` rows
+//! (llama-bench's default micro-batch, 512); tg decodes N tokens one at a time after an empty context.
+//! Each test runs once to warm up, then `-r` times.
 
 use std::time::Instant;
 
@@ -39,6 +40,9 @@ pub struct BenchArgs {
     /// Generated tokens for the tg test (0 skips it).
     #[arg(short = 'n', long, default_value_t = 128)]
     pub n_gen: usize,
+    /// Rows per forward pass of the pp test (llama-bench's `-ub`, whose default is also 512).
+    #[arg(long = "ubatch", short = 'u', default_value_t = 512)]
+    pub ubatch: usize,
     /// Repetitions.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub repetitions: usize,
@@ -122,7 +126,7 @@ fn bench_on<B: Backend>(engine: &mut Engine<B>, bos: Option<u32>, args: &BenchAr
         for rep in 0..=reps {
             let mut kv = engine.try_new_sequence(n_ctx)?;
             let start = Instant::now();
-            engine.prefill(&mut kv, &prompt, args.n_prompt)?;
+            engine.prefill(&mut kv, &prompt, args.ubatch.clamp(1, args.n_prompt))?;
             if rep > 0 {
                 speeds.push(args.n_prompt as f64 / start.elapsed().as_secs_f64());
             }

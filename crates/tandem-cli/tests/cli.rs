@@ -246,3 +246,39 @@ fn tokenize_and_detokenize_the_real_models() {
     let out = tandem(&["detokenize", "--model", "gemma3-270m", "999999999"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("outside the vocabulary"));
 }
+
+/// `tandem bench` reports pp and tg rows as JSON; a prompt longer than `--ubatch` is read in several
+/// forward passes, and an ubatch larger than the prompt is one pass.
+#[test]
+fn bench_reports_pp_and_tg_in_micro_batches() {
+    let dir = temp_dir("bench");
+    let model = synth(&dir, "llama", "q8_0", 3, &[]);
+    let m = model.to_str().unwrap();
+    for ubatch in ["16", "4096"] {
+        let out = ok(&[
+            "bench",
+            "-m",
+            m,
+            "-p",
+            "40",
+            "-n",
+            "3",
+            "-r",
+            "1",
+            "--ubatch",
+            ubatch,
+            "--output-format",
+            "json",
+        ]);
+        let rows: serde_json::Value = serde_json::from_str(&out).expect("bench prints JSON");
+        let tests: Vec<&str> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["test"].as_str().unwrap())
+            .collect();
+        assert_eq!(tests, ["pp40", "tg3"], "{out}");
+        assert!(rows[0]["tok_s"].as_f64().unwrap() > 0.0, "{out}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

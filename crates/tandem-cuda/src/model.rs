@@ -391,9 +391,7 @@ impl CudaModel {
         // keys are contiguous in this buffer.
         if self.mode.get() == Mode::Normal && routes::attention_route(t, self.deterministic) == AttentionRoute::Gemm {
             if let Some(keys) = key_range(positions, window, source) {
-                return self.profiled("attention (GEMM route)", || {
-                    self.attend_gemm(io, rows, kc, vc, keys, positions, window)
-                });
+                return self.attend_gemm(io, rows, kc, vc, keys, positions, window);
             }
         }
         let span = routes::tile_span(positions, window, origin_logical);

@@ -1,5 +1,5 @@
 //! `TANDEM_CUDA_PROFILE=1`: GPU time per backend op, from CUDA events recorded around each op, printed
-//! to stderr when the model is dropped. Decode graphs are turned off while profiling (an event per op
+//! to stderr when the model is dropped. Ops are not nested, so the rows add up to the total. Decode graphs are turned off while profiling (an event per op
 //! needs direct launches); the events themselves cost little GPU time, so the shares hold.
 
 use std::cell::RefCell;
