@@ -6,6 +6,8 @@
 //! capture), the arena is uploaded, and the graph is launched. Kernels read every per-step value from
 //! the arena, so replays compute exactly what a direct launch would (`tandem gpu-check` compares bits).
 
+use std::collections::VecDeque;
+
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, DevicePtr};
 use tandem_model::kv::RingPlacement;
@@ -18,6 +20,21 @@ use crate::pool::DevBuf;
 
 /// Graphs kept at once (one per sequence being decoded; the oldest goes first).
 const MAX_GRAPHS: usize = 8;
+/// Sequences remembered as having taken their direct first step (the oldest is forgotten first, so a
+/// long-running server holds a bounded list; a forgotten one takes one more direct step).
+const MAX_WARMED: usize = 64;
+
+/// Whether `seq` is on its first decode step (then remembered, within `MAX_WARMED`).
+fn warm_up(warmed: &mut VecDeque<u64>, seq: u64) -> bool {
+    if warmed.contains(&seq) {
+        return false;
+    }
+    if warmed.len() == MAX_WARMED {
+        warmed.pop_front();
+    }
+    warmed.push_back(seq);
+    true
+}
 
 pub(crate) struct DecodeGraph {
     seq: u64,
@@ -40,7 +57,7 @@ impl CudaModel {
         if let Some(i) = self.graphs.borrow().iter().position(|g| g.seq == seq) {
             return self.replay(scratch, spans, i);
         }
-        if self.warmed.borrow_mut().insert(seq) {
+        if warm_up(&mut self.warmed.borrow_mut(), seq) {
             // First decode step of this sequence: run it directly, which sizes the pool.
             return graph::forward(self, scratch, spans);
         }
@@ -126,5 +143,23 @@ impl CudaModel {
                 graph::forward(self, scratch, spans)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sequence_warms_up_once_and_the_list_stays_bounded() {
+        let mut warmed = VecDeque::new();
+        assert!(warm_up(&mut warmed, 1));
+        assert!(!warm_up(&mut warmed, 1));
+        for seq in 2..=(MAX_WARMED as u64 + 1) {
+            assert!(warm_up(&mut warmed, seq));
+        }
+        assert_eq!(warmed.len(), MAX_WARMED);
+        // Sequence 1 was the oldest and is forgotten: one more direct step.
+        assert!(warm_up(&mut warmed, 1));
     }
 }

@@ -4,7 +4,7 @@
 //! (`decode_graph.rs`), so every op here runs in one of three modes (`Mode`).
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
 
@@ -121,7 +121,7 @@ pub struct CudaModel {
     u8_pool: Rc<BufPool<u8>>,
     pub(crate) captured_out: RefCell<Option<DevBuf<f32>>>,
     pub(crate) graphs: RefCell<Vec<DecodeGraph>>,
-    pub(crate) warmed: RefCell<HashSet<u64>>,
+    pub(crate) warmed: RefCell<VecDeque<u64>>,
     /// GPU time per op (`TANDEM_CUDA_PROFILE=1`).
     profile: Option<OpProfile>,
 }
@@ -252,7 +252,7 @@ impl CudaModel {
             u8_pool: Rc::default(),
             captured_out: RefCell::new(None),
             graphs: RefCell::new(Vec::new()),
-            warmed: RefCell::new(HashSet::new()),
+            warmed: RefCell::new(VecDeque::new()),
             profile,
         })
     }
