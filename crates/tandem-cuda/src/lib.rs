@@ -9,7 +9,8 @@
 //!   checkpoints and byte ledger, and the serving engine's `ServingBackend` for `CudaModel`.
 //! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM) and load-time tuning;
 //!   `int8`: the integer decode route (int8 activations, `dp4a` matvecs).
-//! - `model`: the `Backend` implementation and weight upload; `pool`: recycled device buffers;
+//! - `model`: the `Backend` implementation; `upload`: weights onto the device and the decode kernel
+//!   chosen per shape; `pool`: recycled device buffers;
 //!   `decode_graph`: decode steps captured once as CUDA graphs and replayed.
 //!
 //! The CUDA libraries are loaded at run time (`cudarc` with dynamic loading), so this crate builds and
@@ -27,11 +28,13 @@ pub mod nvrtc;
 pub mod pool;
 mod profile;
 pub mod routes;
+mod upload;
 
 pub use cudarc::driver::CudaSlice;
 pub use device::Gpu;
 pub use kv::GpuSequenceKv;
-pub use model::{CudaModel, GpuMemory};
+pub use model::CudaModel;
+pub use upload::GpuMemory;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {

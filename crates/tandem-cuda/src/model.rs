@@ -1,7 +1,7 @@
-//! The CUDA implementation of the layer graph's `Backend`: weights uploaded once (quantized for the
-//! matvec route, plus an f16 copy for the GEMM route unless deterministic), activations as f32 device
-//! buffers from a pool, KV in `GpuSequenceKv`. Decode steps replay a captured CUDA graph
-//! (`decode_graph.rs`), so every op here runs in one of three modes (`Mode`).
+//! The CUDA implementation of the layer graph's `Backend`: weights uploaded once by `upload.rs`
+//! (quantized for the matvec route, plus an f16 copy for the GEMM route unless deterministic),
+//! activations as f32 device buffers from a pool, KV in `GpuSequenceKv`. Decode steps replay a captured
+//! CUDA graph (`decode_graph.rs`), so every op here runs in one of three modes (`Mode`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -18,35 +18,14 @@ use tandem_model::{Model, ModelConfig, ModelError, Span};
 use crate::attention_gemm::key_range;
 use crate::decode_graph::DecodeGraph;
 use crate::device::{driver, Gpu};
-use crate::int8::{self, int8_format, mmvq_into, quantize_act_into, ActQuant};
+use crate::int8::{mmvq_into, quantize_act_into, ActQuant};
 use crate::kv::GpuSequenceKv;
-use crate::launch::{
-    blocks, dequant_f16, gemm_into, i32_of, launch_cfg, matvec_into, tune_decode, type_suffix, DecodeKernel,
-};
+use crate::launch::{blocks, gemm_into, i32_of, launch_cfg, matvec_into, DecodeKernel};
 use crate::pool::{BufPool, DevBuf};
 use crate::profile::OpProfile;
 use crate::routes::{self, AttentionRoute, KvRoute, MatmulRoute, ATT_TILE};
+use crate::upload::{GpuMatrix, GpuMemory};
 use crate::CudaError;
-
-struct GpuMatrix {
-    suffix: &'static str,
-    /// The quantized weights, in the layout `decode` reads (the ggml layout unless `Int8` repacked them).
-    quantized: CudaSlice<u8>,
-    /// The GEMM route's operand (absent in deterministic mode and for the embedding table).
-    f16: Option<CudaSlice<u16>>,
-    /// The matvec-route kernel measured fastest for this shape (used for every row count).
-    decode: DecodeKernel,
-    /// Whether cuBLAS over the f16 copy beat every matvec for one row (not in deterministic mode).
-    decode_cublas: bool,
-}
-
-/// Device memory by purpose, for `--verbose`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct GpuMemory {
-    pub weights_quantized: usize,
-    pub weights_f16: usize,
-    pub norms: usize,
-}
 
 /// Activations on the device: `rows × width` f32, row-major. `buf` is `None` only in a dry run.
 pub struct GpuAct {
@@ -109,21 +88,21 @@ pub struct CudaModel {
     pub deterministic: bool,
     /// Decode steps through captured CUDA graphs (`TANDEM_CUDA_GRAPHS=0` turns this off).
     pub graphs_enabled: Cell<bool>,
-    matrices: HashMap<String, GpuMatrix>,
-    norms: HashMap<String, CudaSlice<f32>>,
+    pub(crate) matrices: HashMap<String, GpuMatrix>,
+    pub(crate) norms: HashMap<String, CudaSlice<f32>>,
     pub memory: GpuMemory,
-    uploads: RefCell<Vec<Uploaded>>,
+    pub(crate) uploads: RefCell<Vec<Uploaded>>,
     pub(crate) mode: Cell<Mode>,
     pub(crate) arena: CudaSlice<i32>,
     pub(crate) staging: RefCell<Vec<i32>>,
-    f32_pool: Rc<BufPool<f32>>,
-    u16_pool: Rc<BufPool<u16>>,
-    u8_pool: Rc<BufPool<u8>>,
+    pub(crate) f32_pool: Rc<BufPool<f32>>,
+    pub(crate) u16_pool: Rc<BufPool<u16>>,
+    pub(crate) u8_pool: Rc<BufPool<u8>>,
     pub(crate) captured_out: RefCell<Option<DevBuf<f32>>>,
     pub(crate) graphs: RefCell<Vec<DecodeGraph>>,
     pub(crate) warmed: RefCell<VecDeque<u64>>,
     /// GPU time per op (`TANDEM_CUDA_PROFILE=1`).
-    profile: Option<OpProfile>,
+    pub(crate) profile: Option<OpProfile>,
 }
 
 impl Drop for CudaModel {
@@ -145,118 +124,9 @@ fn row_threads(width: usize) -> u32 {
 }
 
 /// Index slots in the parameter arena: far more than a decode step's few per layer.
-const ARENA_INTS: usize = 1 << 16;
+pub(crate) const ARENA_INTS: usize = 1 << 16;
 
 impl CudaModel {
-    /// Uploads `cpu`'s weights to GPU `ordinal`; `progress(done, total)` follows the bytes.
-    pub fn load(
-        cpu: Model,
-        ordinal: usize,
-        deterministic: bool,
-        mut progress: impl FnMut(usize, usize),
-    ) -> Result<Self, CudaError> {
-        let gpu = Gpu::new(ordinal)?;
-        let w = &cpu.weights;
-        let mats = w.matrices();
-        for m in &mats {
-            if type_suffix(m.ty).is_none() || m.cols % 32 != 0 {
-                return Err(CudaError::UnsupportedType {
-                    name: m.name.clone(),
-                    ty: m.ty,
-                });
-            }
-        }
-        let total: usize = mats.iter().map(|m| m.bytes(&cpu.file).len()).sum();
-        let mut done = 0;
-        let mut memory = GpuMemory::default();
-        let mut matrices = HashMap::new();
-        let mut tuned = HashMap::new();
-        let int8_enabled = std::env::var("TANDEM_CUDA_INT8").map_or(true, |v| v != "0");
-        for m in mats {
-            let bytes = m.bytes(&cpu.file);
-            let suffix = type_suffix(m.ty).expect("checked above");
-            let original = gpu.upload(bytes)?;
-            memory.weights_quantized += bytes.len();
-            // The embedding table only needs its f16 copy when it is also the output projection.
-            let multiplies = m.name != w.token_embd.name || w.output.name == w.token_embd.name;
-            let f16 = if multiplies && !deterministic {
-                memory.weights_f16 += m.rows * m.cols * 2;
-                Some(dequant_f16(&gpu, suffix, &original, m.rows, m.cols)?)
-            } else {
-                None
-            };
-            // The embedding kernels read the ggml layout, so the table never takes the integer route.
-            let int8_fmt = int8_format(m.ty).filter(|_| int8_enabled && m.name != w.token_embd.name);
-            // The choice depends on whether the integer kernel was on offer (not for the embedding table).
-            let key = (suffix, m.rows, m.cols, int8_fmt.is_some());
-            let mut repacked = None;
-            let (decode, decode_cublas) = match tuned.get(&key) {
-                Some(&choice) => choice,
-                None => {
-                    if let Some(fmt) = int8_fmt {
-                        repacked = Some((fmt, int8::repack(&gpu, m.ty, &original, m.rows, m.cols)?));
-                    }
-                    let int8 = repacked
-                        .as_ref()
-                        .map(|(fmt, r)| (*fmt, r.as_ref().unwrap_or(&original)));
-                    let choice = tune_decode(&gpu, suffix, &original, int8, f16.as_ref(), m.rows, m.cols)?;
-                    tuned.insert(key, choice);
-                    choice
-                }
-            };
-            // Keep one copy of the quantized weights: the layout the chosen decode kernel reads.
-            let quantized = match decode {
-                DecodeKernel::Int8(_) => match repacked {
-                    Some((_, r)) => r.unwrap_or(original),
-                    None => int8::repack(&gpu, m.ty, &original, m.rows, m.cols)?.unwrap_or(original),
-                },
-                DecodeKernel::Float(_) => original,
-            };
-            matrices.insert(
-                m.name.clone(),
-                GpuMatrix {
-                    suffix,
-                    quantized,
-                    f16,
-                    decode,
-                    decode_cublas,
-                },
-            );
-            done += bytes.len();
-            progress(done, total);
-        }
-        let mut norms = HashMap::new();
-        for n in w.norms() {
-            norms.insert(n.name.clone(), gpu.upload(&n.data)?);
-            memory.norms += n.data.len() * 4;
-        }
-        let arena = gpu.alloc::<i32>(ARENA_INTS)?;
-        let profile = (std::env::var("TANDEM_CUDA_PROFILE").as_deref() == Ok("1")).then(OpProfile::default);
-        gpu.synchronize()?;
-        Ok(CudaModel {
-            cpu,
-            gpu,
-            deterministic,
-            graphs_enabled: Cell::new(
-                profile.is_none() && std::env::var("TANDEM_CUDA_GRAPHS").map_or(true, |v| v != "0"),
-            ),
-            matrices,
-            norms,
-            memory,
-            uploads: RefCell::new(Vec::new()),
-            mode: Cell::new(Mode::Normal),
-            arena,
-            staging: RefCell::new(Vec::new()),
-            f32_pool: Rc::default(),
-            u16_pool: Rc::default(),
-            u8_pool: Rc::default(),
-            captured_out: RefCell::new(None),
-            graphs: RefCell::new(Vec::new()),
-            warmed: RefCell::new(VecDeque::new()),
-            profile,
-        })
-    }
-
     /// A fresh device KV cache for one sequence of up to `n_ctx` positions.
     pub fn new_sequence(&self, n_ctx: usize) -> Result<GpuSequenceKv, CudaError> {
         GpuSequenceKv::new(&self.gpu, &self.cpu.config, n_ctx)
