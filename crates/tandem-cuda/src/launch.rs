@@ -30,7 +30,8 @@ pub fn type_suffix(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
-/// The two matvec kernel families (`kernels/quant.cu`): same function, different summation orders.
+/// The three float matvec kernel families (`kernels/quant.cu`): same function, different summation
+/// orders.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatvecFamily {
     /// A block per row; warps take 1024-element segments staged in shared memory.
@@ -221,7 +222,11 @@ pub(crate) fn tune_decode(
         Ok(start.elapsed().as_secs_f64())
     };
     let mut best = (f64::INFINITY, DecodeKernel::Float(MatvecFamily::Segmented));
-    for family in [MatvecFamily::Segmented, MatvecFamily::WarpPerRow] {
+    for family in [
+        MatvecFamily::Segmented,
+        MatvecFamily::WarpPerRow,
+        MatvecFamily::Lanewise,
+    ] {
         let secs = time(&mut |o| matvec_into(gpu, family, suffix, w, &x, 1, rows, cols, o))?;
         if secs < best.0 {
             best = (secs, DecodeKernel::Float(family));
