@@ -15,7 +15,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use tandem_model::backend::AttendRows;
 
 use crate::device::driver;
-use crate::launch::{blocks, i32_of, launch_cfg};
+use crate::launch::{i32_of, launch_cfg, to_f16_into};
 use crate::model::{CudaModel, GpuAct};
 use crate::CudaError;
 
@@ -38,7 +38,7 @@ pub fn key_range(
         .iter()
         .map(|&p| window.map_or(0, |w| (p + 1).saturating_sub(w)).max(origin_logical))
         .min()?;
-    let n = positions.iter().max()? + 1 - lo;
+    let n = (positions.iter().max()? + 1).checked_sub(lo)?;
     let phys = (origin_physical + lo - origin_logical) % capacity;
     (phys + n <= capacity).then_some(KeyRange { lo, n, phys })
 }
@@ -118,16 +118,12 @@ impl CudaModel {
         let group = c.n_head / c.n_kv_head;
         let gpu = &self.gpu;
         let mut q16 = gpu.alloc_out::<u16>(t * qw)?;
-        {
-            let q_view = io.q.buf()?.slice(rows.start * qw..rows.end * qw);
-            let n = (t * qw) as u64;
-            let f = gpu.function("to_f16")?;
-            let mut b = gpu.stream.launch_builder(f);
-            b.arg(&q_view).arg(&mut q16).arg(&n);
-            driver("to_f16", unsafe {
-                b.launch(launch_cfg((blocks(t * qw, 256), 1, 1), 256))
-            })?;
-        }
+        to_f16_into(
+            gpu,
+            &io.q.buf()?.slice(rows.start * qw..rows.end * qw),
+            &mut q16,
+            t * qw,
+        )?;
         let mut scores = gpu.alloc_out::<f32>(c.n_head * t * nk)?;
         let mut probs = gpu.alloc_out::<u16>(c.n_head * t * nk)?;
         let stream = &gpu.stream;
@@ -157,12 +153,9 @@ impl CudaModel {
             }
         }
         {
-            let pos = gpu.upload(
-                &positions
-                    .iter()
-                    .map(|&p| i32_of(p, "position"))
-                    .collect::<Result<Vec<_>, _>>()?,
-            )?;
+            // The same list for every layer of the chunk: uploaded once (`param` remembers it).
+            let pos = self.param(positions, "position")?;
+            let pos = self.view(&pos);
             let (ti, nki, lo, win) = (
                 i32_of(t, "t")?,
                 i32_of(nk, "keys")?,

@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 
 use cudarc::cublas::{result::gemm_ex, sys as blas};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use tandem_gguf::GgmlType;
 
 use crate::device::{driver, Gpu};
@@ -125,6 +125,21 @@ pub fn dequant_f16(
     Ok(out)
 }
 
+/// The first `n` values of `x` rounded to f16 into `out` (a tensor-core GEMM operand).
+pub(crate) fn to_f16_into(
+    gpu: &Gpu,
+    x: &CudaView<'_, f32>,
+    out: &mut CudaSlice<u16>,
+    n: usize,
+) -> Result<(), CudaError> {
+    let f = gpu.function("to_f16")?;
+    let mut b = gpu.stream.launch_builder(f);
+    let n64 = n as u64;
+    b.arg(x).arg(out).arg(&n64);
+    driver("to_f16", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
+    Ok(())
+}
+
 /// `out[t] = W16 · f16(x[t])` through cuBLAS GemmEx: f16 operands, f32 accumulation and output.
 /// `x16` (at least `t * cols` elements) receives the f16 activations.
 #[allow(clippy::too_many_arguments)]
@@ -138,14 +153,7 @@ pub fn gemm_into(
     cols: usize,
     out: &mut CudaSlice<f32>,
 ) -> Result<(), CudaError> {
-    let n = t * cols;
-    {
-        let f = gpu.function("to_f16")?;
-        let mut b = gpu.stream.launch_builder(f);
-        let n64 = n as u64;
-        b.arg(x).arg(&mut *x16).arg(&n64);
-        driver("to_f16", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) }).map(|_| ())?;
-    }
+    to_f16_into(gpu, &x.as_view(), x16, t * cols)?;
     let stream = &gpu.stream;
     let (alpha, beta) = (1f32, 0f32);
     {

@@ -165,7 +165,7 @@ impl CudaModel {
 
     /// Index lists (positions, cache rows, placement) for kernels. Launched now: uploaded, each distinct
     /// list once per pass. Captured or replayed: appended to the arena, in the same order every step.
-    fn param(&self, v: &[usize], what: &str) -> Result<Param, CudaError> {
+    pub(crate) fn param(&self, v: &[usize], what: &str) -> Result<Param, CudaError> {
         let ints: Vec<i32> = v.iter().map(|&x| i32_of(x, what)).collect::<Result<_, _>>()?;
         self.param_ints(ints)
     }
@@ -192,7 +192,7 @@ impl CudaModel {
         Ok(Param::Own(dev))
     }
 
-    fn view<'a>(&'a self, p: &'a Param) -> CudaView<'a, i32> {
+    pub(crate) fn view<'a>(&'a self, p: &'a Param) -> CudaView<'a, i32> {
         match p {
             Param::Own(s) => s.as_view(),
             Param::Arena(r) => self.arena.slice(r.clone()),
