@@ -46,3 +46,35 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
 }
+
+// The layout of every warp-per-row matvec: one warp per weight row, four rows per block, up to NB
+// activation rows per grid row (grid.y). `acc` holds the lane's partial sums, one per activation row.
+template <int NB>
+struct WarpRow {
+    int lane, r, t0, nt;
+    float acc[NB];
+};
+
+// Fills `m` for this thread (partial sums zeroed); false when the warp's row is past the matrix.
+template <int NB>
+__device__ __forceinline__ bool warp_row(int rows, int n_t, WarpRow<NB>* m) {
+    m->lane = threadIdx.x & 31;
+    m->r = blockIdx.x * 4 + (threadIdx.x >> 5);
+    m->t0 = blockIdx.y * NB;
+    m->nt = min(NB, n_t - m->t0);
+#pragma unroll
+    for (int t = 0; t < NB; t++) m->acc[t] = 0.f;
+    return m->r < rows;
+}
+
+// Sums each activation row's partials over the warp (fixed butterfly) and stores Y[t][r].
+template <int NB>
+__device__ __forceinline__ void warp_row_store(const WarpRow<NB>& m, float* Y, int rows) {
+#pragma unroll
+    for (int t = 0; t < NB; t++) {
+        if (t < m.nt) {
+            float s = warp_sum(m.acc[t]);
+            if (m.lane == 0) Y[(size_t)(m.t0 + t) * rows + m.r] = s;
+        }
+    }
+}

@@ -127,30 +127,6 @@ __device__ __forceinline__ int4 ldx16(const signed char* p) { return __ldg((cons
 // `cols` alone, never on n_t or on the rows batched with it.
 #define MMVQ_UNROLL 4
 
-struct MmvqRow {
-    int lane, r, t0, nt;
-};
-
-template <int NB>
-__device__ __forceinline__ bool mmvq_row(int rows, int n_t, MmvqRow* m) {
-    m->lane = threadIdx.x & 31;
-    m->r = blockIdx.x * 4 + (threadIdx.x >> 5);
-    m->t0 = blockIdx.y * NB;
-    m->nt = min(NB, n_t - m->t0);
-    return m->r < rows;
-}
-
-template <int NB>
-__device__ __forceinline__ void mmvq_store(const MmvqRow& m, const float* acc, float* Y, int rows) {
-#pragma unroll
-    for (int t = 0; t < NB; t++) {
-        if (t < m.nt) {
-            float s = warp_sum(acc[t]);
-            if (m.lane == 0) Y[(size_t)(m.t0 + t) * rows + m.r] = s;
-        }
-    }
-}
-
 // Four int8 products of 16 weights with 16 activations, summed.
 __device__ __forceinline__ int dot16(const int* v, int4 x) {
     return dp4a(v[3], x.w, dp4a(v[2], x.z, dp4a(v[1], x.y, dp4a(v[0], x.x, 0))));
@@ -161,11 +137,8 @@ __device__ __forceinline__ int dot16(const int* v, int4 x) {
 // the packed scales serves 64 weights.
 template <int NB>
 __device__ __forceinline__ void mmvq_q4_k_rows(const u8* W, const u8* A, float* Y, int rows, int cols, int n_t) {
-    MmvqRow m;
-    if (!mmvq_row<NB>(rows, n_t, &m)) return;
-    float acc[NB];
-#pragma unroll
-    for (int t = 0; t < NB; t++) acc[t] = 0.f;
+    WarpRow<NB> m;
+    if (!warp_row<NB>(rows, n_t, &m)) return;
     int nsb = cols / 256;
     const u8* row = W + (size_t)m.r * nsb * 144;
     int c = m.lane & 3;
@@ -208,12 +181,12 @@ __device__ __forceinline__ void mmvq_q4_k_rows(const u8* W, const u8* A, float* 
                     int4 bs = __ldg((const int4*)(act_sums(A, n_t, m.t0 + t, cols) + e / 16));
                     int isum = sc0 * dl + sc1 * dh, msum = m0 * (bs.x + bs.y) + m1 * (bs.z + bs.w);
                     float dx = __ldg(act_d(A, n_t, m.t0 + t, cols, 256) + sb);
-                    acc[t] += dx * (d * (float)isum - dmin * (float)msum);
+                    m.acc[t] += dx * (d * (float)isum - dmin * (float)msum);
                 }
             }
         }
     }
-    mmvq_store<NB>(m, acc, Y, rows);
+    warp_row_store<NB>(m, Y, rows);
 }
 
 // Six bits per quant from a word of low nibbles (`ql >> nib`) and the matching 2-bit field of `qh`
@@ -230,11 +203,8 @@ __device__ __forceinline__ int q6_word(u32 ql, int nib, u32 qh, int hshift) {
 // group each).
 template <int NB>
 __device__ __forceinline__ void mmvq_q6_k_rows(const u8* W, const u8* A, float* Y, int rows, int cols, int n_t) {
-    MmvqRow m;
-    if (!mmvq_row<NB>(rows, n_t, &m)) return;
-    float acc[NB];
-#pragma unroll
-    for (int t = 0; t < NB; t++) acc[t] = 0.f;
+    WarpRow<NB> m;
+    if (!warp_row<NB>(rows, n_t, &m)) return;
     int nsb = cols / 256;
     const u8* row = W + (size_t)m.r * nsb * 208;
     const u16* dtab = (const u16*)(W + (size_t)rows * nsb * 208) + (size_t)m.r * nsb;
@@ -281,22 +251,19 @@ __device__ __forceinline__ void mmvq_q6_k_rows(const u8* W, const u8* A, float* 
                     int isum = s1 * dot16(v1, ldx16(xq)) + s2 * dot16(v2, ldx16(xq + 32)) +
                                s3 * dot16(v3, ldx16(xq + 64)) + s4 * dot16(v4, ldx16(xq + 96));
                     float dx = __ldg(act_d(A, n_t, m.t0 + t, cols, 256) + sb);
-                    acc[t] += dx * d * (float)isum;
+                    m.acc[t] += dx * d * (float)isum;
                 }
             }
         }
     }
-    mmvq_store<NB>(m, acc, Y, rows);
+    warp_row_store<NB>(m, Y, rows);
 }
 
 // Q8_0 (repacked): two lanes per 32-element block (16 quants each), sixteen blocks per step.
 template <int NB>
 __device__ __forceinline__ void mmvq_q8_0_rows(const u8* W, const u8* A, float* Y, int rows, int cols, int n_t) {
-    MmvqRow m;
-    if (!mmvq_row<NB>(rows, n_t, &m)) return;
-    float acc[NB];
-#pragma unroll
-    for (int t = 0; t < NB; t++) acc[t] = 0.f;
+    WarpRow<NB> m;
+    if (!warp_row<NB>(rows, n_t, &m)) return;
     int nb = cols / 32;
     const u8* row = W + (size_t)m.r * cols;
     const u16* dtab = (const u16*)(W + (size_t)rows * cols) + (size_t)m.r * nb;
@@ -323,12 +290,12 @@ __device__ __forceinline__ void mmvq_q8_0_rows(const u8* W, const u8* A, float* 
                 if (t < m.nt) {
                     int s = dot16(wv, ldx16(act_qs(A, m.t0 + t, cols) + ib * 32 + half * 16));
                     float dx = __ldg(act_d(A, n_t, m.t0 + t, cols, 32) + ib);
-                    acc[t] += d * dx * (float)s;
+                    m.acc[t] += d * dx * (float)s;
                 }
             }
         }
     }
-    mmvq_store<NB>(m, acc, Y, rows);
+    warp_row_store<NB>(m, Y, rows);
 }
 
 // One row of activations takes the single-row kernel, more the batched one: same sums, same bits.

@@ -341,27 +341,17 @@ __device__ __forceinline__ void gunit_q5_k(const u8* row, int u, float* w) {
                                                            const float* __restrict__ X,             \
                                                            float* __restrict__ Y, int rows, int cols, \
                                                            int n_t) {                               \
-        int lane = threadIdx.x & 31;                                                                \
-        int r = blockIdx.x * 4 + (threadIdx.x >> 5);                                                \
-        int t0 = blockIdx.y * NB;                                                                   \
-        if (r >= rows) return;                                                                      \
-        int nt = min(NB, n_t - t0);                                                                 \
-        const u8* row = W + (size_t)r * ROW_BYTES(T, cols);                                         \
-        const float* x = X + (size_t)t0 * cols;                                                     \
-        float acc[NB];                                                                              \
-        _Pragma("unroll") for (int t = 0; t < NB; t++) acc[t] = 0.f;                                \
-        for (int u = lane; u < cols / 32; u += 32) {                                                \
+        WarpRow<NB> m;                                                                              \
+        if (!warp_row<NB>(rows, n_t, &m)) return;                                                   \
+        const u8* row = W + (size_t)m.r * ROW_BYTES(T, cols);                                       \
+        const float* x = X + (size_t)m.t0 * cols;                                                   \
+        for (int u = m.lane; u < cols / 32; u += 32) {                                              \
             float w[32];                                                                            \
             gunit_##T(row, u, w);                                                                   \
-            _Pragma("unroll") for (int t = 0; t < NB; t++) if (t < nt) acc[t] +=                     \
+            _Pragma("unroll") for (int t = 0; t < NB; t++) if (t < m.nt) m.acc[t] +=                \
                 dot32(w, x + (size_t)t * cols + u * 32);                                            \
         }                                                                                           \
-        _Pragma("unroll") for (int t = 0; t < NB; t++) {                                            \
-            if (t < nt) {                                                                           \
-                float s = warp_sum(acc[t]);                                                         \
-                if (lane == 0) Y[(size_t)(t0 + t) * rows + r] = s;                                  \
-            }                                                                                       \
-        }                                                                                           \
+        warp_row_store<NB>(m, Y, rows);                                                             \
     }
 
 #define MATVEC2(T)                                                                                  \
@@ -446,34 +436,24 @@ __device__ __forceinline__ float elem_q6_k(const u8* row, int u, int l) {
                                                            const float* __restrict__ X,             \
                                                            float* __restrict__ Y, int rows, int cols, \
                                                            int n_t) {                               \
-        int lane = threadIdx.x & 31;                                                                \
-        int r = blockIdx.x * 4 + (threadIdx.x >> 5);                                                \
-        int t0 = blockIdx.y * NB;                                                                   \
-        if (r >= rows) return;                                                                      \
-        int nt = min(NB, n_t - t0);                                                                 \
-        const u8* row = W + (size_t)r * ROW_BYTES(T, cols);                                         \
-        const float* x = X + (size_t)t0 * cols + lane;                                              \
-        float acc[NB];                                                                              \
-        _Pragma("unroll") for (int t = 0; t < NB; t++) acc[t] = 0.f;                                \
+        WarpRow<NB> m;                                                                              \
+        if (!warp_row<NB>(rows, n_t, &m)) return;                                                   \
+        const u8* row = W + (size_t)m.r * ROW_BYTES(T, cols);                                       \
+        const float* x = X + (size_t)m.t0 * cols + m.lane;                                          \
         int units = cols / 32, u = 0;                                                               \
         for (; u + MV3_UNROLL <= units; u += MV3_UNROLL) {                                          \
             float w[MV3_UNROLL];                                                                    \
-            _Pragma("unroll") for (int k = 0; k < MV3_UNROLL; k++) w[k] = elem_##T(row, u + k, lane); \
+            _Pragma("unroll") for (int k = 0; k < MV3_UNROLL; k++) w[k] = elem_##T(row, u + k, m.lane); \
             _Pragma("unroll") for (int k = 0; k < MV3_UNROLL; k++)                                  \
-                _Pragma("unroll") for (int t = 0; t < NB; t++) if (t < nt) acc[t] =                 \
-                    fmaf(w[k], x[(size_t)t * cols + (u + k) * 32], acc[t]);                         \
+                _Pragma("unroll") for (int t = 0; t < NB; t++) if (t < m.nt) m.acc[t] =             \
+                    fmaf(w[k], x[(size_t)t * cols + (u + k) * 32], m.acc[t]);                       \
         }                                                                                           \
         for (; u < units; u++) {                                                                    \
-            float w = elem_##T(row, u, lane);                                                       \
-            _Pragma("unroll") for (int t = 0; t < NB; t++) if (t < nt) acc[t] =                     \
-                fmaf(w, x[(size_t)t * cols + u * 32], acc[t]);                                      \
+            float w = elem_##T(row, u, m.lane);                                                     \
+            _Pragma("unroll") for (int t = 0; t < NB; t++) if (t < m.nt) m.acc[t] =                 \
+                fmaf(w, x[(size_t)t * cols + u * 32], m.acc[t]);                                    \
         }                                                                                           \
-        _Pragma("unroll") for (int t = 0; t < NB; t++) {                                            \
-            if (t < nt) {                                                                           \
-                float s = warp_sum(acc[t]);                                                         \
-                if (lane == 0) Y[(size_t)(t0 + t) * rows + r] = s;                                  \
-            }                                                                                       \
-        }                                                                                           \
+        warp_row_store<NB>(m, Y, rows);                                                             \
     }
 
 #define MATVEC3(T)                                                                                  \
