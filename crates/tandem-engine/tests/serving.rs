@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use tandem_engine::serve::{EngineHandle, Event, FinishReason, GenerationRequest, ServingConfig, ServingEngine};
-use tandem_engine::SamplingParams;
 use tandem_gguf::GgufFile;
 use tandem_model::Model;
 use tandem_tokenizer::Tokenizer;
@@ -22,16 +21,7 @@ fn engine(config: ServingConfig) -> (ServingEngine, Tokenizer) {
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest {
-        prompt,
-        max_tokens,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        stop_ids: vec![],
-        top_logprobs: Some(2),
-    }
+    greedy_request(prompt, max_tokens, Some(2))
 }
 
 /// Collects a request's events: (reused, tokens with their logprobs, finish reason).

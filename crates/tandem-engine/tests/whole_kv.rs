@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use tandem_backend::cpu::ops::RopeParams;
 use tandem_engine::serve::{EngineHandle, Event, GenerationRequest, ServingConfig, ServingEngine, SubmitError};
-use tandem_engine::SamplingParams;
 use tandem_gguf::GgufFile;
 use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm, Weights};
@@ -108,16 +107,7 @@ fn engine(kv_budget_bytes: usize) -> (ServingEngine, Tokenizer) {
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
-    GenerationRequest {
-        prompt,
-        max_tokens,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        stop_ids: vec![],
-        top_logprobs: None,
-    }
+    greedy_request(prompt, max_tokens, None)
 }
 
 #[test]

@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
-use tandem_engine::Engine;
+use tandem_engine::serve::GenerationRequest;
+use tandem_engine::{Engine, SamplingParams};
 use tandem_gguf::GgufFile;
 use tandem_model::Model;
 use tandem_tokenizer::Tokenizer;
@@ -56,4 +57,18 @@ pub fn prompt<'a>(golden: &'a Value, key: &str, name: &str) -> &'a Value {
         .iter()
         .find(|p| p["name"] == name)
         .unwrap_or_else(|| panic!("{key} has no prompt {name}"))
+}
+
+/// A greedy request (temperature 0, no stop ids) for the serving-engine tests.
+pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize, top_logprobs: Option<usize>) -> GenerationRequest {
+    GenerationRequest {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        stop_ids: vec![],
+        top_logprobs,
+    }
 }
