@@ -123,6 +123,20 @@ fn row_threads(width: usize) -> u32 {
     }
 }
 
+/// A matmul's shape in the op profile: "rows x cols type, t=rows of activations".
+struct MatmulShape {
+    rows: usize,
+    cols: usize,
+    suffix: &'static str,
+    t: usize,
+}
+
+impl std::fmt::Display for MatmulShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{} {}, t={}", self.rows, self.cols, self.suffix, self.t)
+    }
+}
+
 /// Index slots in the parameter arena: far more than a decode step's few per layer.
 pub(crate) const ARENA_INTS: usize = 1 << 16;
 
@@ -216,7 +230,12 @@ impl CudaModel {
     }
 
     /// Runs `f` (which enqueues op `name`), timed when profiling.
-    fn profiled<T, E: From<CudaError>>(&self, name: &str, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    /// The name is only formatted when profiling, so the hot path does not allocate for it.
+    fn profiled<T, E: From<CudaError>>(
+        &self,
+        name: impl std::fmt::Display,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
         match &self.profile {
             Some(p) if self.mode.get() == Mode::Normal => p.time(&self.gpu, name.to_string(), f),
             _ => f(),
@@ -230,7 +249,7 @@ impl CudaModel {
         }
         let may_allocate = self.mode.get() == Mode::Normal;
         let mut a = self.u8_pool.take(&self.gpu, fmt.bytes(x.rows, x.width), may_allocate)?;
-        self.profiled(&format!("quantize {fmt:?} x{}", x.width), || {
+        self.profiled(format_args!("quantize {fmt:?} x{}", x.width), || {
             quantize_act_into(&self.gpu, fmt, x.buf()?, x.rows, x.width, &mut a)
         })?;
         x.int8.borrow_mut().push((fmt, a));
@@ -479,17 +498,22 @@ impl Backend for CudaModel {
         }
         let g = self.matrix(m)?;
         let route = routes::matmul_route(t, self.deterministic, g.decode_cublas);
-        let shape = format!("{}x{} {}, t={t}", m.rows, m.cols, g.suffix);
+        let shape = MatmulShape {
+            rows: m.rows,
+            cols: m.cols,
+            suffix: g.suffix,
+            t,
+        };
         let out = match (route, &g.f16) {
-            (MatmulRoute::Gemm, Some(w16)) => {
-                self.profiled(&format!("gemm {shape}"), || self.gemm(w16, x.buf()?, t, m.rows, m.cols))?
-            }
+            (MatmulRoute::Gemm, Some(w16)) => self.profiled(format_args!("gemm {shape}"), || {
+                self.gemm(w16, x.buf()?, t, m.rows, m.cols)
+            })?,
             _ => {
                 let mut out = self.act(t, m.rows)?;
                 match g.decode {
                     DecodeKernel::Float(family) => {
                         let buf = out.buf_mut()?;
-                        self.profiled(&format!("matvec {family:?} {shape}"), || {
+                        self.profiled(format_args!("matvec {family:?} {shape}"), || {
                             matvec_into(
                                 &self.gpu,
                                 family,
@@ -512,7 +536,7 @@ impl Backend for CudaModel {
                             .map(|(_, a)| a)
                             .expect("just quantized");
                         let buf = out.buf_mut()?;
-                        self.profiled(&format!("matvec Int8 {shape}"), || {
+                        self.profiled(format_args!("matvec Int8 {shape}"), || {
                             mmvq_into(&self.gpu, g.suffix, &g.quantized, a, t, m.rows, m.cols, buf)
                         })?
                     }
