@@ -205,14 +205,14 @@ mod tests {
         for k in [
             "quantize_q8k",
             "quantize_q8",
-            "repack_q6_k",
+            "repack_scales_out",
             "mmvq_q4_k",
             "mmvqb_q4_k",
             "mmvqb_q8_0",
         ] {
             assert!(mmvq.contains(&k.to_string()), "{k} in {mmvq:?}");
         }
-        assert_eq!(mmvq.len(), 10);
+        assert_eq!(mmvq.len(), 9);
     }
 
     #[test]

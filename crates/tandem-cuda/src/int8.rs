@@ -77,17 +77,21 @@ pub fn repack(
     rows: usize,
     cols: usize,
 ) -> Result<Option<CudaSlice<u8>>, CudaError> {
-    let (name, units) = match ty {
-        GgmlType::Q6_K => ("repack_q6_k", rows * (cols / 256)),
-        GgmlType::Q8_0 => ("repack_q8_0", rows * (cols / 32)),
+    // (blocks, block bytes, quant offset, quant bytes, scale offset): see `repack_scales_out`.
+    let (n_blocks, block_bytes, quant_off, quant_len, scale_off) = match ty {
+        GgmlType::Q6_K => (rows * (cols / 256), 210, 0, 208, 208),
+        GgmlType::Q8_0 => (rows * (cols / 32), 34, 2, 32, 0),
         _ => return Ok(None),
     };
     let mut out = gpu.alloc_out::<u8>(w.len())?;
-    let (r, c) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?);
-    let f = gpu.function(name)?;
+    let n = n_blocks as u64;
+    let f = gpu.function("repack_scales_out")?;
     let mut b = gpu.stream.launch_builder(f);
-    b.arg(w).arg(&mut out).arg(&r).arg(&c);
-    driver(name, unsafe { b.launch(launch_cfg((blocks(units, 256), 1, 1), 256)) })?;
+    b.arg(w).arg(&mut out).arg(&n);
+    b.arg(&block_bytes).arg(&quant_off).arg(&quant_len).arg(&scale_off);
+    driver("repack_scales_out", unsafe {
+        b.launch(launch_cfg((blocks(n_blocks, 256), 1, 1), 256))
+    })?;
     Ok(Some(out))
 }
 

@@ -89,31 +89,20 @@ extern "C" __global__ void __launch_bounds__(128) quantize_q8(const float* __res
     if (lane == 0) act_d(a, n_t, t, cols, 32)[blk] = h2f(f2h(amax / 127.f));
 }
 
-// Q6_K -> per row: super-blocks of 208 bytes (ql[128] | qh[64] | scales[16]); then d (f16) of every
-// super-block of every row. One thread per super-block.
-extern "C" __global__ void repack_q6_k(const u8* __restrict__ src, u8* __restrict__ dst, int rows, int cols) {
+// Repacking for the integer route: each block of `block_bytes` (a 2-byte f16 scale at `scale_off`, its
+// `quant_len` quant bytes at `quant_off`) gives its quants to a run of aligned blocks, in order, and
+// its scale to a table after all of them. Q6_K: 210-byte blocks, quants (ql, qh, scales) at 0..208,
+// d at 208. Q8_0: 34-byte blocks, d at 0, quants at 2..34. One thread per block.
+extern "C" __global__ void repack_scales_out(const u8* __restrict__ src, u8* __restrict__ dst, size_t n_blocks,
+                                             int block_bytes, int quant_off, int quant_len, int scale_off) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t nsb = cols / 256;
-    if (i >= (size_t)rows * nsb) return;
-    const u8* s = src + i * 210;
-    u8* o = dst + i * 208;
-    for (int k = 0; k < 208; k++) o[k] = s[k];
-    u8* d = dst + (size_t)rows * nsb * 208 + i * 2;
-    d[0] = s[208];
-    d[1] = s[209];
-}
-
-// Q8_0 -> per row: the 32 quants of every block (cols bytes); then d (f16) of every block of every row.
-extern "C" __global__ void repack_q8_0(const u8* __restrict__ src, u8* __restrict__ dst, int rows, int cols) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t nb = cols / 32;
-    if (i >= (size_t)rows * nb) return;
-    const u8* s = src + i * 34;
-    u8* o = dst + i * 32;
-    for (int k = 0; k < 32; k++) o[k] = s[2 + k];
-    u8* d = dst + (size_t)rows * cols + i * 2;
-    d[0] = s[0];
-    d[1] = s[1];
+    if (i >= n_blocks) return;
+    const u8* s = src + i * block_bytes;
+    u8* o = dst + i * quant_len;
+    for (int k = 0; k < quant_len; k++) o[k] = s[quant_off + k];
+    u8* d = dst + n_blocks * quant_len + i * 2;
+    d[0] = s[scale_off];
+    d[1] = s[scale_off + 1];
 }
 
 __device__ __forceinline__ uint4 ldg16(const u8* p) { return __ldg((const uint4*)p); }
