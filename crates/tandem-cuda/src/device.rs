@@ -149,10 +149,23 @@ pub fn kernel_names(body: &str) -> Vec<String> {
         for (family, prefixes) in [
             ("MATVEC2(", ["matvec2_", "matvec2b_"]),
             ("MATVEC3(", ["matvec3_", "matvec3b_"]),
-            ("MMVQ(", ["mmvq_", "mmvqb_"]),
         ] {
             if let Some(t) = l.strip_prefix(family).and_then(|r| r.strip_suffix(')')) {
                 names.extend(prefixes.iter().map(|p| format!("{p}{t}")));
+            }
+        }
+        // MATVEC2_16(type, is_bf16): the warp-per-row family's streaming 16-bit kernels.
+        if let Some((t, _)) = l
+            .strip_prefix("MATVEC2_16(")
+            .and_then(|r| r.strip_suffix(')'))
+            .and_then(|r| r.split_once(", "))
+        {
+            names.extend(["matvec2_", "matvec2b_"].iter().map(|p| format!("{p}{t}")));
+        }
+        // MMVQ(type, unroll, rows per warp): the integer kernels, one pair per variant.
+        if let Some(args) = l.strip_prefix("MMVQ(").and_then(|r| r.strip_suffix(')')) {
+            if let [t, u, r] = args.split(", ").collect::<Vec<_>>()[..] {
+                names.extend(["mmvq_", "mmvqb_"].iter().map(|p| format!("{p}{t}_u{u}_r{r}")));
             }
         }
         // Macro bodies (continued lines) are templates, not kernels.
@@ -183,8 +196,9 @@ mod tests {
         let ops = kernel_names(nvrtc::OPS.body);
         for k in [
             "rms_norm",
-            "rms_norm_to",
-            "add_normed",
+            "add_norm_to",
+            "gated_quant",
+            "gpu_hold",
             "rope",
             "gated",
             "to_f16",
@@ -200,19 +214,32 @@ mod tests {
         assert!(quant.contains(&"matvec_q4_k".to_string()));
         assert!(quant.contains(&"dequant_f16_q6_k".to_string()));
         assert!(quant.contains(&"embed_q8_0".to_string()));
+        assert!(quant.contains(&"matvec2b_f16".to_string()));
+        assert!(quant.contains(&"matvec2_bf16".to_string()));
         assert_eq!(quant.len(), 80);
         let mmvq = kernel_names(nvrtc::MMVQ.body);
         for k in [
             "quantize_q8k",
             "quantize_q8",
             "repack_scales_out",
-            "mmvq_q4_k",
-            "mmvqb_q4_k",
-            "mmvqb_q8_0",
+            "mmvq_q4_k_u1_r1",
+            "mmvqb_q4_k_u2_r2",
+            "mmvq_q6_k_u2_r1",
+            "mmvqb_q8_0_u8_r1",
         ] {
             assert!(mmvq.contains(&k.to_string()), "{k} in {mmvq:?}");
         }
-        assert_eq!(mmvq.len(), 9);
+        // Every variant the tuning may pick has its kernels, and no kernel is left unoffered.
+        let mut offered = 0;
+        for suffix in ["q4_k", "q6_k", "q8_0"] {
+            for v in crate::int8::variants(suffix) {
+                for batched in [false, true] {
+                    assert!(mmvq.contains(&v.kernel(suffix, batched)), "{suffix} {v:?}");
+                    offered += 1;
+                }
+            }
+        }
+        assert_eq!(mmvq.len(), 3 + offered);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! backend quantizes them, weights repacked once into aligned blocks where their ggml layout is not,
 //! and matvecs that multiply the two with `dp4a`.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use tandem_gguf::GgmlType;
 
 use crate::device::{driver, Gpu};
@@ -95,11 +95,50 @@ pub fn repack(
     Ok(Some(out))
 }
 
+/// One of the integer kernels of a weight type: `unroll` steps of loads a lane issues before it
+/// computes, `rows` consecutive weight rows per warp (sharing the activation loads). Every variant
+/// gives the same bits; the load-time timing keeps the fastest per shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmvqVariant {
+    pub unroll: u32,
+    pub rows: u32,
+}
+
+impl MmvqVariant {
+    pub fn kernel(self, suffix: &str, batched: bool) -> String {
+        let b = if batched { "b" } else { "" };
+        format!("mmvq{b}_{suffix}_u{}_r{}", self.unroll, self.rows)
+    }
+
+    /// Whether it can take matrices of these row counts (whole groups of `rows`).
+    pub fn fits(self, rows: &[usize]) -> bool {
+        rows.iter().all(|r| r.is_multiple_of(self.rows as usize))
+    }
+}
+
+/// The variants `kernels/mmvq.cu` instantiates for `suffix`.
+pub fn variants(suffix: &str) -> Vec<MmvqVariant> {
+    let v = |unroll, rows| MmvqVariant { unroll, rows };
+    match suffix {
+        "q4_k" => vec![v(1, 1), v(2, 1), v(4, 1), v(1, 2), v(2, 2)],
+        "q8_0" => vec![v(2, 1), v(4, 1), v(8, 1)],
+        _ => vec![v(1, 1), v(2, 1), v(4, 1)],
+    }
+}
+
+/// One matrix of an integer matvec launch: its weights (integer-route layout), rows and output.
+pub struct MmvqTarget<'a> {
+    pub w: &'a CudaSlice<u8>,
+    pub rows: usize,
+    pub out: &'a mut CudaSlice<f32>,
+}
+
 /// `out[t] = W · x[t]` from weights `w` (integer-route layout) and quantized activations `a`.
 #[allow(clippy::too_many_arguments)]
 pub fn mmvq_into(
     gpu: &Gpu,
     suffix: &str,
+    variant: MmvqVariant,
     w: &CudaSlice<u8>,
     a: &CudaSlice<u8>,
     t: usize,
@@ -107,19 +146,72 @@ pub fn mmvq_into(
     cols: usize,
     out: &mut CudaSlice<f32>,
 ) -> Result<(), CudaError> {
+    mmvq_group_into(gpu, suffix, variant, &mut [MmvqTarget { w, rows, out }], a, t, cols)
+}
+
+/// One launch for up to three matrices of type `suffix` and width `cols` that read the same
+/// quantized activations `a` (q, k and v; gate and up): fewer launches, and the small matrices'
+/// rows fill the GPU alongside the big one's. Each output row has the bits it has alone.
+pub fn mmvq_group_into(
+    gpu: &Gpu,
+    suffix: &str,
+    variant: MmvqVariant,
+    targets: &mut [MmvqTarget<'_>],
+    a: &CudaSlice<u8>,
+    t: usize,
+    cols: usize,
+) -> Result<(), CudaError> {
+    if targets.is_empty() || targets.len() > 3 {
+        return Err(CudaError::Driver {
+            what: format!("mmvq_{suffix}"),
+            err: format!("{} matrices in one launch (1 to 3)", targets.len()),
+        });
+    }
     // One row takes the single kernel, more the batched one: same sums, same bits.
-    let (name, per_block) = if t > 1 {
-        (format!("mmvqb_{suffix}"), MV_BATCH)
-    } else {
-        (format!("mmvq_{suffix}"), 1)
-    };
+    let name = variant.kernel(suffix, t > 1);
+    let per_block = if t > 1 { MV_BATCH } else { 1 };
+    let row_counts: Vec<usize> = targets.iter().map(|g| g.rows).collect();
+    if !variant.fits(&row_counts) {
+        return Err(CudaError::Driver {
+            what: name,
+            err: format!("rows {row_counts:?} are not whole groups of {}", variant.rows),
+        });
+    }
     let f = gpu.function(&name)?;
-    let (r, c, n) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, i32_of(t, "t")?);
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(w).arg(a).arg(out).arg(&r).arg(&c).arg(&n);
+    let stream = &gpu.stream;
+    let total: usize = row_counts.iter().sum();
+    let mut rows = [0i32; 3];
+    for (r, g) in rows.iter_mut().zip(targets.iter()) {
+        *r = i32_of(g.rows, "rows")?;
+    }
+    let (c, n) = (i32_of(cols, "cols")?, i32_of(t, "t")?);
+    i32_of(total, "rows")?;
+    // Raw pointers: a slot past the targets repeats the first, and its zero rows keep it unread.
+    let mut w_ptrs = [0u64; 3];
+    let mut y_ptrs = [0u64; 3];
+    let n_targets = targets.len();
+    let mut guards = Vec::with_capacity(6);
+    for (i, g) in targets.iter_mut().enumerate() {
+        let (w, gw) = g.w.device_ptr(stream);
+        let (y, gy) = g.out.device_ptr_mut(stream);
+        (w_ptrs[i], y_ptrs[i]) = (w, y);
+        guards.push(gw);
+        guards.push(gy);
+    }
+    for i in n_targets..3 {
+        (w_ptrs[i], y_ptrs[i]) = (w_ptrs[0], y_ptrs[0]);
+    }
+    let mut b = stream.launch_builder(f);
+    b.arg(&w_ptrs[0]).arg(&w_ptrs[1]).arg(&w_ptrs[2]).arg(a);
+    b.arg(&y_ptrs[0]).arg(&y_ptrs[1]).arg(&y_ptrs[2]);
+    b.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]).arg(&c).arg(&n);
     driver(&name, unsafe {
-        b.launch(launch_cfg((blocks(rows, 4), blocks(t, per_block), 1), 128))
+        b.launch(launch_cfg(
+            (blocks(total / variant.rows as usize, 4), blocks(t, per_block), 1),
+            128,
+        ))
     })?;
+    drop(guards);
     Ok(())
 }
 

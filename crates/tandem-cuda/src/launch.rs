@@ -9,7 +9,7 @@ use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig,
 use tandem_gguf::GgmlType;
 
 use crate::device::{driver, Gpu};
-use crate::int8::{mmvq_into, quantize_act_into, ActQuant};
+use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, variants, ActQuant, MmvqTarget, MmvqVariant};
 use crate::routes::MV_BATCH;
 use crate::CudaError;
 
@@ -197,14 +197,42 @@ pub fn gemm_into(
 pub enum DecodeKernel {
     /// A float matvec family over the ggml layout.
     Float(MatvecFamily),
-    /// The integer (`dp4a`) kernel over the integer-route layout, activations quantized as `ActQuant`.
-    Int8(ActQuant),
+    /// The integer (`dp4a`) kernel `variant` over the integer-route layout, activations quantized as
+    /// `fmt`.
+    Int8 { fmt: ActQuant, variant: MmvqVariant },
 }
 
-/// Times one-row products of this matrix with each matvec family, the integer kernel (when `int8`
-/// gives its format and weights) and cuBLAS over the f16 copy (when there is one), and returns the
-/// fastest: "measure both, keep the faster per shape". The integer timing includes quantizing the
-/// activations, which the model does once per input however many matrices read it.
+/// A matrix's decode choice: its matvec-route kernel, and whether cuBLAS over the f16 copy beat it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Tuning {
+    pub(crate) kernel: DecodeKernel,
+    pub(crate) cublas: bool,
+}
+
+/// Runs `f` once, then `TUNE_ITERS` times between two synchronizations; returns the seconds of those.
+const TUNE_ITERS: usize = 20;
+
+fn time_launches(gpu: &Gpu, f: &mut dyn FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+    f()?;
+    gpu.synchronize()?;
+    let start = std::time::Instant::now();
+    for _ in 0..TUNE_ITERS {
+        f()?;
+    }
+    gpu.synchronize()?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// A fixed, non-zero input: timings on zeros can flatter a kernel.
+fn tuning_input(gpu: &Gpu, cols: usize) -> Result<CudaSlice<f32>, CudaError> {
+    let xs: Vec<f32> = (0..cols).map(|i| ((i as f32) * 0.37).sin()).collect();
+    gpu.upload(&xs)
+}
+
+/// Times one-row products of this matrix with each matvec family, the integer kernel at each unroll
+/// (when `int8` gives its format and weights) and cuBLAS over the f16 copy (when there is one), and
+/// returns the fastest: "measure both, keep the faster per shape". The integer timing includes
+/// quantizing the activations, which the model does once per input however many matrices read it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tune_decode(
     gpu: &Gpu,
@@ -214,48 +242,113 @@ pub(crate) fn tune_decode(
     w16: Option<&CudaSlice<u16>>,
     rows: usize,
     cols: usize,
-) -> Result<(DecodeKernel, bool), CudaError> {
-    // A fixed, non-zero input: timings on zeros can flatter a kernel.
-    let xs: Vec<f32> = (0..cols).map(|i| ((i as f32) * 0.37).sin()).collect();
-    let x = gpu.upload(&xs)?;
+) -> Result<Tuning, CudaError> {
+    let x = tuning_input(gpu, cols)?;
     let mut out = gpu.alloc::<f32>(rows)?;
-    let mut time = |f: &mut dyn FnMut(&mut CudaSlice<f32>) -> Result<(), CudaError>| -> Result<f64, CudaError> {
-        f(&mut out)?;
-        gpu.synchronize()?;
-        let start = std::time::Instant::now();
-        for _ in 0..5 {
-            f(&mut out)?;
-        }
-        gpu.synchronize()?;
-        Ok(start.elapsed().as_secs_f64())
-    };
     let mut best = (f64::INFINITY, DecodeKernel::Float(MatvecFamily::Segmented));
     for family in [
         MatvecFamily::Segmented,
         MatvecFamily::WarpPerRow,
         MatvecFamily::Lanewise,
     ] {
-        let secs = time(&mut |o| matvec_into(gpu, family, suffix, w, &x, 1, rows, cols, o))?;
+        let secs = time_launches(gpu, &mut || {
+            matvec_into(gpu, family, suffix, w, &x, 1, rows, cols, &mut out)
+        })?;
         if secs < best.0 {
             best = (secs, DecodeKernel::Float(family));
         }
     }
     if let Some((fmt, wq)) = int8 {
         let mut a = gpu.alloc_out::<u8>(fmt.bytes(1, cols))?;
-        let secs = time(&mut |o| {
-            quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
-            mmvq_into(gpu, suffix, wq, &a, 1, rows, cols, o)
-        })?;
-        if secs < best.0 {
-            best = (secs, DecodeKernel::Int8(fmt));
+        for variant in variants(suffix).into_iter().filter(|v| v.fits(&[rows])) {
+            let secs = time_launches(gpu, &mut || {
+                quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
+                mmvq_into(gpu, suffix, variant, wq, &a, 1, rows, cols, &mut out)
+            })?;
+            if secs < best.0 {
+                best = (secs, DecodeKernel::Int8 { fmt, variant });
+            }
         }
     }
     let cublas = match w16 {
         Some(w16) => {
             let mut x16 = gpu.alloc_out::<u16>(cols)?;
-            time(&mut |o| gemm_into(gpu, w16, &x, &mut x16, 1, rows, cols, o))? < best.0
+            time_launches(gpu, &mut || gemm_into(gpu, w16, &x, &mut x16, 1, rows, cols, &mut out))? < best.0
         }
         None => false,
     };
-    Ok((best.1, cublas))
+    Ok(Tuning { kernel: best.1, cublas })
+}
+
+/// A member of a group of matrices reading one input, as tuned alone.
+pub(crate) struct GroupMember<'a> {
+    pub(crate) rows: usize,
+    pub(crate) kernel: DecodeKernel,
+    /// The ggml layout (what the float kernels read).
+    pub(crate) original: &'a CudaSlice<u8>,
+    /// The integer-route layout.
+    pub(crate) int8: Option<&'a CudaSlice<u8>>,
+}
+
+impl<'a> GroupMember<'a> {
+    fn int8_layout(&self, suffix: &str) -> Result<&'a CudaSlice<u8>, CudaError> {
+        self.int8.ok_or_else(|| CudaError::Driver {
+            what: format!("group of {suffix} matrices"),
+            err: "a member has no integer-route layout".into(),
+        })
+    }
+}
+
+/// Times a group's one-row products as the members' own kernels (one quantization shared) against one
+/// integer launch for all of them at each unroll; returns the group's kernel when one launch is faster.
+pub(crate) fn tune_group(
+    gpu: &Gpu,
+    suffix: &str,
+    fmt: ActQuant,
+    members: &[GroupMember<'_>],
+    cols: usize,
+) -> Result<Option<DecodeKernel>, CudaError> {
+    let x = tuning_input(gpu, cols)?;
+    let mut a = gpu.alloc_out::<u8>(fmt.bytes(1, cols))?;
+    let mut outs = members
+        .iter()
+        .map(|m| gpu.alloc::<f32>(m.rows))
+        .collect::<Result<Vec<_>, _>>()?;
+    let alone = time_launches(gpu, &mut || {
+        if members.iter().any(|m| matches!(m.kernel, DecodeKernel::Int8 { .. })) {
+            quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
+        }
+        for (m, out) in members.iter().zip(outs.iter_mut()) {
+            match m.kernel {
+                DecodeKernel::Float(family) => matvec_into(gpu, family, suffix, m.original, &x, 1, m.rows, cols, out)?,
+                DecodeKernel::Int8 { variant, .. } => {
+                    mmvq_into(gpu, suffix, variant, m.int8_layout(suffix)?, &a, 1, m.rows, cols, out)?
+                }
+            }
+        }
+        Ok(())
+    })?;
+    let mut best = (alone, None);
+    let rows: Vec<usize> = members.iter().map(|m| m.rows).collect();
+    for variant in variants(suffix).into_iter().filter(|v| v.fits(&rows)) {
+        let secs = time_launches(gpu, &mut || {
+            quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
+            let mut targets = members
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|(m, out)| {
+                    Ok(MmvqTarget {
+                        w: m.int8_layout(suffix)?,
+                        rows: m.rows,
+                        out,
+                    })
+                })
+                .collect::<Result<Vec<_>, CudaError>>()?;
+            mmvq_group_into(gpu, suffix, variant, &mut targets, &a, 1, cols)
+        })?;
+        if secs < best.0 {
+            best = (secs, Some(DecodeKernel::Int8 { fmt, variant }));
+        }
+    }
+    Ok(best.1)
 }

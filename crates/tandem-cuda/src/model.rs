@@ -18,7 +18,7 @@ use tandem_model::{Model, ModelConfig, ModelError, Span};
 use crate::attention_gemm::key_range;
 use crate::decode_graph::DecodeGraph;
 use crate::device::{driver, Gpu};
-use crate::int8::{mmvq_into, quantize_act_into, ActQuant};
+use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, ActQuant, MmvqTarget};
 use crate::kv::GpuSequenceKv;
 use crate::launch::{blocks, gemm_into, i32_of, launch_cfg, matvec_into, DecodeKernel};
 use crate::pool::{BufPool, DevBuf};
@@ -46,6 +46,10 @@ impl GpuAct {
         self.int8.get_mut().clear();
         self.buf.as_deref_mut().ok_or_else(dry_buffer)
     }
+}
+
+fn no_norm_output() -> ModelError {
+    ModelError::Kernel("add_norm_to made no normed output".into())
 }
 
 fn dry_buffer() -> CudaError {
@@ -90,6 +94,8 @@ pub struct CudaModel {
     pub graphs_enabled: Cell<bool>,
     pub(crate) matrices: HashMap<String, GpuMatrix>,
     pub(crate) norms: HashMap<String, CudaSlice<f32>>,
+    /// Pre-norm name to the first matrix reading its output (whose kernel says how to quantize it).
+    pub(crate) norm_readers: HashMap<String, String>,
     pub memory: GpuMemory,
     pub(crate) uploads: RefCell<Vec<Uploaded>>,
     pub(crate) mode: Cell<Mode>,
@@ -122,6 +128,13 @@ fn row_threads(width: usize) -> u32 {
         256
     }
 }
+
+/// Flags of the `add_norm_to` kernel (`kernels/ops.cu`).
+const RN_ADD: i32 = 1;
+const RN_POST: i32 = 2;
+const RN_NORM: i32 = 4;
+const RN_Q8K: i32 = 8;
+const RN_Q8: i32 = 16;
 
 /// A matmul's shape in the op profile: "rows x cols type, t=rows of activations".
 struct MatmulShape {
@@ -256,6 +269,120 @@ impl CudaModel {
         Ok(())
     }
 
+    /// Runs `f` on `x` quantized as `fmt` (quantizing it unless an earlier matmul did).
+    fn with_quantized<T>(
+        &self,
+        x: &GpuAct,
+        fmt: ActQuant,
+        f: impl FnOnce(&CudaSlice<u8>) -> Result<T, CudaError>,
+    ) -> Result<T, CudaError> {
+        self.quantize_once(x, fmt)?;
+        let cache = x.int8.borrow();
+        let a = cache
+            .iter()
+            .find(|(f, _)| *f == fmt)
+            .map(|(_, a)| a)
+            .ok_or_else(|| CudaError::Driver {
+                what: format!("activations quantized as {fmt:?}"),
+                err: "missing after quantization".into(),
+            })?;
+        f(a)
+    }
+
+    /// Whether `t` rows of `g` take its matvec-route kernel (else the GEMM over its f16 copy).
+    fn takes_matvec(&self, g: &GpuMatrix, t: usize) -> bool {
+        routes::matmul_route(t, self.deterministic, g.decode_cublas) == MatmulRoute::Matvec || g.f16.is_none()
+    }
+
+    /// The quantized form the integer kernel of `reader` wants for `t` rows, when it takes that route
+    /// (so the kernel producing its input can write it, saving a launch).
+    fn int8_input(&self, reader: &str, t: usize) -> Option<ActQuant> {
+        let g = self.matrices.get(reader)?;
+        match g.decode {
+            DecodeKernel::Int8 { fmt, .. } if self.takes_matvec(g, t) => Some(fmt),
+            _ => None,
+        }
+    }
+
+    /// One `add_norm_to` launch: `x += y` (normed by `post` when given) when `y` is given, then (when
+    /// `norm` is given) a new activation `norm(x)`, also quantized when the matrices reading it take
+    /// the integer route. The caller has cleared `x`'s quantized forms if `y` changes it.
+    fn residual_norm(
+        &self,
+        x: &GpuAct,
+        y: Option<&GpuAct>,
+        post: Option<&Norm>,
+        norm: Option<&Norm>,
+    ) -> Result<Option<GpuAct>, ModelError> {
+        let name = match (y.is_some(), norm.is_some()) {
+            (true, true) => "add_and_norm",
+            (true, false) => "add_normed",
+            _ => "normed",
+        };
+        self.profiled(name, || {
+            let mut out = match norm {
+                Some(_) => Some(self.act(x.rows, x.width)?),
+                None => None,
+            };
+            if self.dry() {
+                return Ok(out);
+            }
+            let quant = norm
+                .and_then(|n| self.norm_readers.get(&n.name))
+                .and_then(|reader| self.int8_input(reader, x.rows));
+            let mut flags = 0;
+            if y.is_some() {
+                flags |= RN_ADD;
+            }
+            if post.is_some() {
+                flags |= RN_POST;
+            }
+            if norm.is_some() {
+                flags |= RN_NORM;
+            }
+            match quant {
+                Some(ActQuant::Q8K) => flags |= RN_Q8K,
+                Some(ActQuant::Q8) => flags |= RN_Q8,
+                None => {}
+            }
+            let may_allocate = self.mode.get() == Mode::Normal;
+            let mut a = match quant {
+                Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(x.rows, x.width), may_allocate)?),
+                None => None,
+            };
+            // Pointers the flags leave unread stand in for absent operands.
+            let any_norm = self.norm(&self.cpu.weights.output_norm)?;
+            let post_w = post.map(|n| self.norm(n)).transpose()?.unwrap_or(any_norm);
+            let norm_w = norm.map(|n| self.norm(n)).transpose()?.unwrap_or(any_norm);
+            let (width, eps) = (i32_of(x.width, "width")?, self.cpu.config.eps);
+            let n_t = i32_of(x.rows, "rows")?;
+            let f = self.gpu.function("add_norm_to")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            let x_buf = x.buf()?;
+            b.arg(x_buf)
+                .arg(y.map(|y| y.buf()).transpose()?.unwrap_or(x_buf))
+                .arg(post_w);
+            match out.as_mut() {
+                Some(o) => b.arg(o.buf_mut()?),
+                None => b.arg(x_buf),
+            };
+            b.arg(norm_w).arg(&width).arg(&eps).arg(&flags);
+            let no_quants = 0u64;
+            match a.as_deref_mut() {
+                Some(a) => b.arg(a),
+                None => b.arg(&no_quants),
+            };
+            b.arg(&n_t);
+            driver("add_norm_to", unsafe {
+                b.launch(launch_cfg((x.rows as u32, 1, 1), row_threads(x.width)))
+            })?;
+            if let (Some(o), Some(fmt), Some(a)) = (out.as_ref(), quant, a) {
+                o.int8.borrow_mut().push((fmt, a));
+            }
+            Ok(out)
+        })
+    }
+
     /// Tiles a single query can span in a layer (the graph's fixed attention grid).
     fn tile_cap(&self, kv: &GpuSequenceKv, window: Option<usize>) -> usize {
         window.unwrap_or(kv.n_ctx).div_ceil(ATT_TILE) + 1
@@ -280,7 +407,9 @@ impl CudaModel {
         // keys are contiguous in this buffer.
         if self.mode.get() == Mode::Normal && routes::attention_route(t, self.deterministic) == AttentionRoute::Gemm {
             if let Some(keys) = key_range(positions, window, source) {
-                return self.attend_gemm(io, rows, kc, vc, keys, positions, window);
+                return self.profiled("attend (GEMM route)", || {
+                    self.attend_gemm(io, rows, kc, vc, keys, positions, window)
+                });
             }
         }
         let span = routes::tile_span(positions, window, origin_logical);
@@ -304,7 +433,8 @@ impl CudaModel {
         let (win, tc) = (ints(window.unwrap_or(0), "window")?, ints(tile_cap, "tiles")?);
         let scale = c.attn_scale;
         let (pos_v, meta_v) = (self.view(&pos), self.view(&meta));
-        {
+        let mut out_view = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
+        self.profiled("attend (tiles)", || {
             let f = self.gpu.function("attend_partial")?;
             let mut b = self.gpu.stream.launch_builder(f);
             b.arg(&q_view)
@@ -323,20 +453,19 @@ impl CudaModel {
                 .arg(partial.buf_mut()?);
             let grid = (tile_cap as u32, c.n_head as u32, t as u32);
             driver("attend_partial", unsafe { b.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
-        }
-        let mut out_view = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
-        let f = self.gpu.function("attend_combine")?;
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(partial.buf()?)
-            .arg(&meta_v)
-            .arg(&nh)
-            .arg(&hdi)
-            .arg(&tc)
-            .arg(&mut out_view);
-        driver("attend_combine", unsafe {
-            b.launch(launch_cfg((c.n_head as u32, t as u32, 1), 32))
-        })?;
-        Ok(())
+            let f = self.gpu.function("attend_combine")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(partial.buf()?)
+                .arg(&meta_v)
+                .arg(&nh)
+                .arg(&hdi)
+                .arg(&tc)
+                .arg(&mut out_view);
+            driver("attend_combine", unsafe {
+                b.launch(launch_cfg((c.n_head as u32, t as u32, 1), 32))
+            })?;
+            Ok(())
+        })
     }
 
     /// Converts rows of K and V to f16 into `kc`/`vc` at rows `dst` (-1: skip).
@@ -360,8 +489,10 @@ impl CudaModel {
         let f = self.gpu.function("kv_store")?;
         let mut b = self.gpu.stream.launch_builder(f);
         b.arg(&kv).arg(&vv).arg(kc).arg(vc).arg(&dst_v).arg(&wi);
-        driver("kv_store", unsafe {
-            b.launch(launch_cfg((rows.len() as u32, 1, 1), 256))
+        self.profiled("kv_store", || {
+            driver("kv_store", unsafe {
+                b.launch(launch_cfg((rows.len() as u32, 1, 1), 256))
+            })
         })?;
         Ok(())
     }
@@ -453,42 +584,20 @@ impl Backend for CudaModel {
     }
 
     fn normed(&self, x: &GpuAct, weight: &Norm) -> Result<GpuAct, ModelError> {
-        self.profiled("rms_norm_to", || {
-            let mut out = self.act(x.rows, x.width)?;
-            if self.dry() {
-                return Ok(out);
-            }
-            let w = self.norm(weight)?;
-            let (width, eps) = (i32_of(x.width, "width")?, self.cpu.config.eps);
-            let f = self.gpu.function("rms_norm_to")?;
-            let mut b = self.gpu.stream.launch_builder(f);
-            b.arg(x.buf()?).arg(out.buf_mut()?).arg(w).arg(&width).arg(&eps);
-            driver("rms_norm_to", unsafe {
-                b.launch(launch_cfg((x.rows as u32, 1, 1), row_threads(x.width)))
-            })?;
-            Ok(out)
-        })
+        self.residual_norm(x, None, None, Some(weight))?
+            .ok_or_else(no_norm_output)
     }
 
     fn add_normed(&self, x: &mut GpuAct, y: GpuAct, norm: Option<&Norm>) -> Result<(), ModelError> {
-        self.profiled("add_normed", || {
-            if self.dry() {
-                return Ok(());
-            }
-            // Without a norm the weight pointer is never read; any uploaded norm stands in.
-            let w = self.norm(norm.unwrap_or(&self.cpu.weights.output_norm))?;
-            let (width, eps, has) = (
-                i32_of(x.width, "width")?,
-                self.cpu.config.eps,
-                i32::from(norm.is_some()),
-            );
-            let (rows, threads) = (x.rows as u32, row_threads(x.width));
-            let f = self.gpu.function("add_normed")?;
-            let mut b = self.gpu.stream.launch_builder(f);
-            b.arg(x.buf_mut()?).arg(y.buf()?).arg(w).arg(&width).arg(&eps).arg(&has);
-            driver("add_normed", unsafe { b.launch(launch_cfg((rows, 1, 1), threads)) })?;
-            Ok(())
-        })
+        // The residual is written in place: drop its quantized forms first.
+        x.int8.get_mut().clear();
+        self.residual_norm(x, Some(&y), norm, None).map(|_| ())
+    }
+
+    fn add_and_norm(&self, x: &mut GpuAct, y: GpuAct, post: Option<&Norm>, norm: &Norm) -> Result<GpuAct, ModelError> {
+        x.int8.get_mut().clear();
+        self.residual_norm(x, Some(&y), post, Some(norm))?
+            .ok_or_else(no_norm_output)
     }
 
     fn matmul(&self, m: &Matrix, x: &GpuAct) -> Result<GpuAct, ModelError> {
@@ -497,15 +606,14 @@ impl Backend for CudaModel {
             return Ok(self.act(t, m.rows)?);
         }
         let g = self.matrix(m)?;
-        let route = routes::matmul_route(t, self.deterministic, g.decode_cublas);
         let shape = MatmulShape {
             rows: m.rows,
             cols: m.cols,
             suffix: g.suffix,
             t,
         };
-        let out = match (route, &g.f16) {
-            (MatmulRoute::Gemm, Some(w16)) => self.profiled(format_args!("gemm {shape}"), || {
+        let out = match (self.takes_matvec(g, t), &g.f16) {
+            (false, Some(w16)) => self.profiled(format_args!("gemm {shape}"), || {
                 self.gemm(w16, x.buf()?, t, m.rows, m.cols)
             })?,
             _ => {
@@ -527,17 +635,12 @@ impl Backend for CudaModel {
                             )
                         })?
                     }
-                    DecodeKernel::Int8(fmt) => {
-                        self.quantize_once(x, fmt)?;
-                        let cache = x.int8.borrow();
-                        let a = cache
-                            .iter()
-                            .find(|(f, _)| *f == fmt)
-                            .map(|(_, a)| a)
-                            .expect("just quantized");
+                    DecodeKernel::Int8 { fmt, variant } => {
                         let buf = out.buf_mut()?;
-                        self.profiled(format_args!("matvec Int8 {shape}"), || {
-                            mmvq_into(&self.gpu, g.suffix, &g.quantized, a, t, m.rows, m.cols, buf)
+                        self.with_quantized(x, fmt, |a| {
+                            self.profiled(format_args!("matvec Int8 {shape}"), || {
+                                mmvq_into(&self.gpu, g.suffix, variant, &g.quantized, a, t, m.rows, m.cols, buf)
+                            })
                         })?
                     }
                 }
@@ -547,12 +650,74 @@ impl Backend for CudaModel {
         Ok(out)
     }
 
-    fn rope(&self, x: &mut GpuAct, positions: &[usize], rope: &RopeParams) -> Result<(), ModelError> {
-        self.profiled("rope", || {
-            let pos = self.param(positions, "position")?;
-            if self.dry() {
-                return Ok(());
+    fn matmuls(&self, ms: &[&Matrix], x: &GpuAct) -> Result<Vec<GpuAct>, ModelError> {
+        let t = x.rows;
+        if self.dry() || ms.len() < 2 {
+            return ms.iter().map(|m| self.matmul(m, x)).collect();
+        }
+        let gs = ms.iter().map(|m| self.matrix(m)).collect::<Result<Vec<_>, _>>()?;
+        // Members on the integer matvec route with one kernel, type and width share a launch.
+        let key = |j: usize| match gs[j].decode {
+            DecodeKernel::Int8 { fmt, variant } if self.takes_matvec(gs[j], t) => {
+                Some((fmt, variant, gs[j].suffix, ms[j].cols))
             }
+            _ => None,
+        };
+        let mut outs: Vec<Option<GpuAct>> = ms.iter().map(|_| None).collect();
+        for i in 0..ms.len() {
+            if outs[i].is_some() {
+                continue;
+            }
+            let members: Vec<usize> = match key(i) {
+                Some(k) => (i..ms.len())
+                    .filter(|&j| outs[j].is_none() && key(j) == Some(k))
+                    .take(3)
+                    .collect(),
+                None => vec![i],
+            };
+            let Some((fmt, variant, suffix, cols)) = key(i).filter(|_| members.len() > 1) else {
+                outs[i] = Some(self.matmul(ms[i], x)?);
+                continue;
+            };
+            let mut acts = members
+                .iter()
+                .map(|&j| self.act(t, ms[j].rows))
+                .collect::<Result<Vec<_>, _>>()?;
+            let total: usize = members.iter().map(|&j| ms[j].rows).sum();
+            self.with_quantized(x, fmt, |a| {
+                let mut targets = members
+                    .iter()
+                    .zip(acts.iter_mut())
+                    .map(|(&j, act)| {
+                        Ok(MmvqTarget {
+                            w: &gs[j].quantized,
+                            rows: ms[j].rows,
+                            out: act.buf_mut()?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, CudaError>>()?;
+                let n = members.len();
+                self.profiled(
+                    format_args!("matvec Int8 {n} matrices {total}x{cols} {suffix}, t={t}"),
+                    || mmvq_group_into(&self.gpu, suffix, variant, &mut targets, a, t, cols),
+                )
+            })?;
+            for (j, act) in members.into_iter().zip(acts) {
+                outs[j] = Some(act);
+            }
+        }
+        outs.into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ModelError::Kernel("a grouped matmul left a product unmade".into()))
+    }
+
+    fn rope(&self, x: &mut GpuAct, positions: &[usize], rope: &RopeParams) -> Result<(), ModelError> {
+        // Index lists are uploaded outside the profiled span (they are in the graph's arena anyway).
+        let pos = self.param(positions, "position")?;
+        if self.dry() {
+            return Ok(());
+        }
+        self.profiled("rope", || {
             let hd = self.cpu.config.head_dim;
             let n_heads = x.width / hd;
             let n = x.rows * n_heads * (rope.n_rot / 2);
@@ -582,7 +747,7 @@ impl Backend for CudaModel {
         rows: Range<usize>,
         positions: &[usize],
     ) -> Result<(), ModelError> {
-        self.profiled("store_and_attend", || {
+        {
             let t = rows.len();
             let w = kv.kv_width;
             let window = kv.layers[layer].window;
@@ -609,8 +774,10 @@ impl Backend for CudaModel {
                         let f = self.gpu.function("kv_gather")?;
                         let mut b = self.gpu.stream.launch_builder(f);
                         b.arg(&lc.k).arg(&lc.v).arg(&src_v).arg(&mut ks).arg(&mut vs).arg(&wi);
-                        driver("kv_gather", unsafe {
-                            b.launch(launch_cfg((gather.len() as u32, 1, 1), 256))
+                        self.profiled("kv_gather", || {
+                            driver("kv_gather", unsafe {
+                                b.launch(launch_cfg((gather.len() as u32, 1, 1), 256))
+                            })
                         })?;
                     }
                     let staged: Vec<i32> = (gather.len()..n).map(|r| r as i32).collect();
@@ -623,24 +790,52 @@ impl Backend for CudaModel {
                 }
             }
             Ok(())
-        })
+        }
     }
 
-    fn gated(&self, gate: &mut GpuAct, up: &GpuAct, act: Activation) -> Result<(), ModelError> {
+    fn gated(&self, gate: &mut GpuAct, up: &GpuAct, act: Activation, reader: &Matrix) -> Result<(), ModelError> {
         self.profiled("gated", || {
             if self.dry() {
                 return Ok(());
             }
-            let n = gate.rows * gate.width;
-            let n64 = n as u64;
             let a: i32 = match act {
                 Activation::Silu => 0,
                 Activation::GeluTanh => 1,
             };
-            let f = self.gpu.function("gated")?;
+            // Quantized here for the reader's integer kernel, when it takes one (rows in 256s).
+            let quant = self
+                .int8_input(&reader.name, gate.rows)
+                .filter(|_| gate.width.is_multiple_of(256));
+            let Some(fmt) = quant else {
+                let n = gate.rows * gate.width;
+                let n64 = n as u64;
+                let f = self.gpu.function("gated")?;
+                let mut b = self.gpu.stream.launch_builder(f);
+                b.arg(gate.buf_mut()?).arg(up.buf()?).arg(&n64).arg(&a);
+                driver("gated", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
+                return Ok(());
+            };
+            let may_allocate = self.mode.get() == Mode::Normal;
+            let mut q = self
+                .u8_pool
+                .take(&self.gpu, fmt.bytes(gate.rows, gate.width), may_allocate)?;
+            let qfmt = match fmt {
+                ActQuant::Q8K => RN_Q8K,
+                ActQuant::Q8 => RN_Q8,
+            };
+            let (width, n_t) = (i32_of(gate.width, "width")?, i32_of(gate.rows, "rows")?);
+            let grid = ((gate.width / 256) as u32, gate.rows as u32, 1);
+            let f = self.gpu.function("gated_quant")?;
             let mut b = self.gpu.stream.launch_builder(f);
-            b.arg(gate.buf_mut()?).arg(up.buf()?).arg(&n64).arg(&a);
-            driver("gated", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
+            b.arg(gate.buf_mut()?)
+                .arg(up.buf()?)
+                .arg(&width)
+                .arg(&a)
+                .arg(&qfmt)
+                .arg(&mut *q)
+                .arg(&n_t);
+            driver("gated_quant", unsafe { b.launch(launch_cfg(grid, 256)) })?;
+            gate.int8.get_mut().push((fmt, q));
             Ok(())
         })
     }
@@ -679,6 +874,30 @@ impl Backend for CudaModel {
                 Ok(Vec::new())
             }
             Mode::Dry => Ok(Vec::new()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residual_norm_flags_match_the_kernel() {
+        let src = crate::nvrtc::OPS.body;
+        for (name, v) in [
+            ("RN_ADD", RN_ADD),
+            ("RN_POST", RN_POST),
+            ("RN_NORM", RN_NORM),
+            ("RN_Q8K", RN_Q8K),
+            ("RN_Q8", RN_Q8),
+        ] {
+            let value = v.to_string();
+            let defined = src.lines().any(|l| {
+                let words: Vec<&str> = l.split_whitespace().take(3).collect();
+                words == ["#define", name, value.as_str()]
+            });
+            assert!(defined, "{name} = {v} in ops.cu");
         }
     }
 }

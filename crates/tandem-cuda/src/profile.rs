@@ -1,13 +1,20 @@
 //! `TANDEM_CUDA_PROFILE=1`: GPU time per backend op, from CUDA events recorded around each op, printed
-//! to stderr when the model is dropped. Ops are not nested, so the rows add up to the total. Decode graphs are turned off while profiling (an event per op
-//! needs direct launches); the events themselves cost little GPU time, so the shares hold.
+//! to stderr when the model is dropped. Ops are not nested, so the rows add up to the total. Decode
+//! graphs are turned off while profiling (an event per op needs direct launches). Before each op the
+//! GPU is held busy for `HOLD_NS` (`gpu_hold`), so the host has enqueued the whole op when the GPU
+//! reaches its start event: a row is the op's GPU time, not the host's time to launch it (which,
+//! for the small kernels of a decode step, is longer). The step's wall time is not the sum of rows.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use cudarc::driver::{sys, CudaEvent};
+use cudarc::driver::{sys, CudaEvent, PushKernelArg};
 
 use crate::device::{driver, Gpu};
+use crate::launch::launch_cfg;
+
+/// Longer than the host takes to launch any one op (a few kernels and index uploads).
+const HOLD_NS: i64 = 200_000;
 use crate::CudaError;
 
 #[derive(Default)]
@@ -25,6 +32,14 @@ impl OpProfile {
         )
     }
 
+    fn hold(gpu: &Gpu) -> Result<(), CudaError> {
+        let f = gpu.function("gpu_hold")?;
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&HOLD_NS);
+        driver("gpu_hold", unsafe { b.launch(launch_cfg((1, 1, 1), 1)) })?;
+        Ok(())
+    }
+
     /// Runs `f`, which enqueues the work of op `name`, between two recorded events.
     pub(crate) fn time<T, E: From<CudaError>>(
         &self,
@@ -32,6 +47,7 @@ impl OpProfile {
         name: String,
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
+        Self::hold(gpu)?;
         let start = Self::event(gpu)?;
         let out = f()?;
         let end = Self::event(gpu)?;

@@ -3,15 +3,16 @@
 //! (`launch::tune_decode`); the integer route's weights are repacked here when it wins.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 
 use cudarc::driver::CudaSlice;
+use tandem_model::weights::Matrix;
 use tandem_model::Model;
 
 use crate::device::Gpu;
 use crate::int8::{self, int8_format};
-use crate::launch::{dequant_f16, tune_decode, type_suffix, DecodeKernel};
+use crate::launch::{dequant_f16, tune_decode, tune_group, type_suffix, DecodeKernel, GroupMember, Tuning};
 use crate::model::{CudaModel, Mode, ARENA_INTS};
 use crate::profile::OpProfile;
 use crate::CudaError;
@@ -26,6 +27,56 @@ pub(crate) struct GpuMatrix {
     pub(crate) decode: DecodeKernel,
     /// Whether cuBLAS over the f16 copy beat every matvec for one row (not in deterministic mode).
     pub(crate) decode_cublas: bool,
+}
+
+/// A matrix uploaded and timed, its layouts not yet settled: a group member keeps both the ggml and
+/// the integer-route layout until its group's launch is decided.
+struct Pending {
+    suffix: &'static str,
+    original: CudaSlice<u8>,
+    /// `Some(None)`: the integer route reads the ggml layout as it is (Q4_K).
+    repacked: Option<Option<CudaSlice<u8>>>,
+    f16: Option<CudaSlice<u16>>,
+    tuning: Tuning,
+}
+
+impl Pending {
+    /// The weights the integer kernel reads, when this type has one.
+    fn int8_layout(&self) -> Option<&CudaSlice<u8>> {
+        self.repacked.as_ref().map(|r| r.as_ref().unwrap_or(&self.original))
+    }
+
+    /// Keeps only the layout the chosen kernel reads.
+    fn settle(mut self) -> Self {
+        match self.tuning.kernel {
+            DecodeKernel::Int8 { .. } => {
+                if let Some(Some(r)) = self.repacked.take() {
+                    self.original = r;
+                }
+                self.repacked = Some(None);
+            }
+            DecodeKernel::Float(_) => self.repacked = None,
+        }
+        self
+    }
+}
+
+/// The runs of a group that may share one integer launch: members of one weight type with an
+/// integer kernel and one width, at least two of them (Q4_K_M's q and k share a launch while its
+/// Q6_K v goes alone), in graph order.
+fn int8_runs<'m>(group: &[&'m Matrix], int8_enabled: bool) -> Vec<Vec<&'m Matrix>> {
+    let mut runs: Vec<Vec<&Matrix>> = Vec::new();
+    for &m in group {
+        if !int8_enabled || int8_format(m.ty).is_none() {
+            continue;
+        }
+        match runs.iter_mut().find(|r| r[0].ty == m.ty && r[0].cols == m.cols) {
+            Some(r) => r.push(m),
+            None => runs.push(vec![m]),
+        }
+    }
+    runs.retain(|r| r.len() >= 2 && r.len() <= 3);
+    runs
 }
 
 /// Device memory by purpose, for `--verbose`.
@@ -58,9 +109,18 @@ impl CudaModel {
         let total: usize = mats.iter().map(|m| m.bytes(&cpu.file).len()).sum();
         let mut done = 0;
         let mut memory = GpuMemory::default();
-        let mut matrices = HashMap::new();
-        let mut tuned = HashMap::new();
         let int8_enabled = std::env::var("TANDEM_CUDA_INT8").map_or(true, |v| v != "0");
+        // Matrices that may join a grouped integer launch keep their repacked layout until the
+        // groups are decided.
+        let group_candidates: HashSet<&str> = w
+            .input_groups()
+            .into_iter()
+            .flat_map(|g| int8_runs(&g, int8_enabled))
+            .flatten()
+            .map(|m| m.name.as_str())
+            .collect();
+        let mut pending: HashMap<String, Pending> = HashMap::new();
+        let mut tuned = HashMap::new();
         for m in mats {
             let bytes = m.bytes(&cpu.file);
             let suffix = type_suffix(m.ty).expect("checked above");
@@ -79,45 +139,99 @@ impl CudaModel {
             // The choice depends on whether the integer kernel was on offer (not for the embedding table).
             let key = (suffix, m.rows, m.cols, int8_fmt.is_some());
             let mut repacked = None;
-            let (decode, decode_cublas) = match tuned.get(&key) {
-                Some(&choice) => choice,
+            if int8_fmt.is_some() {
+                repacked = Some(int8::repack(&gpu, m.ty, &original, m.rows, m.cols)?);
+            }
+            let tuning = match tuned.get(&key) {
+                Some(&t) => t,
                 None => {
-                    if let Some(fmt) = int8_fmt {
-                        repacked = Some((fmt, int8::repack(&gpu, m.ty, &original, m.rows, m.cols)?));
-                    }
-                    let int8 = repacked
-                        .as_ref()
-                        .map(|(fmt, r)| (*fmt, r.as_ref().unwrap_or(&original)));
-                    let choice = tune_decode(&gpu, suffix, &original, int8, f16.as_ref(), m.rows, m.cols)?;
-                    tuned.insert(key, choice);
-                    choice
+                    let int8 = int8_fmt.zip(repacked.as_ref().map(|r| r.as_ref().unwrap_or(&original)));
+                    let t = tune_decode(&gpu, suffix, &original, int8, f16.as_ref(), m.rows, m.cols)?;
+                    tuned.insert(key, t);
+                    t
                 }
             };
-            // Keep one copy of the quantized weights: the layout the chosen decode kernel reads.
-            let quantized = match decode {
-                DecodeKernel::Int8(_) => match repacked {
-                    Some((_, r)) => r.unwrap_or(original),
-                    None => int8::repack(&gpu, m.ty, &original, m.rows, m.cols)?.unwrap_or(original),
-                },
-                DecodeKernel::Float(_) => original,
+            let p = Pending {
+                suffix,
+                original,
+                repacked,
+                f16,
+                tuning,
             };
-            matrices.insert(
-                m.name.clone(),
-                GpuMatrix {
-                    suffix,
-                    quantized,
-                    f16,
-                    decode,
-                    decode_cublas,
-                },
-            );
+            let p = if group_candidates.contains(m.name.as_str()) {
+                p
+            } else {
+                p.settle()
+            };
+            pending.insert(m.name.clone(), p);
             done += bytes.len();
             progress(done, total);
+        }
+        // Groups of matrices reading one input: one integer launch for all of them where that was
+        // measured faster than their own kernels.
+        let mut grouped = HashMap::new();
+        for group in w.input_groups() {
+            for run in int8_runs(&group, int8_enabled) {
+                if run.iter().any(|m| pending[&m.name].tuning.cublas) {
+                    continue;
+                }
+                let key: (Vec<usize>, usize, &str) = (
+                    run.iter().map(|m| m.rows).collect(),
+                    run[0].cols,
+                    pending[&run[0].name].suffix,
+                );
+                let choice = match grouped.get(&key) {
+                    Some(&c) => c,
+                    None => {
+                        let members: Vec<GroupMember> = run
+                            .iter()
+                            .map(|m| {
+                                let p = &pending[&m.name];
+                                GroupMember {
+                                    rows: m.rows,
+                                    kernel: p.tuning.kernel,
+                                    original: &p.original,
+                                    int8: p.int8_layout(),
+                                }
+                            })
+                            .collect();
+                        let fmt = int8_format(run[0].ty).expect("runs are integer-capable");
+                        let c = tune_group(&gpu, key.2, fmt, &members, key.1)?;
+                        grouped.insert(key, c);
+                        c
+                    }
+                };
+                if let Some(kernel) = choice {
+                    for m in &run {
+                        pending.get_mut(&m.name).expect("pending").tuning.kernel = kernel;
+                    }
+                }
+            }
+        }
+        let mut matrices = HashMap::new();
+        for (name, p) in pending {
+            let p = p.settle();
+            let quantized = p.repacked.flatten().unwrap_or(p.original);
+            matrices.insert(
+                name,
+                GpuMatrix {
+                    suffix: p.suffix,
+                    quantized,
+                    f16: p.f16,
+                    decode: p.tuning.kernel,
+                    decode_cublas: p.tuning.cublas,
+                },
+            );
         }
         let mut norms = HashMap::new();
         for n in w.norms() {
             norms.insert(n.name.clone(), gpu.upload(&n.data)?);
             memory.norms += n.data.len() * 4;
+        }
+        let mut norm_readers = HashMap::new();
+        for l in &w.layers {
+            norm_readers.insert(l.attn_norm.name.clone(), l.wq.name.clone());
+            norm_readers.insert(l.ffn_norm.name.clone(), l.gate.name.clone());
         }
         let arena = gpu.alloc::<i32>(ARENA_INTS)?;
         let profile = (std::env::var("TANDEM_CUDA_PROFILE").as_deref() == Ok("1")).then(OpProfile::default);
@@ -131,6 +245,7 @@ impl CudaModel {
             ),
             matrices,
             norms,
+            norm_readers,
             memory,
             uploads: RefCell::new(Vec::new()),
             mode: Cell::new(Mode::Normal),

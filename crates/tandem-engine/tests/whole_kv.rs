@@ -67,8 +67,8 @@ impl Backend for Whole {
     ) -> Result<(), ModelError> {
         self.0.store_and_attend(scratch, layer, kv, io, rows, positions)
     }
-    fn gated(&self, gate: &mut Rows, up: &Rows, act: Activation) -> Result<(), ModelError> {
-        self.0.gated(gate, up, act)
+    fn gated(&self, gate: &mut Rows, up: &Rows, act: Activation, reader: &Matrix) -> Result<(), ModelError> {
+        self.0.gated(gate, up, act, reader)
     }
     fn gather_rows(&self, x: &Rows, rows: &[usize]) -> Result<Rows, ModelError> {
         self.0.gather_rows(x, rows)

@@ -67,8 +67,25 @@ pub trait Backend {
     fn normed(&self, x: &Self::Act, weight: &Norm) -> Result<Self::Act, ModelError>;
     /// The residual update `x += norm(y)` (`x += y` without a norm): a block's output joining the stream.
     fn add_normed(&self, x: &mut Self::Act, y: Self::Act, norm: Option<&Norm>) -> Result<(), ModelError>;
+    /// `add_normed(x, y, post)`, then `normed(x, norm)`: a block's output joining the residual and the
+    /// next block's pre-norm, which a backend may do in one pass.
+    fn add_and_norm(
+        &self,
+        x: &mut Self::Act,
+        y: Self::Act,
+        post: Option<&Norm>,
+        norm: &Norm,
+    ) -> Result<Self::Act, ModelError> {
+        self.add_normed(x, y, post)?;
+        self.normed(x, norm)
+    }
     /// `x · mᵀ`: one output row per input row.
     fn matmul(&self, m: &Matrix, x: &Self::Act) -> Result<Self::Act, ModelError>;
+    /// `x · mᵀ` for each of `ms` (matrices reading the same input, `Weights::input_groups`), with the
+    /// bits of separate `matmul`s; a backend may launch them together.
+    fn matmuls(&self, ms: &[&Matrix], x: &Self::Act) -> Result<Vec<Self::Act>, ModelError> {
+        ms.iter().map(|m| self.matmul(m, x)).collect()
+    }
     /// Rotates every head of row r by the angles of `positions[r]`.
     fn rope(&self, x: &mut Self::Act, positions: &[usize], rope: &RopeParams) -> Result<(), ModelError>;
     /// Stores rows `rows` of `k` and `v` in layer `layer` of `kv`, then attends the same rows of `q`
@@ -83,8 +100,9 @@ pub trait Backend {
         rows: Range<usize>,
         positions: &[usize],
     ) -> Result<(), ModelError>;
-    /// `gate = act(gate) * up`.
-    fn gated(&self, gate: &mut Self::Act, up: &Self::Act, act: Activation) -> Result<(), ModelError>;
+    /// `gate = act(gate) * up`; `reader` is the matrix that multiplies the result next (a backend may
+    /// prepare the input form its kernel reads).
+    fn gated(&self, gate: &mut Self::Act, up: &Self::Act, act: Activation, reader: &Matrix) -> Result<(), ModelError>;
     /// A new activation of the listed rows, in order.
     fn gather_rows(&self, x: &Self::Act, rows: &[usize]) -> Result<Self::Act, ModelError>;
     fn to_host(&self, x: Self::Act) -> Result<Vec<f32>, ModelError>;

@@ -183,7 +183,7 @@ impl Backend for Model {
         Ok(())
     }
 
-    fn gated(&self, gate: &mut Rows, up: &Rows, act: Activation) -> Result<(), ModelError> {
+    fn gated(&self, gate: &mut Rows, up: &Rows, act: Activation, _reader: &Matrix) -> Result<(), ModelError> {
         let act = match act {
             Activation::Silu => ops::silu,
             Activation::GeluTanh => ops::gelu_tanh,

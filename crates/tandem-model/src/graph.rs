@@ -51,12 +51,18 @@ pub fn forward<B: Backend>(
 
     let tokens: Vec<u32> = spans.iter().flat_map(|s| s.tokens.iter().copied()).collect();
     let mut x = b.embed(&tokens)?;
+    // Each block's pre-norm is made in the pass that adds the previous block's output to the residual.
+    let mut h = match w.layers.first() {
+        Some(first) => Some(b.normed(&x, &first.attn_norm)?),
+        None => None,
+    };
     for (l, (lw, spec)) in w.layers.iter().zip(&c.layers).enumerate() {
         // Attention block.
-        let h = b.normed(&x, &lw.attn_norm)?;
-        let mut q = b.matmul(&lw.wq, &h)?;
-        let mut k = b.matmul(&lw.wk, &h)?;
-        let v = b.matmul(&lw.wv, &h)?;
+        let attn_in = h
+            .take()
+            .ok_or_else(|| ModelError::Kernel(format!("layer {l}: no pre-norm")))?;
+        let [mut q, mut k, v] = three(b.matmuls(&[&lw.wq, &lw.wk, &lw.wv], &attn_in)?)?;
+        drop(attn_in);
         if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
             b.rms_norm(&mut q, c.head_dim, qn)?;
             b.rms_norm(&mut k, c.head_dim, kn)?;
@@ -74,15 +80,17 @@ pub fn forward<B: Backend>(
             b.store_and_attend(scratch, l, span.kv, io, rows.clone(), &positions[rows.clone()])?;
         }
         let o = b.matmul(&lw.wo, &attn)?;
-        b.add_normed(&mut x, o, lw.post_attn_norm.as_ref())?;
+        let ffn_in = b.add_and_norm(&mut x, o, lw.post_attn_norm.as_ref(), &lw.ffn_norm)?;
 
         // Feed-forward block.
-        let h = b.normed(&x, &lw.ffn_norm)?;
-        let mut gate = b.matmul(&lw.gate, &h)?;
-        let up = b.matmul(&lw.up, &h)?;
-        b.gated(&mut gate, &up, c.activation)?;
+        let [mut gate, up] = two(b.matmuls(&[&lw.gate, &lw.up], &ffn_in)?)?;
+        drop(ffn_in);
+        b.gated(&mut gate, &up, c.activation, &lw.down)?;
         let f = b.matmul(&lw.down, &gate)?;
-        b.add_normed(&mut x, f, lw.post_ffn_norm.as_ref())?;
+        match w.layers.get(l + 1) {
+            Some(next) => h = Some(b.add_and_norm(&mut x, f, lw.post_ffn_norm.as_ref(), &next.attn_norm)?),
+            None => b.add_normed(&mut x, f, lw.post_ffn_norm.as_ref())?,
+        }
     }
 
     // Logits for the rows each span asked for.
@@ -102,4 +110,14 @@ pub fn forward<B: Backend>(
         out.push(b.to_host(b.matmul(&w.output, &h)?)?);
     }
     Ok(out)
+}
+
+fn two<A>(v: Vec<A>) -> Result<[A; 2], ModelError> {
+    v.try_into()
+        .map_err(|v: Vec<A>| ModelError::Kernel(format!("a backend returned {} products for 2 matrices", v.len())))
+}
+
+fn three<A>(v: Vec<A>) -> Result<[A; 3], ModelError> {
+    v.try_into()
+        .map_err(|v: Vec<A>| ModelError::Kernel(format!("a backend returned {} products for 3 matrices", v.len())))
 }

@@ -170,6 +170,17 @@ impl Weights {
         all
     }
 
+    /// Matrices that multiply the same input, in the order the graph applies them (per layer: q, k
+    /// and v; gate and up): a backend may run each group as one launch.
+    pub fn input_groups(&self) -> Vec<Vec<&Matrix>> {
+        let mut all = Vec::with_capacity(2 * self.layers.len());
+        for l in &self.layers {
+            all.push(vec![&l.wq, &l.wk, &l.wv]);
+            all.push(vec![&l.gate, &l.up]);
+        }
+        all
+    }
+
     /// Every norm vector.
     pub fn norms(&self) -> Vec<&Norm> {
         let mut all = vec![&self.output_norm];

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use tandem_backend::cpu::act_quant::{quantize_row_q8, quantize_row_q8k};
 use tandem_backend::Isa;
-use tandem_cuda::int8::{int8_format, mmvq_into, quantize_act_into, repack, ActQuant};
+use tandem_cuda::int8::{int8_format, mmvq_group_into, mmvq_into, quantize_act_into, repack, ActQuant, MmvqTarget};
 use tandem_cuda::launch::type_suffix;
 use tandem_cuda::Gpu;
 use tandem_gguf::GgmlType;
@@ -74,6 +74,11 @@ pub(super) fn int8_checks(
     let w_dev = gpu.upload(w)?;
     let wq = repack(gpu, ty, &w_dev, rows, cols)?.unwrap_or(w_dev);
     let (mut worst, mut quant_equal, mut batch_equal) = (0f64, true, true);
+    let (mut variant_equal, mut group_equal) = (true, true);
+    let bits_equal =
+        |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    let poisoned = |n: usize| gpu.upload(&vec![f32::NAN; n]);
+    let variants = tandem_cuda::int8::variants(suffix);
     for t in [1usize, 5, 64] {
         let x: Vec<f32> = (0..t * cols).map(|_| rng.normal()).collect();
         let x_dev = gpu.upload(&x)?;
@@ -88,22 +93,37 @@ pub(super) fn int8_checks(
                 (0..cols).map(|c| deq[r * cols + c] as f64 * xa[ti * cols + c]).sum()
             })
             .collect();
-        let mut out = gpu.upload(&vec![f32::NAN; t * rows])?;
-        mmvq_into(gpu, suffix, &wq, &a, t, rows, cols, &mut out)?;
-        let got = gpu.download(&out)?;
-        worst = worst.max(rel_err(&got, &reference));
+        // Every unroll: accurate, and the same bits as the first.
+        let mut first: Option<Vec<f32>> = None;
+        for &v in variants.iter().filter(|v| v.fits(&[rows])) {
+            let mut out = poisoned(t * rows)?;
+            mmvq_into(gpu, suffix, v, &wq, &a, t, rows, cols, &mut out)?;
+            let got = gpu.download(&out)?;
+            worst = worst.max(rel_err(&got, &reference));
+            match &first {
+                Some(f) => variant_equal &= bits_equal(f, &got),
+                None => first = Some(got),
+            }
+        }
+        let got = first.context("at least one unroll")?;
+        // The matrix three times in one grouped launch: each copy's rows as alone.
+        let mut outs = (0..3).map(|_| poisoned(t * rows)).collect::<Result<Vec<_>, _>>()?;
+        {
+            let mut targets: Vec<MmvqTarget> = outs.iter_mut().map(|out| MmvqTarget { w: &wq, rows, out }).collect();
+            let last = *variants.iter().rfind(|v| v.fits(&[rows])).context("a variant fits")?;
+            mmvq_group_into(gpu, suffix, last, &mut targets, &a, t, cols)?;
+        }
+        for out in &outs {
+            group_equal &= bits_equal(&gpu.download(out)?, &got);
+        }
         if t == 5 {
             for i in 0..t {
                 let xi = gpu.upload(&x[i * cols..(i + 1) * cols])?;
                 let mut ai = gpu.alloc::<u8>(fmt.bytes(1, cols))?;
                 quantize_act_into(gpu, fmt, &xi, 1, cols, &mut ai)?;
-                let mut oi = gpu.upload(&vec![f32::NAN; rows])?;
-                mmvq_into(gpu, suffix, &wq, &ai, 1, rows, cols, &mut oi)?;
-                let alone = gpu.download(&oi)?;
-                batch_equal &= alone
-                    .iter()
-                    .zip(&got[i * rows..(i + 1) * rows])
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                let mut oi = poisoned(rows)?;
+                mmvq_into(gpu, suffix, variants[0], &wq, &ai, 1, rows, cols, &mut oi)?;
+                batch_equal &= bits_equal(&gpu.download(&oi)?, &got[i * rows..(i + 1) * rows]);
             }
         }
     }
@@ -114,9 +134,11 @@ pub(super) fn int8_checks(
     });
     let bound = 1e-5;
     table.push(Row {
-        check: format!("matvec Int8 {ty} {rows}x{cols}, t=1,5,64"),
-        result: format!("rel err {worst:.2e} (bound {bound:.0e}); batched rows bit-equal: {batch_equal}"),
-        pass: worst < bound && batch_equal,
+        check: format!("matvec Int8 {ty} {rows}x{cols}, t=1,5,64, {} variants", variants.len()),
+        result: format!(
+            "rel err {worst:.2e} (bound {bound:.0e}); bit-equal: batched rows {batch_equal}, variants {variant_equal}, grouped launch {group_equal}"
+        ),
+        pass: worst < bound && batch_equal && variant_equal && group_equal,
     });
     Ok(())
 }
@@ -146,36 +168,50 @@ pub(super) fn int8_bench(
     let mut a = gpu.alloc::<u8>(fmt.bytes(1, cols))?;
     let mut out = gpu.alloc::<f32>(rows)?;
     quantize_act_into(gpu, fmt, x, 1, cols, &mut a)?;
-    for with_quantize in [false, true] {
-        for w in &weights {
-            mmvq_into(gpu, suffix, w, &a, 1, rows, cols, &mut out)?;
-        }
-        gpu.synchronize()?;
-        let iters = 40;
-        let t0 = Instant::now();
-        for i in 0..iters {
-            if with_quantize {
-                quantize_act_into(gpu, fmt, x, 1, cols, &mut a)?;
+    let iters = 40;
+    for variant in tandem_cuda::int8::variants(suffix) {
+        for with_quantize in [false, true] {
+            for w in &weights {
+                mmvq_into(gpu, suffix, variant, w, &a, 1, rows, cols, &mut out)?;
             }
-            mmvq_into(gpu, suffix, weights[i % weights.len()], &a, 1, rows, cols, &mut out)?;
+            gpu.synchronize()?;
+            let t0 = Instant::now();
+            for i in 0..iters {
+                if with_quantize {
+                    quantize_act_into(gpu, fmt, x, 1, cols, &mut a)?;
+                }
+                mmvq_into(
+                    gpu,
+                    suffix,
+                    variant,
+                    weights[i % weights.len()],
+                    &a,
+                    1,
+                    rows,
+                    cols,
+                    &mut out,
+                )?;
+            }
+            gpu.synchronize()?;
+            let secs = t0.elapsed().as_secs_f64() / iters as f64;
+            let gbs = bytes as f64 / secs / 1e9;
+            let f = gpu.function(&variant.kernel(suffix, false))?;
+            table.push(Row {
+                check: format!(
+                    "matvec Int8 u{}r{} {ty} {rows}x{cols} speed{}",
+                    variant.unroll,
+                    variant.rows,
+                    if with_quantize { " (+ quantize)" } else { "" }
+                ),
+                result: format!(
+                    "{:.1} us, {gbs:.0} GB/s ({:.0}% of 4.3 TB/s copy); {} regs",
+                    secs * 1e6,
+                    gbs / 43.0,
+                    f.num_regs().unwrap_or(-1)
+                ),
+                pass: true,
+            });
         }
-        gpu.synchronize()?;
-        let secs = t0.elapsed().as_secs_f64() / iters as f64;
-        let gbs = bytes as f64 / secs / 1e9;
-        let f = gpu.function(&format!("mmvq_{suffix}"))?;
-        table.push(Row {
-            check: format!(
-                "matvec Int8 {ty} {rows}x{cols} speed{}",
-                if with_quantize { " (+ quantize)" } else { "" }
-            ),
-            result: format!(
-                "{:.1} us, {gbs:.0} GB/s ({:.0}% of 4.3 TB/s copy); {} regs",
-                secs * 1e6,
-                gbs / 43.0,
-                f.num_regs().unwrap_or(-1)
-            ),
-            pass: true,
-        });
     }
     Ok(())
 }

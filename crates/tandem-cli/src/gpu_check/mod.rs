@@ -205,19 +205,26 @@ fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     Ok(())
 }
 
-/// Times the single-row matvec over matrices much larger than L2 (four copies, rotated), the decode
-/// route's whole cost: weight bytes read once over elapsed time.
+/// Times the single-row matvec over matrices larger than L2 (four copies, rotated), the decode
+/// route's whole cost: weight bytes read once over elapsed time. 16384×8192 for every type, then the
+/// Llama-3-8B decode shapes (gate/up, down, q/o, q+k+v as one launch) for Q4_K, Q8_0 and F16.
 fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let (rows, cols) = (16384usize, 8192usize);
-    for ty in [
+    let mut cases: Vec<(GgmlType, usize, usize)> = [
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::F16,
-    ] {
+    ]
+    .into_iter()
+    .map(|ty| (ty, 16384, 8192))
+    .collect();
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
+        cases.extend([(ty, 14336, 4096), (ty, 4096, 14336), (ty, 4096, 4096), (ty, 6144, 4096)]);
+    }
+    for (ty, rows, cols) in cases {
         let suffix = type_suffix(ty).expect("benched types have kernels");
         let row_bytes = ty.row_bytes(cols as u64).context("row size")? as usize;
         // Quantize 64 distinct rows and tile them: real block contents, no hour of quantizing.
@@ -261,7 +268,7 @@ fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
             });
         }
         int8::int8_bench(gpu, ty, &copies, &x, (rows, cols), table)?;
-        if ty == GgmlType::Q4_K {
+        if ty == GgmlType::Q4_K && rows == 16384 {
             // The alternative for one row: cuBLAS over an f16 copy (4x the bytes of Q4_K).
             let w16: Vec<_> = copies
                 .iter()

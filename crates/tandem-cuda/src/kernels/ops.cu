@@ -27,22 +27,41 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm(float* __restrict__ 
     for (int i = threadIdx.x; i < group; i += blockDim.x) g[i] = g[i] * scale * weight[i];
 }
 
-// out = norm(x) * weight, one block per row: the pre-norm of a block, leaving the residual alone.
-extern "C" __global__ void __launch_bounds__(1024) rms_norm_to(const float* __restrict__ x, float* __restrict__ out,
-                                       const float* __restrict__ weight, int width, float eps) {
-    const float* g = x + (size_t)blockIdx.x * width;
-    float* o = out + (size_t)blockIdx.x * width;
-    float scale = inv_rms(g, width, eps);
-    for (int i = threadIdx.x; i < width; i += blockDim.x) o[i] = g[i] * scale * weight[i];
-}
+// Flags of `add_norm_to` (`residual_norm` in model.rs): what it does to one row.
+#define RN_ADD 1    // x += y, or x += norm(y) * post with RN_POST (a block's output joins the residual)
+#define RN_POST 2
+#define RN_NORM 4   // out = norm(x) * weight (the next block's pre-norm; x itself stays the residual)
+#define RN_Q8K 8    // ... and out quantized into `a` as Q8_K blocks (for the integer kernels)
+#define RN_Q8 16    // ... or as Q8 blocks
 
-// x += norm(y) * weight (has_norm) or x += y: a block's output joining the residual, one block per row.
-extern "C" __global__ void __launch_bounds__(1024) add_normed(float* __restrict__ x, const float* __restrict__ y,
-                                      const float* __restrict__ weight, int width, float eps, int has_norm) {
-    const float* g = y + (size_t)blockIdx.x * width;
-    float* o = x + (size_t)blockIdx.x * width;
-    float scale = has_norm ? inv_rms(g, width, eps) : 1.f;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) o[i] += has_norm ? g[i] * scale * weight[i] : g[i];
+// The residual update and the next pre-norm in one pass, one block per row (blockDim a multiple of
+// 256): each step's sums are those of the step alone, so a row's bits do not depend on which steps
+// share the launch. Quantizing needs `width` a multiple of 256 (Q8_K) or 32 (Q8).
+extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict__ x, const float* __restrict__ y,
+                                                                const float* __restrict__ post, float* __restrict__ out,
+                                                                const float* __restrict__ weight, int width, float eps,
+                                                                int flags, u8* __restrict__ a, int n_t) {
+    int row = blockIdx.x;
+    float* xr = x + (size_t)row * width;
+    if (flags & RN_ADD) {
+        const float* g = y + (size_t)row * width;
+        float scale = (flags & RN_POST) ? inv_rms(g, width, eps) : 1.f;
+        for (int i = threadIdx.x; i < width; i += blockDim.x)
+            xr[i] += (flags & RN_POST) ? g[i] * scale * post[i] : g[i];
+    }
+    if (!(flags & RN_NORM)) return;
+    // inv_rms reads each element in the thread that just wrote it.
+    float scale = inv_rms(xr, width, eps);
+    float* o = out + (size_t)row * width;
+    for (int base = 0; base < width; base += blockDim.x) {
+        int i = base + threadIdx.x;
+        bool live = i < width;
+        float v = live ? xr[i] * scale * weight[i] : 0.f;
+        if (live) o[i] = v;
+        // Uniform over the block (q8k_block synchronizes it); groups past the row write nothing.
+        if (flags & RN_Q8K) q8k_block(v, threadIdx.x >> 8, a, n_t, row, width, live ? i >> 8 : -1);
+        if ((flags & RN_Q8) && live) q8_block(v, a, n_t, row, width, i >> 5);
+    }
 }
 
 // RoPE on every head of every row: one thread per (row, head, rotated pair). `neox` pairs i with
@@ -73,13 +92,29 @@ __device__ __forceinline__ float gelu_tanh_f16(float x) {
     return h2f(f2h(g));
 }
 
+__device__ __forceinline__ float gate_value(float g, float u, int act) {
+    float a = act == 0 ? g / (1.f + expf(-g)) : gelu_tanh_f16(g);
+    return a * u;
+}
+
 // gate = act(gate) * up; act 0 = SiLU, 1 = GELU (tanh).
 extern "C" __global__ void gated(float* __restrict__ gate, const float* __restrict__ up, size_t n, int act) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float g = gate[i];
-    float a = act == 0 ? g / (1.f + expf(-g)) : gelu_tanh_f16(g);
-    gate[i] = a * up[i];
+    gate[i] = gate_value(gate[i], up[i], act);
+}
+
+// `gated`, and the result quantized for the integer kernels (qfmt RN_Q8K or RN_Q8): one block of 256
+// per (256 elements, row); `width` a multiple of 256.
+extern "C" __global__ void __launch_bounds__(256) gated_quant(float* __restrict__ gate, const float* __restrict__ up,
+                                                               int width, int act, int qfmt, u8* __restrict__ a,
+                                                               int n_t) {
+    int t = blockIdx.y, blk = blockIdx.x;
+    size_t i = (size_t)t * width + blk * 256 + threadIdx.x;
+    float v = gate_value(gate[i], up[i], act);
+    gate[i] = v;
+    if (qfmt == RN_Q8K) q8k_block(v, 0, a, n_t, t, width, blk);
+    else q8_block(v, a, n_t, t, width, blk * 8 + (threadIdx.x >> 5));
 }
 
 extern "C" __global__ void to_f16(const float* __restrict__ x, u16* __restrict__ out, size_t n) {
@@ -119,4 +154,16 @@ extern "C" __global__ void kv_gather(const u16* __restrict__ kc, const u16* __re
         ks[d + i] = kc[s + i];
         vs[d + i] = vc[s + i];
     }
+}
+
+// Keeps the GPU busy for `ns` nanoseconds (one thread). The op profiler launches it before each op's
+// start event, so the host has enqueued the whole op by the time the GPU reaches it: the events then
+// time the GPU's work, not the host's launch overhead.
+extern "C" __global__ void gpu_hold(long long ns) {
+    long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
 }

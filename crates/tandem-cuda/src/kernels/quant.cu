@@ -251,28 +251,6 @@ MATVEC(q6_k)
 // F16/BF16/F32 and the K-quants with 16-byte aligned rows), and the warp sums in a fixed butterfly.
 // Its sums are ordered differently from `matvec_`: a model uses one variant for every row count.
 
-__device__ __forceinline__ void gunit_f16(const u8* row, int u, float* w) {
-    const uint4* p = (const uint4*)(row + (size_t)u * 64);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        uint4 v = __ldg(p + k);
-        const u16* h = (const u16*)&v;
-#pragma unroll
-        for (int i = 0; i < 8; i++) w[8 * k + i] = h2f(h[i]);
-    }
-}
-
-__device__ __forceinline__ void gunit_bf16(const u8* row, int u, float* w) {
-    const uint4* p = (const uint4*)(row + (size_t)u * 64);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        uint4 v = __ldg(p + k);
-        const u16* h = (const u16*)&v;
-#pragma unroll
-        for (int i = 0; i < 8; i++) w[8 * k + i] = bf2f(h[i]);
-    }
-}
-
 __device__ __forceinline__ void gunit_f32(const u8* row, int u, float* w) {
     const float4* p = (const float4*)(row + (size_t)u * 128);
 #pragma unroll
@@ -359,8 +337,65 @@ __device__ __forceinline__ void gunit_q5_k(const u8* row, int u, float* w) {
     MATVEC2_KERNEL(matvec2b_##T, T, MV_BATCH)
 
 MATVEC2(f32)
-MATVEC2(f16)
-MATVEC2(bf16)
+// 16-bit floats (F16, BF16) take the same sums in a kernel that only streams: lane l reads its units
+// l, l + 32, ... in groups of MV2_WIDE_U, every load of a group issued before any is converted (a row
+// of 4096 is one group: 8 KB in flight per warp), then sums them in ascending order with `dot32`,
+// exactly as MATVEC2 would.
+#define MV2_WIDE_U 4
+template <bool BF>
+__device__ __forceinline__ float half_to_f32(u16 h) {
+    return BF ? bf2f(h) : h2f(h);
+}
+template <int NB, bool BF>
+__device__ __forceinline__ void matvec2_16bit(const u8* W, const float* X, float* Y, int rows, int cols, int n_t) {
+    WarpRow<NB> m;
+    if (!warp_row<NB>(rows, n_t, &m)) return;
+    const uint4* row = (const uint4*)(W + (size_t)m.r * cols * 2);
+    const float* x = X + (size_t)m.t0 * cols;
+    int nu = cols / 32;
+    for (int u0 = m.lane; u0 < nu; u0 += 32 * MV2_WIDE_U) {
+        uint4 raw[MV2_WIDE_U][4];
+#pragma unroll
+        for (int k = 0; k < MV2_WIDE_U; k++) {
+            int u = u0 + 32 * k;
+            if (u < nu) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) raw[k][i] = __ldg(row + (size_t)u * 4 + i);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < MV2_WIDE_U; k++) {
+            int u = u0 + 32 * k;
+            if (u >= nu) break;
+            float w[32];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const u16* h = (const u16*)&raw[k][i];
+#pragma unroll
+                for (int j = 0; j < 8; j++) w[8 * i + j] = half_to_f32<BF>(h[j]);
+            }
+#pragma unroll
+            for (int t = 0; t < NB; t++)
+                if (t < m.nt) m.acc[t] += dot32(w, x + (size_t)t * cols + u * 32);
+        }
+    }
+    warp_row_store<NB>(m, Y, rows);
+}
+#define MATVEC2_16(T, BF)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128) matvec2_##T(const u8* __restrict__ W,         \
+                                                                  const float* __restrict__ X,      \
+                                                                  float* __restrict__ Y, int rows,  \
+                                                                  int cols, int n_t) {              \
+        matvec2_16bit<1, BF>(W, X, Y, rows, cols, n_t);                                              \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(128) matvec2b_##T(const u8* __restrict__ W,        \
+                                                                   const float* __restrict__ X,     \
+                                                                   float* __restrict__ Y, int rows, \
+                                                                   int cols, int n_t) {             \
+        matvec2_16bit<MV_BATCH, BF>(W, X, Y, rows, cols, n_t);                                       \
+    }
+MATVEC2_16(f16, false)
+MATVEC2_16(bf16, true)
 MATVEC2(q4_0)
 MATVEC2(q4_1)
 MATVEC2(q5_0)
