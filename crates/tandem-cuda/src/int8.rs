@@ -57,7 +57,7 @@ pub fn quantize_act_into(
 ) -> Result<(), CudaError> {
     let (n, c) = (i32_of(t, "t")?, i32_of(cols, "cols")?);
     let (name, cfg) = match fmt {
-        ActQuant::Q8K => ("quantize_q8k", launch_cfg(((cols / 256) as u32, t as u32, 1), 256)),
+        ActQuant::Q8K => ("quantize_q8k", launch_cfg((blocks(cols / 256, 4), t as u32, 1), 128)),
         ActQuant::Q8 => ("quantize_q8", launch_cfg((blocks(cols / 32, 4), t as u32, 1), 128)),
     };
     let f = gpu.function(name)?;
@@ -96,18 +96,31 @@ pub fn repack(
 }
 
 /// One of the integer kernels of a weight type: `unroll` steps of loads a lane issues before it
-/// computes, `rows` consecutive weight rows per warp (sharing the activation loads). Every variant
-/// gives the same bits; the load-time timing keeps the fastest per shape.
+/// computes, `rows` consecutive weight rows per group (sharing the activation loads), `split` warps
+/// per group (1, or 4 splitting a row's blocks). Variants of one `split` give the same bits; `split`
+/// sets the order of a row's sums, and a matrix keeps one variant for every row count. The load-time
+/// timing keeps the fastest per shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MmvqVariant {
     pub unroll: u32,
     pub rows: u32,
+    pub split: u32,
 }
 
 impl MmvqVariant {
     pub fn kernel(self, suffix: &str, batched: bool) -> String {
         let b = if batched { "b" } else { "" };
-        format!("mmvq{b}_{suffix}_u{}_r{}", self.unroll, self.rows)
+        format!("mmvq{b}_{suffix}_u{}_r{}_s{}", self.unroll, self.rows, self.split)
+    }
+
+    /// Thread blocks (of four warps) for `rows` weight rows.
+    pub fn blocks(self, rows: usize) -> u32 {
+        let groups = rows / self.rows as usize;
+        if self.split == 1 {
+            blocks(groups, 4)
+        } else {
+            groups.max(1) as u32
+        }
     }
 
     /// Whether it can take matrices of these row counts (whole groups of `rows`).
@@ -118,11 +131,20 @@ impl MmvqVariant {
 
 /// The variants `kernels/mmvq.cu` instantiates for `suffix`.
 pub fn variants(suffix: &str) -> Vec<MmvqVariant> {
-    let v = |unroll, rows| MmvqVariant { unroll, rows };
+    let v = |unroll, rows, split| MmvqVariant { unroll, rows, split };
     match suffix {
-        "q4_k" => vec![v(1, 1), v(2, 1), v(4, 1), v(1, 2), v(2, 2)],
-        "q8_0" => vec![v(2, 1), v(4, 1), v(8, 1)],
-        _ => vec![v(1, 1), v(2, 1), v(4, 1)],
+        "q4_k" => vec![
+            v(1, 1, 1),
+            v(2, 1, 1),
+            v(4, 1, 1),
+            v(1, 2, 1),
+            v(2, 2, 1),
+            v(1, 1, 4),
+            v(2, 1, 4),
+            v(1, 2, 4),
+        ],
+        "q8_0" => vec![v(2, 1, 1), v(4, 1, 1), v(8, 1, 1), v(1, 1, 4), v(2, 1, 4)],
+        _ => vec![v(1, 1, 1), v(2, 1, 1), v(4, 1, 1), v(1, 1, 4), v(2, 1, 4)],
     }
 }
 

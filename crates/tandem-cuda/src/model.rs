@@ -135,6 +135,7 @@ const RN_POST: i32 = 2;
 const RN_NORM: i32 = 4;
 const RN_Q8K: i32 = 8;
 const RN_Q8: i32 = 16;
+const RN_MAX_Q8K_WIDTH: usize = 8192;
 
 /// A matmul's shape in the op profile: "rows x cols type, t=rows of activations".
 struct MatmulShape {
@@ -327,9 +328,11 @@ impl CudaModel {
             if self.dry() {
                 return Ok(out);
             }
+            // Q8_K rows are staged in the kernel's shared memory (`RN_MAX_Q8K_WIDTH`).
             let quant = norm
                 .and_then(|n| self.norm_readers.get(&n.name))
-                .and_then(|reader| self.int8_input(reader, x.rows));
+                .and_then(|reader| self.int8_input(reader, x.rows))
+                .filter(|&fmt| fmt != ActQuant::Q8K || x.width <= RN_MAX_Q8K_WIDTH);
             let mut flags = 0;
             if y.is_some() {
                 flags |= RN_ADD;
@@ -380,6 +383,47 @@ impl CudaModel {
                 o.int8.borrow_mut().push((fmt, a));
             }
             Ok(out)
+        })
+    }
+
+    /// RoPE on every head of `x` and, in the same launch, of `y`.
+    fn rope_heads(
+        &self,
+        x: &mut GpuAct,
+        mut y: Option<&mut GpuAct>,
+        positions: &[usize],
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        // Index lists are uploaded outside the profiled span (they are in the graph's arena anyway).
+        let pos = self.param(positions, "position")?;
+        if self.dry() {
+            return Ok(());
+        }
+        self.profiled("rope", || {
+            let hd = self.cpu.config.head_dim;
+            let (nx, ny) = (x.width / hd, y.as_ref().map_or(0, |y| y.width / hd));
+            let n = x.rows * (nx + ny) * (rope.n_rot / 2);
+            let (rows, nxi, nyi, hdi, nr) = (
+                i32_of(x.rows, "rows")?,
+                i32_of(nx, "heads")?,
+                i32_of(ny, "heads")?,
+                i32_of(hd, "head dim")?,
+                i32_of(rope.n_rot, "n_rot")?,
+            );
+            let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
+            let pos_v = self.view(&pos);
+            let f = self.gpu.function("rope")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            let no_heads = 0u64;
+            b.arg(x.buf_mut()?);
+            match y.as_mut() {
+                Some(y) => b.arg(y.buf_mut()?),
+                None => b.arg(&no_heads),
+            };
+            b.arg(&pos_v).arg(&rows).arg(&nxi).arg(&nyi).arg(&hdi).arg(&nr);
+            b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
+            driver("rope", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
+            Ok(())
         })
     }
 
@@ -712,30 +756,17 @@ impl Backend for CudaModel {
     }
 
     fn rope(&self, x: &mut GpuAct, positions: &[usize], rope: &RopeParams) -> Result<(), ModelError> {
-        // Index lists are uploaded outside the profiled span (they are in the graph's arena anyway).
-        let pos = self.param(positions, "position")?;
-        if self.dry() {
-            return Ok(());
-        }
-        self.profiled("rope", || {
-            let hd = self.cpu.config.head_dim;
-            let n_heads = x.width / hd;
-            let n = x.rows * n_heads * (rope.n_rot / 2);
-            let (rows, nh, hdi, nr) = (
-                i32_of(x.rows, "rows")?,
-                i32_of(n_heads, "heads")?,
-                i32_of(hd, "head dim")?,
-                i32_of(rope.n_rot, "n_rot")?,
-            );
-            let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
-            let pos_v = self.view(&pos);
-            let f = self.gpu.function("rope")?;
-            let mut b = self.gpu.stream.launch_builder(f);
-            b.arg(x.buf_mut()?).arg(&pos_v).arg(&rows).arg(&nh).arg(&hdi).arg(&nr);
-            b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
-            driver("rope", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
-            Ok(())
-        })
+        self.rope_heads(x, None, positions, rope)
+    }
+
+    fn rope_qk(
+        &self,
+        q: &mut GpuAct,
+        k: &mut GpuAct,
+        positions: &[usize],
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        self.rope_heads(q, Some(k), positions, rope)
     }
 
     fn store_and_attend(
@@ -891,6 +922,7 @@ mod tests {
             ("RN_NORM", RN_NORM),
             ("RN_Q8K", RN_Q8K),
             ("RN_Q8", RN_Q8),
+            ("RN_MAX_Q8K_WIDTH", RN_MAX_Q8K_WIDTH as i32),
         ] {
             let value = v.to_string();
             let defined = src.lines().any(|l| {

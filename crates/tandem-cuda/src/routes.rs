@@ -37,6 +37,12 @@ pub const ATT_TILE: usize = 128;
 /// Rows one matvec block batches (must match `MV_BATCH` in `kernels/quant.cu`).
 pub const MV_BATCH: usize = 8;
 
+/// Head sizes the tile attention kernel takes: it splits a row into 8-dimension chunks shared evenly
+/// by a warp's lanes (`kernels/attention.cu`).
+pub fn head_dim_supported(head_dim: usize) -> bool {
+    head_dim.is_power_of_two() && (16..=256).contains(&head_dim)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulRoute {
     Matvec,
@@ -125,6 +131,16 @@ pub fn store_rows(placement: &RingPlacement, t: usize) -> (Vec<i32>, RingPlaceme
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attention_takes_power_of_two_heads_up_to_256() {
+        for hd in [16, 32, 64, 128, 256] {
+            assert!(head_dim_supported(hd), "{hd}");
+        }
+        for hd in [8, 80, 96, 512] {
+            assert!(!head_dim_supported(hd), "{hd}");
+        }
+    }
 
     fn filled(capacity: usize, n: usize) -> RingPlacement {
         RingPlacement::new(capacity).append(n).1

@@ -15,6 +15,7 @@ use crate::int8::{self, int8_format};
 use crate::launch::{dequant_f16, tune_decode, tune_group, type_suffix, DecodeKernel, GroupMember, Tuning};
 use crate::model::{CudaModel, Mode, ARENA_INTS};
 use crate::profile::OpProfile;
+use crate::routes;
 use crate::CudaError;
 
 pub(crate) struct GpuMatrix {
@@ -96,6 +97,10 @@ impl CudaModel {
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self, CudaError> {
         let gpu = Gpu::new(ordinal)?;
+        let hd = cpu.config.head_dim;
+        if !routes::head_dim_supported(hd) {
+            return Err(CudaError::UnsupportedHeadDim(hd));
+        }
         let w = &cpu.weights;
         let mats = w.matrices();
         for m in &mats {
@@ -146,7 +151,16 @@ impl CudaModel {
                 Some(&t) => t,
                 None => {
                     let int8 = int8_fmt.zip(repacked.as_ref().map(|r| r.as_ref().unwrap_or(&original)));
-                    let t = tune_decode(&gpu, suffix, &original, int8, f16.as_ref(), m.rows, m.cols)?;
+                    let t = tune_decode(
+                        &gpu,
+                        suffix,
+                        &original,
+                        int8,
+                        f16.as_ref(),
+                        m.rows,
+                        m.cols,
+                        deterministic,
+                    )?;
                     tuned.insert(key, t);
                     t
                 }
@@ -196,7 +210,7 @@ impl CudaModel {
                             })
                             .collect();
                         let fmt = int8_format(run[0].ty).expect("runs are integer-capable");
-                        let c = tune_group(&gpu, key.2, fmt, &members, key.1)?;
+                        let c = tune_group(&gpu, key.2, fmt, &members, key.1, deterministic)?;
                         grouped.insert(key, c);
                         c
                     }

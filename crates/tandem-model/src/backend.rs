@@ -88,6 +88,17 @@ pub trait Backend {
     }
     /// Rotates every head of row r by the angles of `positions[r]`.
     fn rope(&self, x: &mut Self::Act, positions: &[usize], rope: &RopeParams) -> Result<(), ModelError>;
+    /// `rope` of q and of k, which a backend may do in one pass.
+    fn rope_qk(
+        &self,
+        q: &mut Self::Act,
+        k: &mut Self::Act,
+        positions: &[usize],
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        self.rope(q, positions, rope)?;
+        self.rope(k, positions, rope)
+    }
     /// Stores rows `rows` of `k` and `v` in layer `layer` of `kv`, then attends the same rows of `q`
     /// (at `positions`, one per row) over the cache into the same rows of `out`.
     #[allow(clippy::too_many_arguments)]

@@ -67,8 +67,7 @@ pub fn forward<B: Backend>(
             b.rms_norm(&mut q, c.head_dim, qn)?;
             b.rms_norm(&mut k, c.head_dim, kn)?;
         }
-        b.rope(&mut q, &positions, &spec.rope)?;
-        b.rope(&mut k, &positions, &spec.rope)?;
+        b.rope_qk(&mut q, &mut k, &positions, &spec.rope)?;
         let mut attn = b.output_rows(t, c.q_width())?;
         for (span, rows) in spans.iter_mut().zip(&span_rows) {
             let io = AttendRows {

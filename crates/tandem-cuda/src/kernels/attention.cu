@@ -17,11 +17,15 @@
 #define MAX_HEAD_DIM 256
 
 // partial layout: [(q * n_head + h) * tile_cap + tile] * (head_dim + 2): m, l, acc[head_dim].
-// One block of ATT_WARPS warps per (tile, head, query): warp w scores keys 32w .. 32w + 31 of the tile
-// (lane i takes key i, a whole-row dot), takes their softmax partial (max, sum, weighted V rows) on its
-// own, and the block merges its warps' partials in ascending order. The order of every sum is fixed
-// by the tile and the key positions alone.
+// One block of ATT_WARPS warps per (tile, head, query); warp w takes keys 32w .. 32w + 31 of the tile.
+// Scores: lane i takes key i, a whole-row dot in ascending dimension order, every load of the row
+// issued before the first product. Weighted V: the row is C = head_dim / 8 chunks of 8 dimensions;
+// lane l takes chunk l % C of keys l / C, l / C + P, ... (P = 32 / C lanes share a chunk), all their
+// loads in flight at once, and the P lanes of a chunk then sum in a fixed butterfly. The warps'
+// partials merge in ascending order. Every sum's order is fixed by the tile and the key positions
+// alone. head_dim is a power of two from 16 to MAX_HEAD_DIM.
 #define ATT_WARPS (ATT_TILE / 32)
+#define ATT_BATCH 16
 extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_partial(
     const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, int capacity,
     int kv_width, const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head,
@@ -35,7 +39,6 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_partial(
     first = max(first, origin_logical);
     int lo = max(first, tile * ATT_TILE), hi = min(p, tile * ATT_TILE + ATT_TILE - 1);
     float* out = partial + ((size_t)(qi * n_head + h) * tile_cap + blockIdx.x) * (head_dim + 2);
-    int per = head_dim / 32;
     if (lo > hi) {
         if (threadIdx.x == 0) {
             out[0] = -INFINITY;
@@ -46,55 +49,86 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_partial(
     int kvh = h / (n_head / n_kv_head);
     const float* qr = q + ((size_t)qi * n_head + h) * head_dim;
     // Queries are rounded to f16, as the CPU backend (and llama.cpp) does before the K product.
-    __shared__ float qs[MAX_HEAD_DIM];
+    __shared__ float4 qs4[MAX_HEAD_DIM / 4];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][MAX_HEAD_DIM];
+    float* qs = (float*)qs4;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = h2f(f2h(qr[d]));
     __syncthreads();
     int key = tile * ATT_TILE + 32 * w + lane;
     bool valid = key >= lo && key <= hi;
-    size_t phys = valid ? (size_t)((origin_physical + (key - origin_logical)) % capacity) : 0;
+    int phys = valid ? (origin_physical + (key - origin_logical)) % capacity : 0;
+    int n8 = head_dim / 8;
     float s = -INFINITY;
     if (valid) {
-        const uint4* kr = (const uint4*)(kc + phys * kv_width + kvh * head_dim);
+        const uint4* kr = (const uint4*)(kc + (size_t)phys * kv_width + kvh * head_dim);
         float dot = 0.f;
-#pragma unroll 4
-        for (int d8 = 0; d8 < head_dim / 8; d8++) {
-            uint4 v = kr[d8];
-            const u16* hv = (const u16*)&v;
+        for (int b = 0; b < n8; b += ATT_BATCH) {
+            uint4 kv[ATT_BATCH];
 #pragma unroll
-            for (int i = 0; i < 8; i++) dot = fmaf(qs[d8 * 8 + i], h2f(hv[i]), dot);
+            for (int i = 0; i < ATT_BATCH; i++)
+                if (b + i < n8) kv[i] = kr[b + i];
+#pragma unroll
+            for (int i = 0; i < ATT_BATCH; i++) {
+                if (b + i < n8) {
+                    const u16* hv = (const u16*)&kv[i];
+                    float4 qa = qs4[2 * (b + i)], qb = qs4[2 * (b + i) + 1];
+                    dot = fmaf(qa.x, h2f(hv[0]), dot);
+                    dot = fmaf(qa.y, h2f(hv[1]), dot);
+                    dot = fmaf(qa.z, h2f(hv[2]), dot);
+                    dot = fmaf(qa.w, h2f(hv[3]), dot);
+                    dot = fmaf(qb.x, h2f(hv[4]), dot);
+                    dot = fmaf(qb.y, h2f(hv[5]), dot);
+                    dot = fmaf(qb.z, h2f(hv[6]), dot);
+                    dot = fmaf(qb.w, h2f(hv[7]), dot);
+                }
+            }
         }
         s = dot * scale;
     }
     float m = warp_max(s);
     float e = valid ? expf(s - m) : 0.f;
     float l = warp_sum(e);
-    float acc[MAX_HEAD_DIM / 32];
+    // Keys out of range have e = 0 and read row 0 (always allocated) without a branch; a zero weight
+    // leaves the sum as it was (select, not 0 * v).
+    int n_chunks = n8, share = 32 / n_chunks, per_lane = 32 / share;
+    int c = lane % n_chunks, first_key = lane / n_chunks;
+    float acc[8];
 #pragma unroll
-    for (int j = 0; j < MAX_HEAD_DIM / 32; j++) acc[j] = 0.f;
-    // Keys out of range have e = 0 and read row 0 (always allocated) without a branch, so the loads of
-    // many keys are in flight at once; a zero weight leaves the sum as it was (select, not 0 * v).
-#pragma unroll 8
-    for (int k = 0; k < 32; k++) {
-        float ek = __shfl_sync(0xffffffffu, e, k);
-        size_t pk = (size_t)__shfl_sync(0xffffffffu, (unsigned long long)phys, k);
-        const u16* vr = vc + pk * kv_width + kvh * head_dim;
+    for (int d = 0; d < 8; d++) acc[d] = 0.f;
+    for (int i0 = 0; i0 < per_lane; i0 += ATT_BATCH) {
+        uint4 vv[ATT_BATCH];
+        float ek[ATT_BATCH];
 #pragma unroll
-        for (int j = 0; j < MAX_HEAD_DIM / 32; j++) {
-            if (j < per) {
-                float v = h2f(vr[lane + 32 * j]);
-                acc[j] = ek != 0.f ? fmaf(ek, v, acc[j]) : acc[j];
+        for (int j = 0; j < ATT_BATCH; j++) {
+            if (i0 + j < per_lane) {
+                int k = first_key + share * (i0 + j);
+                ek[j] = __shfl_sync(0xffffffffu, e, k);
+                int pk = __shfl_sync(0xffffffffu, phys, k);
+                vv[j] = ((const uint4*)(vc + (size_t)pk * kv_width + kvh * head_dim))[c];
             }
         }
+#pragma unroll
+        for (int j = 0; j < ATT_BATCH; j++) {
+            if (i0 + j < per_lane) {
+                const u16* hv = (const u16*)&vv[j];
+#pragma unroll
+                for (int d = 0; d < 8; d++) acc[d] = ek[j] != 0.f ? fmaf(ek[j], h2f(hv[d]), acc[d]) : acc[d];
+            }
+        }
+    }
+    for (int o = n_chunks; o < 32; o <<= 1) {
+#pragma unroll
+        for (int d = 0; d < 8; d++) acc[d] += __shfl_xor_sync(0xffffffffu, acc[d], o);
     }
     if (lane == 0) {
         wm[w] = m;
         wl[w] = l;
     }
+    if (first_key == 0) {
 #pragma unroll
-    for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
-        if (j < per) wacc[w][lane + 32 * j] = acc[j];
+        for (int d = 0; d < 8; d++) wacc[w][8 * c + d] = acc[d];
+    }
     __syncthreads();
     // Merge the warps in ascending order (warps with no key in range carry l = 0 and are skipped).
     float mm = -INFINITY;

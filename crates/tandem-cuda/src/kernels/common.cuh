@@ -97,50 +97,46 @@ __device__ __forceinline__ float* act_d(const u8* a, int n_t, int t, int cols, i
     return (float*)(a + (size_t)n_t * cols + sums) + (size_t)t * (cols / blk);
 }
 
-// Q8_K block `blk` of row t: `v` is element (threadIdx.x % 256) of the block, held by the 256
-// consecutive threads of group `group` (threadIdx.x / 256) of the block. `nearest_int(v * -127 / max)`
-// with max the first element of largest magnitude, f32 scale, and the sums of each 16 quants. Every
-// thread of the thread block must call it (it synchronizes the block); a group past the end of the row
-// passes blk = -1 and writes nothing.
-__device__ void q8k_block(float v, int group, u8* __restrict__ a, int n_t, int t, int cols, int blk) {
-    __shared__ float red_abs[4][8], vmax_of[4];
-    __shared__ int red_idx[4][8], qsum[4][16];
-    int i = threadIdx.x & 255, lane = i & 31, wid = i >> 5;
-    float av = fabsf(v);
-    // The largest magnitude, then the first element holding it: its sign sets the scale's sign.
-    float m = warp_max(av);
-    if (lane == 0) red_abs[group][wid] = m;
-    __syncthreads();
-    float amax = red_abs[group][0];
-    for (int k = 1; k < 8; k++) amax = fmaxf(amax, red_abs[group][k]);
-    int idx = av == amax ? i : 256;
+// Q8_K block `blk` of row t from its 256 values at `v` (global or shared memory), by one warp: lane
+// l takes elements 8l .. 8l + 7. `nearest_int(x * -127 / max)` with max the first element of largest
+// magnitude, f32 scale, and the sums of each 16 quants.
+__device__ __forceinline__ void q8k_block(const float* v, u8* __restrict__ a, int n_t, int t, int cols, int blk) {
+    int lane = threadIdx.x & 31;
+    float4 v0 = *(const float4*)(v + 8 * lane), v1 = *(const float4*)(v + 8 * lane + 4);
+    float x[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    float am = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) am = fmaxf(am, fabsf(x[i]));
+    float amax = warp_max(am);
+    // The first element holding the largest magnitude: its sign sets the scale's sign.
+    int idx = 256;
+#pragma unroll
+    for (int i = 7; i >= 0; i--)
+        if (fabsf(x[i]) == amax) idx = 8 * lane + i;
     for (int o = 16; o > 0; o >>= 1) idx = min(idx, __shfl_xor_sync(0xffffffffu, idx, o));
-    if (lane == 0) red_idx[group][wid] = idx;
-    __syncthreads();
-    int first = red_idx[group][0];
-    for (int k = 1; k < 8; k++) first = min(first, red_idx[group][k]);
-    if (i == first) vmax_of[group] = v;
-    __syncthreads();
-    float vmax = vmax_of[group];
-    bool live = blk >= 0;
-    signed char* qs = (signed char*)a + (size_t)t * cols + blk * 256;
+    float vmax = v[idx & 255];
+    int q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     float* d = act_d(a, n_t, t, cols, 256) + blk;
-    int* sums = act_sums(a, n_t, t, cols) + blk * 16;
-    int q = 0;
     if (vmax != 0.f) {
         float iscale = -127.f / vmax;
-        q = min(127, max(-128, __float2int_rn(iscale * v)));
-        if (i == 0 && live) *d = 1.f / iscale;
-    } else if (i == 0 && live) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = min(127, max(-128, __float2int_rn(iscale * x[i])));
+        if (lane == 0) *d = 1.f / iscale;
+    } else if (lane == 0) {
         *d = 0.f;
     }
-    if (live) qs[i] = (signed char)q;
-    // Sums of 16 consecutive quants: half-warps.
-    int s = q;
-    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if ((lane & 15) == 0) qsum[group][i >> 4] = s;
-    __syncthreads();
-    if (i < 16 && live) sums[i] = qsum[group][i];
+    u32 lo = 0, hi = 0;
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        lo |= (u32)(q[i] & 0xFF) << (8 * i);
+        hi |= (u32)(q[i + 4] & 0xFF) << (8 * i);
+        s += q[i] + q[i + 4];
+    }
+    *(uint2*)(a + (size_t)t * cols + blk * 256 + 8 * lane) = make_uint2(lo, hi);
+    // Sums of 16 consecutive quants: lane pairs.
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if ((lane & 1) == 0) act_sums(a, n_t, t, cols)[blk * 16 + (lane >> 1)] = s;
 }
 
 // Q8 block `blk` of row t, one warp (lane i holds element i): `round_half_even(v * 127 / amax)`, scale

@@ -36,7 +36,9 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm(float* __restrict__ 
 
 // The residual update and the next pre-norm in one pass, one block per row (blockDim a multiple of
 // 256): each step's sums are those of the step alone, so a row's bits do not depend on which steps
-// share the launch. Quantizing needs `width` a multiple of 256 (Q8_K) or 32 (Q8).
+// share the launch. Quantizing needs `width` a multiple of 256 (Q8_K, at most RN_MAX_Q8K_WIDTH: the
+// row is staged in shared memory, one warp per block of 256) or 32 (Q8).
+#define RN_MAX_Q8K_WIDTH 8192
 extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict__ x, const float* __restrict__ y,
                                                                 const float* __restrict__ post, float* __restrict__ out,
                                                                 const float* __restrict__ weight, int width, float eps,
@@ -53,28 +55,34 @@ extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict
     // inv_rms reads each element in the thread that just wrote it.
     float scale = inv_rms(xr, width, eps);
     float* o = out + (size_t)row * width;
+    __shared__ __align__(16) float staged[RN_MAX_Q8K_WIDTH];
     for (int base = 0; base < width; base += blockDim.x) {
         int i = base + threadIdx.x;
         bool live = i < width;
         float v = live ? xr[i] * scale * weight[i] : 0.f;
         if (live) o[i] = v;
-        // Uniform over the block (q8k_block synchronizes it); groups past the row write nothing.
-        if (flags & RN_Q8K) q8k_block(v, threadIdx.x >> 8, a, n_t, row, width, live ? i >> 8 : -1);
+        if ((flags & RN_Q8K) && live) staged[i] = v;
         if ((flags & RN_Q8) && live) q8_block(v, a, n_t, row, width, i >> 5);
+    }
+    if (flags & RN_Q8K) {
+        __syncthreads();
+        for (int blk = threadIdx.x >> 5; blk < width / 256; blk += blockDim.x >> 5)
+            q8k_block(staged + blk * 256, a, n_t, row, width, blk);
     }
 }
 
-// RoPE on every head of every row: one thread per (row, head, rotated pair). `neox` pairs i with
-// i + n_rot/2, otherwise 2i with 2i+1. Angles as ggml forms them: pos * freq_scale * base^(-2i/n_rot).
-extern "C" __global__ void rope(float* __restrict__ x, const int* __restrict__ pos, int rows, int n_heads,
-                                int head_dim, int n_rot, float base, float freq_scale, int neox) {
-    int half = n_rot / 2;
+// RoPE on every head of every row of x (nx heads a row) and of y (ny heads; q and k in one launch):
+// one thread per (row, head, rotated pair). `neox` pairs i with i + n_rot/2, otherwise 2i with 2i+1.
+// Angles as ggml forms them: pos * freq_scale * base^(-2i/n_rot).
+extern "C" __global__ void rope(float* __restrict__ x, float* __restrict__ y, const int* __restrict__ pos, int rows,
+                                int nx, int ny, int head_dim, int n_rot, float base, float freq_scale, int neox) {
+    int half = n_rot / 2, heads = nx + ny;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows * n_heads * half) return;
+    if (i >= (size_t)rows * heads * half) return;
     int p = (int)(i % half);
     size_t rh = i / half;
-    int r = (int)(rh / n_heads);
-    float* h = x + rh * head_dim;
+    int r = (int)(rh / heads), hh = (int)(rh % heads);
+    float* h = hh < nx ? x + ((size_t)r * nx + hh) * head_dim : y + ((size_t)r * ny + hh - nx) * head_dim;
     float theta = pos[r] * freq_scale * powf(base, -2.0f * p / n_rot);
     float c = cosf(theta), s = sinf(theta);
     int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
@@ -113,8 +121,14 @@ extern "C" __global__ void __launch_bounds__(256) gated_quant(float* __restrict_
     size_t i = (size_t)t * width + blk * 256 + threadIdx.x;
     float v = gate_value(gate[i], up[i], act);
     gate[i] = v;
-    if (qfmt == RN_Q8K) q8k_block(v, 0, a, n_t, t, width, blk);
-    else q8_block(v, a, n_t, t, width, blk * 8 + (threadIdx.x >> 5));
+    if (qfmt == RN_Q8K) {
+        __shared__ __align__(16) float staged[256];
+        staged[threadIdx.x] = v;
+        __syncthreads();
+        if (threadIdx.x < 32) q8k_block(staged, a, n_t, t, width, blk);
+    } else {
+        q8_block(v, a, n_t, t, width, blk * 8 + (threadIdx.x >> 5));
+    }
 }
 
 extern "C" __global__ void to_f16(const float* __restrict__ x, u16* __restrict__ out, size_t n) {

@@ -337,11 +337,11 @@ __device__ __forceinline__ void gunit_q5_k(const u8* row, int u, float* w) {
     MATVEC2_KERNEL(matvec2b_##T, T, MV_BATCH)
 
 MATVEC2(f32)
-// 16-bit floats (F16, BF16) take the same sums in a kernel that only streams: lane l reads its units
-// l, l + 32, ... in groups of MV2_WIDE_U, every load of a group issued before any is converted (a row
-// of 4096 is one group: 8 KB in flight per warp), then sums them in ascending order with `dot32`,
-// exactly as MATVEC2 would.
-#define MV2_WIDE_U 4
+// 16-bit floats (F16, BF16) stream instead: lane l reads 8-element chunks l, l + 32, ... of the row
+// with coalesced 16-byte loads (a warp's load is 512 contiguous bytes), MV2_WIDE_U chunks in flight
+// before any is converted, and sums them in ascending order; then the warp butterfly. (Its sums are
+// ordered differently from MATVEC2's other types; a matrix uses one kernel for every row count.)
+#define MV2_WIDE_U 8
 template <bool BF>
 __device__ __forceinline__ float half_to_f32(u16 h) {
     return BF ? bf2f(h) : h2f(h);
@@ -352,31 +352,34 @@ __device__ __forceinline__ void matvec2_16bit(const u8* W, const float* X, float
     if (!warp_row<NB>(rows, n_t, &m)) return;
     const uint4* row = (const uint4*)(W + (size_t)m.r * cols * 2);
     const float* x = X + (size_t)m.t0 * cols;
-    int nu = cols / 32;
-    for (int u0 = m.lane; u0 < nu; u0 += 32 * MV2_WIDE_U) {
-        uint4 raw[MV2_WIDE_U][4];
+    int nc = cols / 8;
+    for (int c0 = m.lane; c0 < nc; c0 += 32 * MV2_WIDE_U) {
+        uint4 raw[MV2_WIDE_U];
+#pragma unroll
+        for (int k = 0; k < MV2_WIDE_U; k++)
+            if (c0 + 32 * k < nc) raw[k] = __ldg(row + c0 + 32 * k);
 #pragma unroll
         for (int k = 0; k < MV2_WIDE_U; k++) {
-            int u = u0 + 32 * k;
-            if (u < nu) {
+            int c = c0 + 32 * k;
+            if (c >= nc) break;
+            const u16* h = (const u16*)&raw[k];
 #pragma unroll
-                for (int i = 0; i < 4; i++) raw[k][i] = __ldg(row + (size_t)u * 4 + i);
+            for (int t = 0; t < NB; t++) {
+                if (t < m.nt) {
+                    const float4* xc = (const float4*)(x + (size_t)t * cols + 8 * c);
+                    float4 a = xc[0], b = xc[1];
+                    float s = m.acc[t];
+                    s = fmaf(half_to_f32<BF>(h[0]), a.x, s);
+                    s = fmaf(half_to_f32<BF>(h[1]), a.y, s);
+                    s = fmaf(half_to_f32<BF>(h[2]), a.z, s);
+                    s = fmaf(half_to_f32<BF>(h[3]), a.w, s);
+                    s = fmaf(half_to_f32<BF>(h[4]), b.x, s);
+                    s = fmaf(half_to_f32<BF>(h[5]), b.y, s);
+                    s = fmaf(half_to_f32<BF>(h[6]), b.z, s);
+                    s = fmaf(half_to_f32<BF>(h[7]), b.w, s);
+                    m.acc[t] = s;
+                }
             }
-        }
-#pragma unroll
-        for (int k = 0; k < MV2_WIDE_U; k++) {
-            int u = u0 + 32 * k;
-            if (u >= nu) break;
-            float w[32];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const u16* h = (const u16*)&raw[k][i];
-#pragma unroll
-                for (int j = 0; j < 8; j++) w[8 * i + j] = half_to_f32<BF>(h[j]);
-            }
-#pragma unroll
-            for (int t = 0; t < NB; t++)
-                if (t < m.nt) m.acc[t] += dot32(w, x + (size_t)t * cols + u * 32);
         }
     }
     warp_row_store<NB>(m, Y, rows);
