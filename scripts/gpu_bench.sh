@@ -52,7 +52,7 @@ stamp "synthetic models"
   done
   if [ "${GEMMA27:-0}" = 1 ]; then
     # Detached, so it outlives this call; 12 threads at low priority leave room for the benchmarks.
-    setsid nohup nice -n 19 env RAYON_NUM_THREADS=12 bash -c \
+    $(command -v setsid) nohup nice -n 19 env RAYON_NUM_THREADS=12 bash -c \
       "'$B' synth --arch gemma3 --shape gemma3-27b --quant q4_k_m --seed 1 -o '$W/gemma3-27b-q4_k_m.gguf.tmp' \
         && mv '$W/gemma3-27b-q4_k_m.gguf.tmp' '$W/gemma3-27b-q4_k_m.gguf'" >"$W/synth27.log" 2>&1 </dev/null &
   fi
