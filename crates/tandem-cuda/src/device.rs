@@ -162,10 +162,10 @@ pub fn kernel_names(body: &str) -> Vec<String> {
         {
             names.extend(["matvec2_", "matvec2b_"].iter().map(|p| format!("{p}{t}")));
         }
-        // MMVQ(type, unroll, rows per group, warps per group): the integer kernels, a pair per variant.
+        // MMVQ(type, unroll, rows per warp): the integer kernels, a pair per variant.
         if let Some(args) = l.strip_prefix("MMVQ(").and_then(|r| r.strip_suffix(')')) {
-            if let [t, u, r, s] = args.split(", ").collect::<Vec<_>>()[..] {
-                names.extend(["mmvq_", "mmvqb_"].iter().map(|p| format!("{p}{t}_u{u}_r{r}_s{s}")));
+            if let [t, u, r] = args.split(", ").collect::<Vec<_>>()[..] {
+                names.extend(["mmvq_", "mmvqb_"].iter().map(|p| format!("{p}{t}_u{u}_r{r}")));
             }
         }
         // Macro bodies (continued lines) are templates, not kernels.
@@ -222,10 +222,10 @@ mod tests {
             "quantize_q8k",
             "quantize_q8",
             "repack_scales_out",
-            "mmvq_q4_k_u1_r1_s1",
-            "mmvqb_q4_k_u2_r2_s1",
-            "mmvq_q6_k_u2_r1_s4",
-            "mmvqb_q8_0_u8_r1_s1",
+            "mmvq_q4_k_u1_r1",
+            "mmvqb_q4_k_u2_r2",
+            "mmvq_q6_k_u2_r1",
+            "mmvqb_q8_0_u8_r1",
         ] {
             assert!(mmvq.contains(&k.to_string()), "{k} in {mmvq:?}");
         }

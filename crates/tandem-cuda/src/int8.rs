@@ -96,31 +96,23 @@ pub fn repack(
 }
 
 /// One of the integer kernels of a weight type: `unroll` steps of loads a lane issues before it
-/// computes, `rows` consecutive weight rows per group (sharing the activation loads), `split` warps
-/// per group (1, or 4 splitting a row's blocks). Variants of one `split` give the same bits; `split`
-/// sets the order of a row's sums, and a matrix keeps one variant for every row count. The load-time
-/// timing keeps the fastest per shape.
+/// computes, `rows` consecutive weight rows per warp (sharing the activation loads). Every variant
+/// gives the same bits; the load-time timing keeps the fastest per shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MmvqVariant {
     pub unroll: u32,
     pub rows: u32,
-    pub split: u32,
 }
 
 impl MmvqVariant {
     pub fn kernel(self, suffix: &str, batched: bool) -> String {
         let b = if batched { "b" } else { "" };
-        format!("mmvq{b}_{suffix}_u{}_r{}_s{}", self.unroll, self.rows, self.split)
+        format!("mmvq{b}_{suffix}_u{}_r{}", self.unroll, self.rows)
     }
 
-    /// Thread blocks (of four warps) for `rows` weight rows.
+    /// Thread blocks (four warps each) for `rows` weight rows.
     pub fn blocks(self, rows: usize) -> u32 {
-        let groups = rows / self.rows as usize;
-        if self.split == 1 {
-            blocks(groups, 4)
-        } else {
-            groups.max(1) as u32
-        }
+        blocks(rows / self.rows as usize, 4)
     }
 
     /// Whether it can take matrices of these row counts (whole groups of `rows`).
@@ -131,20 +123,11 @@ impl MmvqVariant {
 
 /// The variants `kernels/mmvq.cu` instantiates for `suffix`.
 pub fn variants(suffix: &str) -> Vec<MmvqVariant> {
-    let v = |unroll, rows, split| MmvqVariant { unroll, rows, split };
+    let v = |unroll, rows| MmvqVariant { unroll, rows };
     match suffix {
-        "q4_k" => vec![
-            v(1, 1, 1),
-            v(2, 1, 1),
-            v(4, 1, 1),
-            v(1, 2, 1),
-            v(2, 2, 1),
-            v(1, 1, 4),
-            v(2, 1, 4),
-            v(1, 2, 4),
-        ],
-        "q8_0" => vec![v(2, 1, 1), v(4, 1, 1), v(8, 1, 1), v(1, 1, 4), v(2, 1, 4)],
-        _ => vec![v(1, 1, 1), v(2, 1, 1), v(4, 1, 1), v(1, 1, 4), v(2, 1, 4)],
+        "q4_k" => vec![v(1, 1), v(2, 1), v(4, 1), v(1, 2), v(2, 2)],
+        "q8_0" => vec![v(2, 1), v(4, 1), v(8, 1)],
+        _ => vec![v(1, 1), v(2, 1), v(4, 1)],
     }
 }
 
@@ -228,10 +211,7 @@ pub fn mmvq_group_into(
     b.arg(&y_ptrs[0]).arg(&y_ptrs[1]).arg(&y_ptrs[2]);
     b.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]).arg(&c).arg(&n);
     driver(&name, unsafe {
-        b.launch(launch_cfg(
-            (blocks(total / variant.rows as usize, 4), blocks(t, per_block), 1),
-            128,
-        ))
+        b.launch(launch_cfg((variant.blocks(total), blocks(t, per_block), 1), 128))
     })?;
     drop(guards);
     Ok(())

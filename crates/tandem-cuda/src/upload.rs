@@ -210,7 +210,7 @@ impl CudaModel {
                             })
                             .collect();
                         let fmt = int8_format(run[0].ty).expect("runs are integer-capable");
-                        let c = tune_group(&gpu, key.2, fmt, &members, key.1, deterministic)?;
+                        let c = tune_group(&gpu, key.2, fmt, &members, key.1)?;
                         grouped.insert(key, c);
                         c
                     }
