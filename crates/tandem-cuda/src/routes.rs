@@ -14,6 +14,10 @@
 //! - `deterministic`: always `Matvec`, whose per-element summation order depends on the matrix width
 //!   alone, so logits are bit-identical across chunk sizes and batch compositions.
 //!
+//! On the `Matvec` route, matrices that read one input with the same integer kernel (q, k and v;
+//! gate and up) share one launch where load-time timing found that faster; each row's bits are those
+//! of its own launch. The norm or gating kernel that makes such an input also writes it quantized.
+//!
 //! Attention route tree (`attention_route`), for a chunk of `t` queries:
 //! - `t <= MATVEC_MAX_ROWS` (decode, very short chunks) or `deterministic`: `Tiles` — partial softmax
 //!   per position-aligned key tile, then an in-order combine (`kernels/attention.cu`). A query meets
