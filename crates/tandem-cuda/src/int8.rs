@@ -230,6 +230,21 @@ mod tests {
     }
 
     #[test]
+    fn variants_take_whole_row_groups() {
+        let two = MmvqVariant { unroll: 1, rows: 2 };
+        assert!(two.fits(&[4096, 1024, 1024]));
+        assert!(!two.fits(&[4096, 1023]));
+        // Four warps a block, two rows a warp: 4096 rows in 512 blocks.
+        assert_eq!(two.blocks(4096), 512);
+        assert_eq!(MmvqVariant { unroll: 4, rows: 1 }.blocks(1026), 257);
+        assert_eq!(two.kernel("q4_k", true), "mmvqb_q4_k_u1_r2");
+        // One row a warp fits anything, so every type has a variant for every shape.
+        for suffix in ["q4_k", "q6_k", "q8_0"] {
+            assert!(variants(suffix).iter().any(|v| v.fits(&[1, 3, 5])), "{suffix}");
+        }
+    }
+
+    #[test]
     fn only_types_with_a_dp4a_kernel_take_the_integer_route() {
         assert_eq!(int8_format(GgmlType::Q4_K), Some(ActQuant::Q8K));
         assert_eq!(int8_format(GgmlType::Q6_K), Some(ActQuant::Q8K));

@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 
 use cudarc::driver::CudaSlice;
+use tandem_gguf::GgmlType;
 use tandem_model::weights::Matrix;
 use tandem_model::Model;
 
@@ -66,14 +67,23 @@ impl Pending {
 /// integer kernel and one width, at least two of them (Q4_K_M's q and k share a launch while its
 /// Q6_K v goes alone), in graph order.
 fn int8_runs<'m>(group: &[&'m Matrix], int8_enabled: bool) -> Vec<Vec<&'m Matrix>> {
-    let mut runs: Vec<Vec<&Matrix>> = Vec::new();
-    for &m in group {
-        if !int8_enabled || int8_format(m.ty).is_none() {
+    let shapes: Vec<(GgmlType, usize)> = group.iter().map(|m| (m.ty, m.cols)).collect();
+    run_indices(&shapes, int8_enabled)
+        .into_iter()
+        .map(|run| run.into_iter().map(|i| group[i]).collect())
+        .collect()
+}
+
+/// `int8_runs` over (type, width) pairs: the indices of each run.
+fn run_indices(shapes: &[(GgmlType, usize)], int8_enabled: bool) -> Vec<Vec<usize>> {
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    for (i, &(ty, cols)) in shapes.iter().enumerate() {
+        if !int8_enabled || int8_format(ty).is_none() {
             continue;
         }
-        match runs.iter_mut().find(|r| r[0].ty == m.ty && r[0].cols == m.cols) {
-            Some(r) => r.push(m),
-            None => runs.push(vec![m]),
+        match runs.iter_mut().find(|r| shapes[r[0]] == (ty, cols)) {
+            Some(r) => r.push(i),
+            None => runs.push(vec![i]),
         }
     }
     runs.retain(|r| r.len() >= 2 && r.len() <= 3);
@@ -273,5 +283,32 @@ impl CudaModel {
             warmed: RefCell::new(VecDeque::new()),
             profile,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_join_members_of_one_integer_type_and_width() {
+        use GgmlType::*;
+        // Q4_K_M's attention: q and k Q4_K share a launch, v (Q6_K) goes alone.
+        assert_eq!(
+            run_indices(&[(Q4_K, 4096), (Q4_K, 4096), (Q6_K, 4096)], true),
+            vec![vec![0, 1]]
+        );
+        // Q8_0: all three; gate and up.
+        assert_eq!(run_indices(&[(Q8_0, 4096); 3], true), vec![vec![0, 1, 2]]);
+        assert_eq!(run_indices(&[(Q4_K, 4096), (Q4_K, 4096)], true), vec![vec![0, 1]]);
+        // Types without an integer kernel, other widths, or the route switched off: no run.
+        assert!(run_indices(&[(F16, 4096); 3], true).is_empty());
+        assert!(run_indices(&[(Q4_K, 4096), (Q4_K, 2048)], true).is_empty());
+        assert!(run_indices(&[(Q4_K, 4096); 2], false).is_empty());
+        // Members need not be adjacent.
+        assert_eq!(
+            run_indices(&[(Q4_K, 4096), (Q6_K, 4096), (Q4_K, 4096)], true),
+            vec![vec![0, 2]]
+        );
     }
 }
