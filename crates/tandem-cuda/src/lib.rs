@@ -17,17 +17,20 @@
 //! its GPU-free parts test on machines with no CUDA at all; on such a machine `Gpu::new` returns
 //! `CudaError::Unavailable` with the reason.
 
+mod attend;
 pub mod attention_gemm;
 mod decode_graph;
 pub mod device;
 pub mod int8;
 pub mod kv;
 pub mod launch;
+mod matmul;
 pub mod model;
 pub mod nvrtc;
 pub mod pool;
 mod profile;
 pub mod routes;
+mod rows;
 mod upload;
 
 pub use cudarc::driver::CudaSlice;

@@ -1,0 +1,189 @@
+//! The CUDA backend's attention outside the GEMM route (`attention_gemm.rs`): K and V stored into the
+//! cache (or a staging buffer when the chunk meets a wrapped ring), then the tile kernel and its
+//! combine (`kernels/attention.cu`).
+
+use std::ops::Range;
+
+use cudarc::driver::{CudaSlice, PushKernelArg};
+use tandem_model::backend::AttendRows;
+use tandem_model::ModelError;
+
+use crate::attention_gemm::key_range;
+use crate::device::driver;
+use crate::kv::GpuSequenceKv;
+use crate::launch::{i32_of, launch_cfg};
+use crate::model::{CudaModel, GpuAct, GpuScratch, Mode};
+use crate::routes::{self, AttentionRoute, KvRoute, ATT_TILE};
+use crate::CudaError;
+
+impl CudaModel {
+    /// Tiles a single query can span in a layer (the graph's fixed attention grid).
+    pub(crate) fn tile_cap(&self, kv: &GpuSequenceKv, window: Option<usize>) -> usize {
+        window.unwrap_or(kv.n_ctx).div_ceil(ATT_TILE) + 1
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attend_from(
+        &self,
+        io: &mut AttendRows<'_, GpuAct>,
+        rows: &Range<usize>,
+        kc: &CudaSlice<u16>,
+        vc: &CudaSlice<u16>,
+        source: (usize, usize, usize),
+        positions: &[usize],
+        window: Option<usize>,
+        tile_cap: usize,
+    ) -> Result<(), CudaError> {
+        let c = &self.cpu.config;
+        let (capacity, origin_logical, origin_physical) = source;
+        let t = rows.len();
+        // Prefill chunks (never captured, so only in direct launches) take the tensor cores when their
+        // keys are contiguous in this buffer.
+        if self.mode.get() == Mode::Normal && routes::attention_route(t, self.deterministic) == AttentionRoute::Gemm {
+            if let Some(keys) = key_range(positions, window, source) {
+                return self.profiled("attend (GEMM route)", || {
+                    self.attend_gemm(io, rows, kc, vc, keys, positions, window)
+                });
+            }
+        }
+        let span = routes::tile_span(positions, window, origin_logical);
+        let tile_cap = tile_cap.max(span.n);
+        let pos = self.param(positions, "position")?;
+        let meta = self.param(&[origin_logical, origin_physical, span.lo, span.n], "placement")?;
+        if self.dry() {
+            return Ok(());
+        }
+        let hd = c.head_dim;
+        let mut partial = self.act(t * c.n_head * tile_cap, hd + 2)?;
+        let qw = c.q_width();
+        let q_view = io.q.buf()?.slice(rows.start * qw..rows.end * qw);
+        let ints = |n: usize, what: &str| i32_of(n, what);
+        let (cap, kvw) = (ints(capacity, "capacity")?, ints(c.kv_width(), "kv width")?);
+        let (nh, nkv, hdi) = (
+            ints(c.n_head, "heads")?,
+            ints(c.n_kv_head, "kv heads")?,
+            ints(hd, "head dim")?,
+        );
+        let (win, tc) = (ints(window.unwrap_or(0), "window")?, ints(tile_cap, "tiles")?);
+        let scale = c.attn_scale;
+        let (pos_v, meta_v) = (self.view(&pos), self.view(&meta));
+        let mut out_view = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
+        self.profiled("attend (tiles)", || {
+            let f = self.gpu.function("attend_partial")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(&q_view)
+                .arg(kc)
+                .arg(vc)
+                .arg(&cap)
+                .arg(&kvw)
+                .arg(&pos_v)
+                .arg(&meta_v);
+            b.arg(&nh)
+                .arg(&nkv)
+                .arg(&hdi)
+                .arg(&scale)
+                .arg(&win)
+                .arg(&tc)
+                .arg(partial.buf_mut()?);
+            let grid = (tile_cap as u32, c.n_head as u32, t as u32);
+            driver("attend_partial", unsafe { b.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
+            let f = self.gpu.function("attend_combine")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(partial.buf()?)
+                .arg(&meta_v)
+                .arg(&nh)
+                .arg(&hdi)
+                .arg(&tc)
+                .arg(&mut out_view);
+            driver("attend_combine", unsafe {
+                b.launch(launch_cfg((c.n_head as u32, t as u32, 1), 32))
+            })?;
+            Ok(())
+        })
+    }
+
+    /// Converts rows of K and V to f16 into `kc`/`vc` at rows `dst` (-1: skip).
+    pub(crate) fn store(
+        &self,
+        io: &AttendRows<'_, GpuAct>,
+        rows: &Range<usize>,
+        dst: Vec<i32>,
+        kc: &mut CudaSlice<u16>,
+        vc: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        let dst = self.param_ints(dst)?;
+        if self.dry() {
+            return Ok(());
+        }
+        let w = io.k.width;
+        let kv = io.k.buf()?.slice(rows.start * w..rows.end * w);
+        let vv = io.v.buf()?.slice(rows.start * w..rows.end * w);
+        let wi = i32_of(w, "kv width")?;
+        let dst_v = self.view(&dst);
+        let f = self.gpu.function("kv_store")?;
+        let mut b = self.gpu.stream.launch_builder(f);
+        b.arg(&kv).arg(&vv).arg(kc).arg(vc).arg(&dst_v).arg(&wi);
+        self.profiled("kv_store", || {
+            driver("kv_store", unsafe {
+                b.launch(launch_cfg((rows.len() as u32, 1, 1), 256))
+            })
+        })?;
+        Ok(())
+    }
+
+    /// `Backend::store_and_attend`.
+    pub(crate) fn store_kv_and_attend(
+        &self,
+        _scratch: &mut GpuScratch,
+        layer: usize,
+        kv: &mut GpuSequenceKv,
+        mut io: AttendRows<'_, GpuAct>,
+        rows: Range<usize>,
+        positions: &[usize],
+    ) -> Result<(), ModelError> {
+        {
+            let t = rows.len();
+            let w = kv.kv_width;
+            let window = kv.layers[layer].window;
+            // One query spans at most `tile_cap` tiles: decode steps keep one grid, so a graph replays.
+            let tile_cap = if t == 1 { self.tile_cap(kv, window) } else { 0 };
+            let lc = &mut kv.layers[layer];
+            match routes::kv_route(&lc.placement, t, window) {
+                KvRoute::InPlace => {
+                    let (dst, after) = routes::store_rows(&lc.placement, t);
+                    self.store(&io, &rows, dst, &mut lc.k, &mut lc.v)?;
+                    lc.placement = after;
+                    let p = lc.placement;
+                    let source = (p.capacity, p.origin_logical, p.origin_physical);
+                    self.attend_from(&mut io, &rows, &lc.k, &lc.v, source, positions, window, tile_cap)?;
+                }
+                KvRoute::Staged { first, gather } => {
+                    let n = gather.len() + t;
+                    let mut ks = self.gpu.alloc::<u16>(n * w)?;
+                    let mut vs = self.gpu.alloc::<u16>(n * w)?;
+                    if !gather.is_empty() {
+                        let src = self.param(&gather, "cache row")?;
+                        let src_v = self.view(&src);
+                        let wi = i32_of(w, "kv width")?;
+                        let f = self.gpu.function("kv_gather")?;
+                        let mut b = self.gpu.stream.launch_builder(f);
+                        b.arg(&lc.k).arg(&lc.v).arg(&src_v).arg(&mut ks).arg(&mut vs).arg(&wi);
+                        self.profiled("kv_gather", || {
+                            driver("kv_gather", unsafe {
+                                b.launch(launch_cfg((gather.len() as u32, 1, 1), 256))
+                            })
+                        })?;
+                    }
+                    let staged: Vec<i32> = (gather.len()..n).map(|r| r as i32).collect();
+                    self.store(&io, &rows, staged, &mut ks, &mut vs)?;
+                    self.attend_from(&mut io, &rows, &ks, &vs, (n, first, 0), positions, window, 0)?;
+                    // Committed only after attention consumed the staged rows.
+                    let (dst, after) = routes::store_rows(&lc.placement, t);
+                    self.store(&io, &rows, dst, &mut lc.k, &mut lc.v)?;
+                    lc.placement = after;
+                }
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The CUDA backend's matmuls: the route each takes (`routes::matmul_route`), cuBLAS over the f16
+//! copy for prefill, the matvec kernel chosen at load for decode, and one launch for a run of
+//! matrices reading the same quantized input.
+
+use cudarc::driver::CudaSlice;
+use tandem_model::weights::Matrix;
+use tandem_model::ModelError;
+
+use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, ActQuant, MmvqTarget};
+use crate::launch::{gemm_into, matvec_into, DecodeKernel};
+use crate::model::{CudaModel, GpuAct, Mode};
+use crate::routes::{self, MatmulRoute};
+use crate::upload::GpuMatrix;
+use crate::CudaError;
+
+/// A matmul's shape in the op profile: "rows x cols type, t=rows of activations".
+struct MatmulShape {
+    rows: usize,
+    cols: usize,
+    suffix: &'static str,
+    t: usize,
+}
+
+impl std::fmt::Display for MatmulShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{} {}, t={}", self.rows, self.cols, self.suffix, self.t)
+    }
+}
+
+impl CudaModel {
+    /// `out[t] = W16 · f16(x[t])` through cuBLAS (f32 accumulation).
+    pub(crate) fn gemm(
+        &self,
+        w16: &CudaSlice<u16>,
+        x: &CudaSlice<f32>,
+        t: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<GpuAct, CudaError> {
+        let mut out = self.act(t, rows)?;
+        let may_allocate = self.mode.get() == Mode::Normal;
+        let mut x16 = self.u16_pool.take(&self.gpu, t * cols, may_allocate)?;
+        gemm_into(&self.gpu, w16, x, &mut x16, t, rows, cols, out.buf_mut()?)?;
+        Ok(out)
+    }
+
+    /// Quantizes `x` for integer kernels reading `fmt`, unless an earlier matmul already did.
+    pub(crate) fn quantize_once(&self, x: &GpuAct, fmt: ActQuant) -> Result<(), CudaError> {
+        if x.int8.borrow().iter().any(|(f, _)| *f == fmt) {
+            return Ok(());
+        }
+        let may_allocate = self.mode.get() == Mode::Normal;
+        let mut a = self.u8_pool.take(&self.gpu, fmt.bytes(x.rows, x.width), may_allocate)?;
+        self.profiled(format_args!("quantize {fmt:?} x{}", x.width), || {
+            quantize_act_into(&self.gpu, fmt, x.buf()?, x.rows, x.width, &mut a)
+        })?;
+        x.int8.borrow_mut().push((fmt, a));
+        Ok(())
+    }
+
+    /// Runs `f` on `x` quantized as `fmt` (quantizing it unless an earlier matmul did).
+    pub(crate) fn with_quantized<T>(
+        &self,
+        x: &GpuAct,
+        fmt: ActQuant,
+        f: impl FnOnce(&CudaSlice<u8>) -> Result<T, CudaError>,
+    ) -> Result<T, CudaError> {
+        self.quantize_once(x, fmt)?;
+        let cache = x.int8.borrow();
+        let a = cache
+            .iter()
+            .find(|(f, _)| *f == fmt)
+            .map(|(_, a)| a)
+            .ok_or_else(|| CudaError::Driver {
+                what: format!("activations quantized as {fmt:?}"),
+                err: "missing after quantization".into(),
+            })?;
+        f(a)
+    }
+
+    /// Whether `t` rows of `g` take its matvec-route kernel (else the GEMM over its f16 copy).
+    pub(crate) fn takes_matvec(&self, g: &GpuMatrix, t: usize) -> bool {
+        routes::matmul_route(t, self.deterministic, g.decode_cublas) == MatmulRoute::Matvec || g.f16.is_none()
+    }
+
+    /// The quantized form the integer kernel of `reader` wants for `t` rows, when it takes that route
+    /// (so the kernel producing its input can write it, saving a launch).
+    pub(crate) fn int8_input(&self, reader: &str, t: usize) -> Option<ActQuant> {
+        let g = self.matrices.get(reader)?;
+        match g.decode {
+            DecodeKernel::Int8 { fmt, .. } if self.takes_matvec(g, t) => Some(fmt),
+            _ => None,
+        }
+    }
+
+    /// `Backend::matmul`.
+    pub(crate) fn matmul_rows(&self, m: &Matrix, x: &GpuAct) -> Result<GpuAct, ModelError> {
+        let t = x.rows;
+        if self.dry() {
+            return Ok(self.act(t, m.rows)?);
+        }
+        let g = self.matrix(m)?;
+        let shape = MatmulShape {
+            rows: m.rows,
+            cols: m.cols,
+            suffix: g.suffix,
+            t,
+        };
+        let out = match (self.takes_matvec(g, t), &g.f16) {
+            (false, Some(w16)) => self.profiled(format_args!("gemm {shape}"), || {
+                self.gemm(w16, x.buf()?, t, m.rows, m.cols)
+            })?,
+            _ => {
+                let mut out = self.act(t, m.rows)?;
+                match g.decode {
+                    DecodeKernel::Float(family) => {
+                        let buf = out.buf_mut()?;
+                        self.profiled(format_args!("matvec {family:?} {shape}"), || {
+                            matvec_into(
+                                &self.gpu,
+                                family,
+                                g.suffix,
+                                &g.quantized,
+                                x.buf()?,
+                                t,
+                                m.rows,
+                                m.cols,
+                                buf,
+                            )
+                        })?
+                    }
+                    DecodeKernel::Int8 { fmt, variant } => {
+                        let buf = out.buf_mut()?;
+                        self.with_quantized(x, fmt, |a| {
+                            self.profiled(format_args!("matvec Int8 {shape}"), || {
+                                mmvq_into(&self.gpu, g.suffix, variant, &g.quantized, a, t, m.rows, m.cols, buf)
+                            })
+                        })?
+                    }
+                }
+                out
+            }
+        };
+        Ok(out)
+    }
+
+    /// `Backend::matmuls`.
+    pub(crate) fn matmul_group(&self, ms: &[&Matrix], x: &GpuAct) -> Result<Vec<GpuAct>, ModelError> {
+        let t = x.rows;
+        if self.dry() || ms.len() < 2 {
+            return ms.iter().map(|m| self.matmul_rows(m, x)).collect();
+        }
+        let gs = ms.iter().map(|m| self.matrix(m)).collect::<Result<Vec<_>, _>>()?;
+        // Members on the integer matvec route with one kernel, type and width share a launch.
+        let key = |j: usize| match gs[j].decode {
+            DecodeKernel::Int8 { fmt, variant } if self.takes_matvec(gs[j], t) => {
+                Some((fmt, variant, gs[j].suffix, ms[j].cols))
+            }
+            _ => None,
+        };
+        let mut outs: Vec<Option<GpuAct>> = ms.iter().map(|_| None).collect();
+        for i in 0..ms.len() {
+            if outs[i].is_some() {
+                continue;
+            }
+            let members: Vec<usize> = match key(i) {
+                Some(k) => (i..ms.len())
+                    .filter(|&j| outs[j].is_none() && key(j) == Some(k))
+                    .take(3)
+                    .collect(),
+                None => vec![i],
+            };
+            let Some((fmt, variant, suffix, cols)) = key(i).filter(|_| members.len() > 1) else {
+                outs[i] = Some(self.matmul_rows(ms[i], x)?);
+                continue;
+            };
+            let mut acts = members
+                .iter()
+                .map(|&j| self.act(t, ms[j].rows))
+                .collect::<Result<Vec<_>, _>>()?;
+            let total: usize = members.iter().map(|&j| ms[j].rows).sum();
+            self.with_quantized(x, fmt, |a| {
+                let mut targets = members
+                    .iter()
+                    .zip(acts.iter_mut())
+                    .map(|(&j, act)| {
+                        Ok(MmvqTarget {
+                            w: &gs[j].quantized,
+                            rows: ms[j].rows,
+                            out: act.buf_mut()?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, CudaError>>()?;
+                let n = members.len();
+                self.profiled(
+                    format_args!("matvec Int8 {n} matrices {total}x{cols} {suffix}, t={t}"),
+                    || mmvq_group_into(&self.gpu, suffix, variant, &mut targets, a, t, cols),
+                )
+            })?;
+            for (j, act) in members.into_iter().zip(acts) {
+                outs[j] = Some(act);
+            }
+        }
+        outs.into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ModelError::Kernel("a grouped matmul left a product unmade".into()))
+    }
+}

@@ -1,0 +1,234 @@
+//! The CUDA backend's row kernels: the residual add with the next pre-norm (and the quantization of
+//! its output for the integer kernels), RoPE, and the gated activation.
+
+use cudarc::driver::PushKernelArg;
+use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+use tandem_model::config::Activation;
+use tandem_model::weights::{Matrix, Norm};
+use tandem_model::ModelError;
+
+use crate::device::driver;
+use crate::int8::ActQuant;
+use crate::launch::{blocks, i32_of, launch_cfg};
+use crate::model::{CudaModel, GpuAct, Mode};
+
+/// Threads of a one-block-per-row kernel (norms): a decode step has one row, so the block's width is
+/// the kernel's parallelism. Fixed by the width alone, so a row's sums never depend on the batch.
+pub(crate) fn row_threads(width: usize) -> u32 {
+    if width >= 2048 {
+        1024
+    } else {
+        256
+    }
+}
+
+/// Flags of the `add_norm_to` kernel (`kernels/ops.cu`).
+const RN_ADD: i32 = 1;
+const RN_POST: i32 = 2;
+const RN_NORM: i32 = 4;
+const RN_Q8K: i32 = 8;
+const RN_Q8: i32 = 16;
+const RN_MAX_Q8K_WIDTH: usize = 8192;
+
+impl CudaModel {
+    /// One `add_norm_to` launch: `x += y` (normed by `post` when given) when `y` is given, then (when
+    /// `norm` is given) a new activation `norm(x)`, also quantized when the matrices reading it take
+    /// the integer route. The caller has cleared `x`'s quantized forms if `y` changes it.
+    pub(crate) fn residual_norm(
+        &self,
+        x: &GpuAct,
+        y: Option<&GpuAct>,
+        post: Option<&Norm>,
+        norm: Option<&Norm>,
+    ) -> Result<Option<GpuAct>, ModelError> {
+        let name = match (y.is_some(), norm.is_some()) {
+            (true, true) => "add_and_norm",
+            (true, false) => "add_normed",
+            _ => "normed",
+        };
+        self.profiled(name, || {
+            let mut out = match norm {
+                Some(_) => Some(self.act(x.rows, x.width)?),
+                None => None,
+            };
+            if self.dry() {
+                return Ok(out);
+            }
+            // Q8_K rows are staged in the kernel's shared memory (`RN_MAX_Q8K_WIDTH`).
+            let quant = norm
+                .and_then(|n| self.norm_readers.get(&n.name))
+                .and_then(|reader| self.int8_input(reader, x.rows))
+                .filter(|&fmt| fmt != ActQuant::Q8K || x.width <= RN_MAX_Q8K_WIDTH);
+            let mut flags = 0;
+            if y.is_some() {
+                flags |= RN_ADD;
+            }
+            if post.is_some() {
+                flags |= RN_POST;
+            }
+            if norm.is_some() {
+                flags |= RN_NORM;
+            }
+            match quant {
+                Some(ActQuant::Q8K) => flags |= RN_Q8K,
+                Some(ActQuant::Q8) => flags |= RN_Q8,
+                None => {}
+            }
+            let may_allocate = self.mode.get() == Mode::Normal;
+            let mut a = match quant {
+                Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(x.rows, x.width), may_allocate)?),
+                None => None,
+            };
+            // Pointers the flags leave unread stand in for absent operands.
+            let any_norm = self.norm(&self.cpu.weights.output_norm)?;
+            let post_w = post.map(|n| self.norm(n)).transpose()?.unwrap_or(any_norm);
+            let norm_w = norm.map(|n| self.norm(n)).transpose()?.unwrap_or(any_norm);
+            let (width, eps) = (i32_of(x.width, "width")?, self.cpu.config.eps);
+            let n_t = i32_of(x.rows, "rows")?;
+            let f = self.gpu.function("add_norm_to")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            let x_buf = x.buf()?;
+            b.arg(x_buf)
+                .arg(y.map(|y| y.buf()).transpose()?.unwrap_or(x_buf))
+                .arg(post_w);
+            match out.as_mut() {
+                Some(o) => b.arg(o.buf_mut()?),
+                None => b.arg(x_buf),
+            };
+            b.arg(norm_w).arg(&width).arg(&eps).arg(&flags);
+            let no_quants = 0u64;
+            match a.as_deref_mut() {
+                Some(a) => b.arg(a),
+                None => b.arg(&no_quants),
+            };
+            b.arg(&n_t);
+            driver("add_norm_to", unsafe {
+                b.launch(launch_cfg((x.rows as u32, 1, 1), row_threads(x.width)))
+            })?;
+            if let (Some(o), Some(fmt), Some(a)) = (out.as_ref(), quant, a) {
+                o.int8.borrow_mut().push((fmt, a));
+            }
+            Ok(out)
+        })
+    }
+
+    /// RoPE on every head of `x` and, in the same launch, of `y`.
+    pub(crate) fn rope_heads(
+        &self,
+        x: &mut GpuAct,
+        mut y: Option<&mut GpuAct>,
+        positions: &[usize],
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        // Index lists are uploaded outside the profiled span (they are in the graph's arena anyway).
+        let pos = self.param(positions, "position")?;
+        if self.dry() {
+            return Ok(());
+        }
+        self.profiled("rope", || {
+            let hd = self.cpu.config.head_dim;
+            let (nx, ny) = (x.width / hd, y.as_ref().map_or(0, |y| y.width / hd));
+            let n = x.rows * (nx + ny) * (rope.n_rot / 2);
+            let (rows, nxi, nyi, hdi, nr) = (
+                i32_of(x.rows, "rows")?,
+                i32_of(nx, "heads")?,
+                i32_of(ny, "heads")?,
+                i32_of(hd, "head dim")?,
+                i32_of(rope.n_rot, "n_rot")?,
+            );
+            let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
+            let pos_v = self.view(&pos);
+            let f = self.gpu.function("rope")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            let no_heads = 0u64;
+            b.arg(x.buf_mut()?);
+            match y.as_mut() {
+                Some(y) => b.arg(y.buf_mut()?),
+                None => b.arg(&no_heads),
+            };
+            b.arg(&pos_v).arg(&rows).arg(&nxi).arg(&nyi).arg(&hdi).arg(&nr);
+            b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
+            driver("rope", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
+            Ok(())
+        })
+    }
+
+    /// `Backend::gated`.
+    pub(crate) fn gate_rows(
+        &self,
+        gate: &mut GpuAct,
+        up: &GpuAct,
+        act: Activation,
+        reader: &Matrix,
+    ) -> Result<(), ModelError> {
+        self.profiled("gated", || {
+            if self.dry() {
+                return Ok(());
+            }
+            let a: i32 = match act {
+                Activation::Silu => 0,
+                Activation::GeluTanh => 1,
+            };
+            // Quantized here for the reader's integer kernel, when it takes one (rows in 256s).
+            let quant = self
+                .int8_input(&reader.name, gate.rows)
+                .filter(|_| gate.width.is_multiple_of(256));
+            let Some(fmt) = quant else {
+                let n = gate.rows * gate.width;
+                let n64 = n as u64;
+                let f = self.gpu.function("gated")?;
+                let mut b = self.gpu.stream.launch_builder(f);
+                b.arg(gate.buf_mut()?).arg(up.buf()?).arg(&n64).arg(&a);
+                driver("gated", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
+                return Ok(());
+            };
+            let may_allocate = self.mode.get() == Mode::Normal;
+            let mut q = self
+                .u8_pool
+                .take(&self.gpu, fmt.bytes(gate.rows, gate.width), may_allocate)?;
+            let qfmt = match fmt {
+                ActQuant::Q8K => RN_Q8K,
+                ActQuant::Q8 => RN_Q8,
+            };
+            let (width, n_t) = (i32_of(gate.width, "width")?, i32_of(gate.rows, "rows")?);
+            let grid = ((gate.width / 256) as u32, gate.rows as u32, 1);
+            let f = self.gpu.function("gated_quant")?;
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(gate.buf_mut()?)
+                .arg(up.buf()?)
+                .arg(&width)
+                .arg(&a)
+                .arg(&qfmt)
+                .arg(&mut *q)
+                .arg(&n_t);
+            driver("gated_quant", unsafe { b.launch(launch_cfg(grid, 256)) })?;
+            gate.int8.get_mut().push((fmt, q));
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residual_norm_flags_match_the_kernel() {
+        let src = crate::nvrtc::OPS.body;
+        for (name, v) in [
+            ("RN_ADD", RN_ADD),
+            ("RN_POST", RN_POST),
+            ("RN_NORM", RN_NORM),
+            ("RN_Q8K", RN_Q8K),
+            ("RN_Q8", RN_Q8),
+            ("RN_MAX_Q8K_WIDTH", RN_MAX_Q8K_WIDTH as i32),
+        ] {
+            let value = v.to_string();
+            let defined = src.lines().any(|l| {
+                let words: Vec<&str> = l.split_whitespace().take(3).collect();
+                words == ["#define", name, value.as_str()]
+            });
+            assert!(defined, "{name} = {v} in ops.cu");
+        }
+    }
+}
