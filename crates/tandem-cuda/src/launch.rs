@@ -145,7 +145,7 @@ pub(crate) fn to_f16_into(
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_into(
     gpu: &Gpu,
-    w16: &CudaSlice<u16>,
+    w16: &CudaView<'_, u16>,
     x: &CudaSlice<f32>,
     x16: &mut CudaSlice<u16>,
     t: usize,
@@ -247,7 +247,7 @@ pub(crate) fn tune_decode(
     suffix: &str,
     w: &CudaSlice<u8>,
     int8: Option<(ActQuant, &CudaSlice<u8>)>,
-    w16: Option<&CudaSlice<u16>>,
+    w16: Option<&CudaView<'_, u16>>,
     rows: usize,
     cols: usize,
     deterministic: bool,

@@ -2,7 +2,7 @@
 //! copy for prefill, the matvec kernel chosen at load for decode, and one launch for a run of
 //! matrices reading the same quantized input.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView};
 use tandem_model::weights::Matrix;
 use tandem_model::ModelError;
 
@@ -31,7 +31,7 @@ impl CudaModel {
     /// `out[t] = W16 · f16(x[t])` through cuBLAS (f32 accumulation).
     pub(crate) fn gemm(
         &self,
-        w16: &CudaSlice<u16>,
+        w16: &CudaView<'_, u16>,
         x: &CudaSlice<f32>,
         t: usize,
         rows: usize,
@@ -106,9 +106,9 @@ impl CudaModel {
             suffix: g.suffix,
             t,
         };
-        let out = match (self.takes_matvec(g, t), &g.f16) {
+        let out = match (self.takes_matvec(g, t), g.f16_view()?) {
             (false, Some(w16)) => self.profiled(format_args!("gemm {shape}"), || {
-                self.gemm(w16, x.buf()?, t, m.rows, m.cols)
+                self.gemm(&w16, x.buf()?, t, m.rows, m.cols)
             })?,
             _ => {
                 let mut out = self.act(t, m.rows)?;

@@ -1,12 +1,13 @@
 //! Loading a model onto the GPU: every matrix uploaded once, an f16 copy made for the GEMM route
-//! (unless deterministic), and the decode kernel of each matrix shape chosen by timing the candidates
-//! (`launch::tune_decode`); the integer route's weights are repacked here when it wins.
+//! (unless deterministic; F16 weights serve as their own), and the decode kernel of each matrix shape
+//! chosen by timing the candidates (`launch::tune_decode`, and `launch::tune_group` for matrices that
+//! read one input); the integer route's weights are repacked here when it wins.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView};
 use tandem_gguf::GgmlType;
 use tandem_model::weights::Matrix;
 use tandem_model::Model;
@@ -24,11 +25,44 @@ pub(crate) struct GpuMatrix {
     /// The quantized weights, in the layout `decode` reads (the ggml layout unless `Int8` repacked them).
     pub(crate) quantized: CudaSlice<u8>,
     /// The GEMM route's operand (absent in deterministic mode and for the embedding table).
-    pub(crate) f16: Option<CudaSlice<u16>>,
+    pub(crate) f16: Option<F16Weights>,
     /// The matvec-route kernel measured fastest for this shape (used for every row count).
     pub(crate) decode: DecodeKernel,
     /// Whether cuBLAS over the f16 copy beat every matvec for one row (not in deterministic mode).
     pub(crate) decode_cublas: bool,
+}
+
+/// Where a matrix's f16 GEMM operand lives.
+pub(crate) enum F16Weights {
+    /// A copy dequantized at load.
+    Copy(CudaSlice<u16>),
+    /// The uploaded weights themselves: an F16 file's ggml layout already is the operand (row-major
+    /// f16), so a copy would only double its memory.
+    Original,
+}
+
+impl F16Weights {
+    /// The operand, given the matrix's uploaded ggml-layout weights.
+    pub(crate) fn view<'a>(&'a self, original: &'a CudaSlice<u8>) -> Result<CudaView<'a, u16>, CudaError> {
+        match self {
+            F16Weights::Copy(w16) => Ok(w16.as_view()),
+            // SAFETY: `Original` is only made for F16 weights, whose bytes are `len / 2` f16 values in
+            // a device allocation (aligned for any element type).
+            F16Weights::Original => {
+                unsafe { original.transmute::<u16>(original.len() / 2) }.ok_or_else(|| CudaError::Driver {
+                    what: "f16 weights".into(),
+                    err: "buffer too small for its f16 view".into(),
+                })
+            }
+        }
+    }
+}
+
+impl GpuMatrix {
+    /// The GEMM route's operand, when this matrix has one.
+    pub(crate) fn f16_view(&self) -> Result<Option<CudaView<'_, u16>>, CudaError> {
+        self.f16.as_ref().map(|f| f.view(&self.quantized)).transpose()
+    }
 }
 
 /// A matrix uploaded and timed, its layouts not yet settled: a group member keeps both the ggml and
@@ -38,7 +72,7 @@ struct Pending {
     original: CudaSlice<u8>,
     /// `Some(None)`: the integer route reads the ggml layout as it is (Q4_K).
     repacked: Option<Option<CudaSlice<u8>>>,
-    f16: Option<CudaSlice<u16>>,
+    f16: Option<F16Weights>,
     tuning: Tuning,
 }
 
@@ -143,11 +177,13 @@ impl CudaModel {
             memory.weights_quantized += bytes.len();
             // The embedding table only needs its f16 copy when it is also the output projection.
             let multiplies = m.name != w.token_embd.name || w.output.name == w.token_embd.name;
-            let f16 = if multiplies && !deterministic {
-                memory.weights_f16 += m.rows * m.cols * 2;
-                Some(dequant_f16(&gpu, suffix, &original, m.rows, m.cols)?)
-            } else {
-                None
+            let f16 = match (multiplies && !deterministic, m.ty) {
+                (false, _) => None,
+                (true, GgmlType::F16) => Some(F16Weights::Original),
+                (true, _) => {
+                    memory.weights_f16 += m.rows * m.cols * 2;
+                    Some(F16Weights::Copy(dequant_f16(&gpu, suffix, &original, m.rows, m.cols)?))
+                }
             };
             // The embedding kernels read the ggml layout, so the table never takes the integer route.
             let int8_fmt = int8_format(m.ty).filter(|_| int8_enabled && m.name != w.token_embd.name);
@@ -161,12 +197,13 @@ impl CudaModel {
                 Some(&t) => t,
                 None => {
                     let int8 = int8_fmt.zip(repacked.as_ref().map(|r| r.as_ref().unwrap_or(&original)));
+                    let w16 = f16.as_ref().map(|f| f.view(&original)).transpose()?;
                     let t = tune_decode(
                         &gpu,
                         suffix,
                         &original,
                         int8,
-                        f16.as_ref(),
+                        w16.as_ref(),
                         m.rows,
                         m.cols,
                         deterministic,

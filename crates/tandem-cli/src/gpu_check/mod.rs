@@ -143,6 +143,25 @@ fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
         int8::int8_checks(gpu, &mut rng, ty, &w, &deq, (rows, cols), table)?;
         let w_dev = gpu.upload(&w)?;
         let w16 = dequant_f16(gpu, suffix, &w_dev, rows, cols)?;
+        // F16 weights are their own GEMM operand in the model (no copy): that view is what is checked,
+        // and it must hold the bits the dequantizing copy would.
+        // SAFETY: an F16 matrix's bytes are rows * cols f16 values in one device allocation.
+        let w16_view = match ty {
+            GgmlType::F16 => unsafe { w_dev.transmute::<u16>(rows * cols) }.context("f16 view of F16 weights")?,
+            _ => w16.as_view(),
+        };
+        if ty == GgmlType::F16 {
+            let same = gpu
+                .download(&w16)?
+                .iter()
+                .zip(w.chunks_exact(2))
+                .all(|(h, b)| h.to_le_bytes() == b[..]);
+            table.push(Row {
+                check: "F16 weights serve as their own f16 GEMM operand".into(),
+                result: format!("dequantized copy bit-equal to the original: {same}"),
+                pass: same,
+            });
+        }
         let families = [
             MatvecFamily::Segmented,
             MatvecFamily::WarpPerRow,
@@ -181,7 +200,7 @@ fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
             }
             let mut out = gpu.upload(&vec![f32::NAN; t * rows])?;
             let mut x16 = gpu.alloc::<u16>(t * cols)?;
-            gemm_into(gpu, &w16, &x_dev, &mut x16, t, rows, cols, &mut out)?;
+            gemm_into(gpu, &w16_view, &x_dev, &mut x16, t, rows, cols, &mut out)?;
             worst_gemm = worst_gemm.max(rel_err(&gpu.download(&out)?, &reference));
         }
         // f32 accumulation over exactly dequantized weights; the GEMM route rounds both operands to f16.
@@ -275,11 +294,11 @@ fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
                 .map(|w| dequant_f16(gpu, suffix, w, rows, cols))
                 .collect::<Result<_, _>>()?;
             let mut x16 = gpu.alloc::<u16>(cols)?;
-            gemm_into(gpu, &w16[0], &x, &mut x16, 1, rows, cols, &mut out)?;
+            gemm_into(gpu, &w16[0].as_view(), &x, &mut x16, 1, rows, cols, &mut out)?;
             gpu.synchronize()?;
             let t0 = Instant::now();
             for i in 0..40 {
-                gemm_into(gpu, &w16[i % 4], &x, &mut x16, 1, rows, cols, &mut out)?;
+                gemm_into(gpu, &w16[i % 4].as_view(), &x, &mut x16, 1, rows, cols, &mut out)?;
             }
             gpu.synchronize()?;
             let secs = t0.elapsed().as_secs_f64() / 40.0;
