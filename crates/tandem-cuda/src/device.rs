@@ -134,39 +134,34 @@ impl Gpu {
     }
 }
 
-/// The `extern "C" __global__` kernel names a source defines, with the instantiations of the
-/// `MATVEC`, `MATVEC2`, `MATVEC3` and `MMVQ` macros expanded.
+/// The kernels an instantiation line `MACRO(args)` of `quant.cu` or `mmvq.cu` defines (`None` for any
+/// other line; macro bodies end in a backslash, not a parenthesis).
+fn instantiated(l: &str) -> Option<Vec<String>> {
+    let (mac, rest) = l.split_once('(')?;
+    let args: Vec<&str> = rest.strip_suffix(')')?.split(", ").collect();
+    let pair = |single: &str, batched: &str, tail: String| vec![format!("{single}{tail}"), format!("{batched}{tail}")];
+    Some(match (mac, &args[..]) {
+        ("MATVEC", [t]) => ["matvec_", "matvecb_", "dequant_f16_", "embed_"]
+            .iter()
+            .map(|p| format!("{p}{t}"))
+            .collect(),
+        // MATVEC2_16(type, is_bf16): the warp-per-row family's streaming 16-bit kernels.
+        ("MATVEC2", [t]) | ("MATVEC2_16", [t, _]) => pair("matvec2_", "matvec2b_", t.to_string()),
+        ("MATVEC3", [t]) => pair("matvec3_", "matvec3b_", t.to_string()),
+        // MMVQ(type, unroll, rows per warp): the integer kernels, a pair per variant.
+        ("MMVQ", [t, u, r]) => pair("mmvq_", "mmvqb_", format!("{t}_u{u}_r{r}")),
+        _ => return None,
+    })
+}
+
+/// The `extern "C" __global__` kernel names a source defines, with the macro instantiations expanded.
 pub fn kernel_names(body: &str) -> Vec<String> {
     let mut names = Vec::new();
     for line in body.lines() {
         let l = line.trim_start();
-        if let Some(t) = l.strip_prefix("MATVEC(").and_then(|r| r.strip_suffix(')')) {
-            for prefix in ["matvec_", "matvecb_", "dequant_f16_", "embed_"] {
-                names.push(format!("{prefix}{t}"));
-            }
+        if let Some(kernels) = instantiated(l) {
+            names.extend(kernels);
             continue;
-        }
-        for (family, prefixes) in [
-            ("MATVEC2(", ["matvec2_", "matvec2b_"]),
-            ("MATVEC3(", ["matvec3_", "matvec3b_"]),
-        ] {
-            if let Some(t) = l.strip_prefix(family).and_then(|r| r.strip_suffix(')')) {
-                names.extend(prefixes.iter().map(|p| format!("{p}{t}")));
-            }
-        }
-        // MATVEC2_16(type, is_bf16): the warp-per-row family's streaming 16-bit kernels.
-        if let Some((t, _)) = l
-            .strip_prefix("MATVEC2_16(")
-            .and_then(|r| r.strip_suffix(')'))
-            .and_then(|r| r.split_once(", "))
-        {
-            names.extend(["matvec2_", "matvec2b_"].iter().map(|p| format!("{p}{t}")));
-        }
-        // MMVQ(type, unroll, rows per warp): the integer kernels, a pair per variant.
-        if let Some(args) = l.strip_prefix("MMVQ(").and_then(|r| r.strip_suffix(')')) {
-            if let [t, u, r] = args.split(", ").collect::<Vec<_>>()[..] {
-                names.extend(["mmvq_", "mmvqb_"].iter().map(|p| format!("{p}{t}_u{u}_r{r}")));
-            }
         }
         // Macro bodies (continued lines) are templates, not kernels.
         if !l.starts_with("extern \"C\" __global__") || l.trim_end().ends_with('\\') {
