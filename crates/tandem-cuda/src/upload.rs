@@ -291,8 +291,8 @@ impl CudaModel {
         }
         let mut norm_readers = HashMap::new();
         for l in &w.layers {
-            norm_readers.insert(l.attn_norm.name.clone(), l.wq.name.clone());
-            norm_readers.insert(l.ffn_norm.name.clone(), l.gate.name.clone());
+            norm_readers.insert(l.attn_norm.name.clone(), l.qkv()[0].name.clone());
+            norm_readers.insert(l.ffn_norm.name.clone(), l.gate_up()[0].name.clone());
         }
         let arena = gpu.alloc::<i32>(ARENA_INTS)?;
         let profile = (std::env::var("TANDEM_CUDA_PROFILE").as_deref() == Ok("1")).then(OpProfile::default);

@@ -61,7 +61,7 @@ pub fn forward<B: Backend>(
         let attn_in = h
             .take()
             .ok_or_else(|| ModelError::Kernel(format!("layer {l}: no pre-norm")))?;
-        let [mut q, mut k, v] = three(b.matmuls(&[&lw.wq, &lw.wk, &lw.wv], &attn_in)?)?;
+        let [mut q, mut k, v] = exactly(b.matmuls(&lw.qkv(), &attn_in)?)?;
         drop(attn_in);
         if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
             b.rms_norm(&mut q, c.head_dim, qn)?;
@@ -82,7 +82,7 @@ pub fn forward<B: Backend>(
         let ffn_in = b.add_and_norm(&mut x, o, lw.post_attn_norm.as_ref(), &lw.ffn_norm)?;
 
         // Feed-forward block.
-        let [mut gate, up] = two(b.matmuls(&[&lw.gate, &lw.up], &ffn_in)?)?;
+        let [mut gate, up] = exactly(b.matmuls(&lw.gate_up(), &ffn_in)?)?;
         drop(ffn_in);
         b.gated(&mut gate, &up, c.activation, &lw.down)?;
         let f = b.matmul(&lw.down, &gate)?;
@@ -111,12 +111,8 @@ pub fn forward<B: Backend>(
     Ok(out)
 }
 
-fn two<A>(v: Vec<A>) -> Result<[A; 2], ModelError> {
+/// The `N` products a backend's `matmuls` returned for `N` matrices.
+fn exactly<A, const N: usize>(v: Vec<A>) -> Result<[A; N], ModelError> {
     v.try_into()
-        .map_err(|v: Vec<A>| ModelError::Kernel(format!("a backend returned {} products for 2 matrices", v.len())))
-}
-
-fn three<A>(v: Vec<A>) -> Result<[A; 3], ModelError> {
-    v.try_into()
-        .map_err(|v: Vec<A>| ModelError::Kernel(format!("a backend returned {} products for 3 matrices", v.len())))
+        .map_err(|v: Vec<A>| ModelError::Kernel(format!("a backend returned {} products for {N} matrices", v.len())))
 }

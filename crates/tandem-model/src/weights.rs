@@ -57,6 +57,18 @@ pub struct LayerWeights {
     pub post_ffn_norm: Option<Norm>,
 }
 
+impl LayerWeights {
+    /// The attention block's projections of its pre-normed input, in the graph's order.
+    pub fn qkv(&self) -> [&Matrix; 3] {
+        [&self.wq, &self.wk, &self.wv]
+    }
+
+    /// The feed-forward block's projections of its pre-normed input, in the graph's order.
+    pub fn gate_up(&self) -> [&Matrix; 2] {
+        [&self.gate, &self.up]
+    }
+}
+
 pub struct Weights {
     pub token_embd: Matrix,
     /// The output projection; the token embedding itself when the model ties them.
@@ -175,8 +187,8 @@ impl Weights {
     pub fn input_groups(&self) -> Vec<Vec<&Matrix>> {
         let mut all = Vec::with_capacity(2 * self.layers.len());
         for l in &self.layers {
-            all.push(vec![&l.wq, &l.wk, &l.wv]);
-            all.push(vec![&l.gate, &l.up]);
+            all.push(l.qkv().to_vec());
+            all.push(l.gate_up().to_vec());
         }
         all
     }
