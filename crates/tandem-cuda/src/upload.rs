@@ -169,7 +169,7 @@ impl CudaModel {
             .map(|m| m.name.as_str())
             .collect();
         let mut pending: HashMap<String, Pending> = HashMap::new();
-        let mut tuned = HashMap::new();
+        let mut tuned: HashMap<(&str, usize, usize, bool), Tuning> = HashMap::new();
         for m in mats {
             let bytes = m.bytes(&cpu.file);
             let suffix = type_suffix(m.ty).expect("checked above");
@@ -189,10 +189,20 @@ impl CudaModel {
             let int8_fmt = int8_format(m.ty).filter(|_| int8_enabled && m.name != w.token_embd.name);
             // The choice depends on whether the integer kernel was on offer (not for the embedding table).
             let key = (suffix, m.rows, m.cols, int8_fmt.is_some());
-            let mut repacked = None;
-            if int8_fmt.is_some() {
-                repacked = Some(int8::repack(&gpu, m.ty, &original, m.rows, m.cols)?);
-            }
+            // The integer-route layout is made only where it may be read: to time this shape, because
+            // its timing chose the integer kernel, or for a group's launch.
+            let needs_int8_layout = int8_fmt.is_some()
+                && match tuned.get(&key) {
+                    None => true,
+                    Some(t) => {
+                        matches!(t.kernel, DecodeKernel::Int8 { .. }) || group_candidates.contains(m.name.as_str())
+                    }
+                };
+            let repacked = if needs_int8_layout {
+                Some(int8::repack(&gpu, m.ty, &original, m.rows, m.cols)?)
+            } else {
+                None
+            };
             let tuning = match tuned.get(&key) {
                 Some(&t) => t,
                 None => {
