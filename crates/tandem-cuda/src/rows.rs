@@ -30,6 +30,14 @@ const RN_Q8K: i32 = 8;
 const RN_Q8: i32 = 16;
 const RN_MAX_Q8K_WIDTH: usize = 8192;
 
+/// The kernels' flag for writing activations quantized as `fmt`.
+fn quant_flag(fmt: ActQuant) -> i32 {
+    match fmt {
+        ActQuant::Q8K => RN_Q8K,
+        ActQuant::Q8 => RN_Q8,
+    }
+}
+
 impl CudaModel {
     /// One `add_norm_to` launch: `x += y` (normed by `post` when given) when `y` is given, then (when
     /// `norm` is given) a new activation `norm(x)`, also quantized when the matrices reading it take
@@ -69,10 +77,8 @@ impl CudaModel {
             if norm.is_some() {
                 flags |= RN_NORM;
             }
-            match quant {
-                Some(ActQuant::Q8K) => flags |= RN_Q8K,
-                Some(ActQuant::Q8) => flags |= RN_Q8,
-                None => {}
+            if let Some(fmt) = quant {
+                flags |= quant_flag(fmt);
             }
             let may_allocate = self.mode.get() == Mode::Normal;
             let mut a = match quant {
@@ -186,10 +192,7 @@ impl CudaModel {
             let mut q = self
                 .u8_pool
                 .take(&self.gpu, fmt.bytes(gate.rows, gate.width), may_allocate)?;
-            let qfmt = match fmt {
-                ActQuant::Q8K => RN_Q8K,
-                ActQuant::Q8 => RN_Q8,
-            };
+            let qfmt = quant_flag(fmt);
             let (width, n_t) = (i32_of(gate.width, "width")?, i32_of(gate.rows, "rows")?);
             let grid = ((gate.width / 256) as u32, gate.rows as u32, 1);
             let f = self.gpu.function("gated_quant")?;
