@@ -148,8 +148,8 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         // MATVEC2_16(type, is_bf16): the warp-per-row family's streaming 16-bit kernels.
         ("MATVEC2", [t]) | ("MATVEC2_16", [t, _]) => pair("matvec2_", "matvec2b_", t.to_string()),
         ("MATVEC3", [t]) => pair("matvec3_", "matvec3b_", t.to_string()),
-        // MMVQ(type, unroll, rows per warp): the integer kernels, a pair per variant.
-        ("MMVQ", [t, u, r]) => pair("mmvq_", "mmvqb_", format!("{t}_u{u}_r{r}")),
+        // MMVQ(type, unroll, rows per group, warps per group): the integer kernels, a pair per variant.
+        ("MMVQ", [t, u, r, w]) => pair("mmvq_", "mmvqb_", format!("{t}_u{u}_r{r}_s{w}")),
         _ => return None,
     })
 }
@@ -217,10 +217,10 @@ mod tests {
             "quantize_q8k",
             "quantize_q8",
             "repack_scales_out",
-            "mmvq_q4_k_u1_r1",
-            "mmvqb_q4_k_u2_r2",
-            "mmvq_q6_k_u2_r1",
-            "mmvqb_q8_0_u8_r1",
+            "mmvq_q4_k_u1_r1_s1",
+            "mmvqb_q4_k_u2_r2_s1",
+            "mmvq_q6_k_u2_r1_s4",
+            "mmvqb_q8_0_u8_r1_s1",
         ] {
             assert!(mmvq.contains(&k.to_string()), "{k} in {mmvq:?}");
         }

@@ -96,23 +96,31 @@ pub fn repack(
 }
 
 /// One of the integer kernels of a weight type: `unroll` steps of loads a lane issues before it
-/// computes, `rows` consecutive weight rows per warp (sharing the activation loads). Every variant
-/// gives the same bits; the load-time timing keeps the fastest per shape.
+/// computes, `rows` consecutive weight rows per group (sharing the activation loads), `split` warps
+/// per group (1, or 4 splitting a row's blocks). Variants of one `split` give the same bits; `split`
+/// sets the order of a row's sums, and a matrix keeps one variant for every row count. The load-time
+/// timing keeps the fastest per shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MmvqVariant {
     pub unroll: u32,
     pub rows: u32,
+    pub split: u32,
 }
 
 impl MmvqVariant {
     pub fn kernel(self, suffix: &str, batched: bool) -> String {
         let b = if batched { "b" } else { "" };
-        format!("mmvq{b}_{suffix}_u{}_r{}", self.unroll, self.rows)
+        format!("mmvq{b}_{suffix}_u{}_r{}_s{}", self.unroll, self.rows, self.split)
     }
 
-    /// Thread blocks (four warps each) for `rows` weight rows.
+    /// Thread blocks (of four warps) for `rows` weight rows.
     pub fn blocks(self, rows: usize) -> u32 {
-        blocks(rows / self.rows as usize, 4)
+        let groups = rows / self.rows as usize;
+        if self.split == 1 {
+            blocks(groups, 4)
+        } else {
+            groups.max(1) as u32
+        }
     }
 
     /// Whether it can take matrices of these row counts (whole groups of `rows`).
@@ -123,11 +131,21 @@ impl MmvqVariant {
 
 /// The variants `kernels/mmvq.cu` instantiates for `suffix`.
 pub fn variants(suffix: &str) -> Vec<MmvqVariant> {
-    let v = |unroll, rows| MmvqVariant { unroll, rows };
+    let v = |unroll, rows, split| MmvqVariant { unroll, rows, split };
     match suffix {
-        "q4_k" => vec![v(1, 1), v(2, 1), v(4, 1), v(1, 2), v(2, 2)],
-        "q8_0" => vec![v(2, 1), v(4, 1), v(8, 1)],
-        _ => vec![v(1, 1), v(2, 1), v(4, 1)],
+        "q4_k" => vec![
+            v(1, 1, 1),
+            v(2, 1, 1),
+            v(4, 1, 1),
+            v(1, 2, 1),
+            v(2, 2, 1),
+            v(1, 4, 1),
+            v(1, 1, 4),
+            v(2, 1, 4),
+            v(1, 2, 4),
+        ],
+        "q8_0" => vec![v(2, 1, 1), v(4, 1, 1), v(8, 1, 1), v(1, 1, 4), v(2, 1, 4)],
+        _ => vec![v(1, 1, 1), v(2, 1, 1), v(4, 1, 1), v(1, 1, 4), v(2, 1, 4)],
     }
 }
 
@@ -231,16 +249,60 @@ mod tests {
 
     #[test]
     fn variants_take_whole_row_groups() {
-        let two = MmvqVariant { unroll: 1, rows: 2 };
+        let two = MmvqVariant {
+            unroll: 1,
+            rows: 2,
+            split: 1,
+        };
         assert!(two.fits(&[4096, 1024, 1024]));
         assert!(!two.fits(&[4096, 1023]));
         // Four warps a block, two rows a warp: 4096 rows in 512 blocks.
         assert_eq!(two.blocks(4096), 512);
-        assert_eq!(MmvqVariant { unroll: 4, rows: 1 }.blocks(1026), 257);
-        assert_eq!(two.kernel("q4_k", true), "mmvqb_q4_k_u1_r2");
+        assert_eq!(
+            MmvqVariant {
+                unroll: 4,
+                rows: 1,
+                split: 1
+            }
+            .blocks(1026),
+            257
+        );
+        assert_eq!(two.kernel("q4_k", true), "mmvqb_q4_k_u1_r2_s1");
         // One row a warp fits anything, so every type has a variant for every shape.
         for suffix in ["q4_k", "q6_k", "q8_0"] {
             assert!(variants(suffix).iter().any(|v| v.fits(&[1, 3, 5])), "{suffix}");
+        }
+    }
+
+    #[test]
+    fn a_split_group_takes_a_whole_block() {
+        // Four warps share one group: a block per group, so 4096 rows of two make 2048 blocks (a grid
+        // sized for one group per warp would leave three quarters of the rows unwritten).
+        let split = MmvqVariant {
+            unroll: 1,
+            rows: 2,
+            split: 4,
+        };
+        assert_eq!(split.blocks(4096), 2048);
+        assert_eq!(
+            MmvqVariant {
+                unroll: 2,
+                rows: 1,
+                split: 4
+            }
+            .blocks(1026),
+            1026
+        );
+        assert_eq!(split.kernel("q4_k", false), "mmvq_q4_k_u1_r2_s4");
+        // Every split variant on offer has a one-split sibling of the same rows, which
+        // `--deterministic` keeps to.
+        for suffix in ["q4_k", "q6_k", "q8_0"] {
+            for v in variants(suffix).into_iter().filter(|v| v.split > 1) {
+                assert!(
+                    variants(suffix).iter().any(|w| w.split == 1 && w.rows == v.rows),
+                    "{suffix} {v:?}"
+                );
+            }
         }
     }
 

@@ -229,9 +229,13 @@ fn tuning_input(gpu: &Gpu, cols: usize) -> Result<CudaSlice<f32>, CudaError> {
     gpu.upload(&xs)
 }
 
-/// The integer variants that can take matrices of these row counts (all give the same bits).
-fn offered(suffix: &str, rows: &[usize]) -> Vec<MmvqVariant> {
-    variants(suffix).into_iter().filter(|v| v.fits(rows)).collect()
+/// The integer variants on offer: in deterministic mode only those of one summation order (split 1),
+/// so the bits a matrix gives do not depend on which variant a run's timing picked.
+fn offered(suffix: &str, rows: &[usize], deterministic: bool) -> Vec<MmvqVariant> {
+    variants(suffix)
+        .into_iter()
+        .filter(|v| v.fits(rows) && (!deterministic || v.split == 1))
+        .collect()
 }
 
 /// Times one-row products of this matrix with each matvec family, the integer kernel's variants
@@ -239,7 +243,7 @@ fn offered(suffix: &str, rows: &[usize]) -> Vec<MmvqVariant> {
 /// returns the fastest: "measure both, keep the faster per shape". The integer timing includes
 /// quantizing the activations, which the model does once per input however many matrices read it.
 /// `deterministic`: the choice is fixed by the type (the integer kernel where there is one, else
-/// the warp-per-row family), so every run sums in the same order; only its bit-identical variants
+/// the warp-per-row family), so every run sums in the same order; only bit-identical variants of it
 /// are timed.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tune_decode(
@@ -274,7 +278,7 @@ pub(crate) fn tune_decode(
     }
     if let Some((fmt, wq)) = int8 {
         let mut a = gpu.alloc_out::<u8>(fmt.bytes(1, cols))?;
-        for variant in offered(suffix, &[rows]) {
+        for variant in offered(suffix, &[rows], deterministic) {
             let secs = time_launches(gpu, &mut || {
                 quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
                 mmvq_into(gpu, suffix, variant, wq, &a, 1, rows, cols, &mut out)
@@ -315,13 +319,14 @@ impl<'a> GroupMember<'a> {
 
 /// Times a group's one-row products as the members' own kernels (one quantization shared) against one
 /// integer launch for all of them in each variant; returns the group's kernel when one launch is
-/// faster.
+/// faster (`deterministic`: variants of the fixed order only).
 pub(crate) fn tune_group(
     gpu: &Gpu,
     suffix: &str,
     fmt: ActQuant,
     members: &[GroupMember<'_>],
     cols: usize,
+    deterministic: bool,
 ) -> Result<Option<DecodeKernel>, CudaError> {
     let x = tuning_input(gpu, cols)?;
     let mut a = gpu.alloc_out::<u8>(fmt.bytes(1, cols))?;
@@ -345,7 +350,7 @@ pub(crate) fn tune_group(
     })?;
     let mut best = (alone, None);
     let rows: Vec<usize> = members.iter().map(|m| m.rows).collect();
-    for variant in offered(suffix, &rows) {
+    for variant in offered(suffix, &rows, deterministic) {
         let secs = time_launches(gpu, &mut || {
             quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
             let mut targets = members

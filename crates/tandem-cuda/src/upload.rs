@@ -267,7 +267,7 @@ impl CudaModel {
                             })
                             .collect();
                         let fmt = int8_format(run[0].ty).expect("runs are integer-capable");
-                        let c = tune_group(&gpu, key.2, fmt, &members, key.1)?;
+                        let c = tune_group(&gpu, key.2, fmt, &members, key.1, deterministic)?;
                         grouped.insert(key, c);
                         c
                     }

@@ -93,39 +93,53 @@ pub(super) fn int8_checks(
                 (0..cols).map(|c| deq[r * cols + c] as f64 * xa[ti * cols + c]).sum()
             })
             .collect();
-        // Every variant: accurate, and the same bits as the first.
+        // Every variant: accurate, and the same bits as the first of its split (the split sets the
+        // order of the sums).
         let mut first: Option<Vec<f32>> = None;
+        let mut first_of_split: Vec<(u32, Vec<f32>)> = Vec::new();
         for &v in variants.iter().filter(|v| v.fits(&[rows])) {
             let mut out = poisoned(t * rows)?;
             mmvq_into(gpu, suffix, v, &wq, &a, t, rows, cols, &mut out)?;
             let got = gpu.download(&out)?;
             worst = worst.max(rel_err(&got, &reference));
-            match &first {
-                Some(f) => variant_equal &= bits_equal(f, &got),
-                None => first = Some(got),
+            match first_of_split.iter().find(|(s, _)| *s == v.split) {
+                Some((_, f)) => variant_equal &= bits_equal(f, &got),
+                None => first_of_split.push((v.split, got.clone())),
+            }
+            if first.is_none() {
+                first = Some(got);
             }
         }
-        let got = first.context("at least one variant")?;
+        let got = first.context("at least one unroll")?;
         // The matrix three times in one grouped launch: each copy's rows as alone.
         let mut outs = (0..3).map(|_| poisoned(t * rows)).collect::<Result<Vec<_>, _>>()?;
         {
             let mut targets: Vec<MmvqTarget> = outs.iter_mut().map(|out| MmvqTarget { w: &wq, rows, out }).collect();
-            // A grouped launch of the last variant.
-            let grouped = *variants.iter().rfind(|v| v.fits(&[rows])).context("a variant fits")?;
+            // The first variant's order, in a grouped launch of another unroll.
+            let grouped = *variants
+                .iter()
+                .rfind(|v| v.fits(&[rows]) && v.split == variants[0].split)
+                .context("a variant fits")?;
             mmvq_group_into(gpu, suffix, grouped, &mut targets, &a, t, cols)?;
         }
         for out in &outs {
             group_equal &= bits_equal(&gpu.download(out)?, &got);
         }
         if t == 5 {
-            // Each row alone (single-row kernel) as in the batch.
-            for i in 0..t {
-                let xi = gpu.upload(&x[i * cols..(i + 1) * cols])?;
-                let mut ai = gpu.alloc::<u8>(fmt.bytes(1, cols))?;
-                quantize_act_into(gpu, fmt, &xi, 1, cols, &mut ai)?;
-                let mut oi = poisoned(rows)?;
-                mmvq_into(gpu, suffix, variants[0], &wq, &ai, 1, rows, cols, &mut oi)?;
-                batch_equal &= bits_equal(&gpu.download(&oi)?, &got[i * rows..(i + 1) * rows]);
+            // Each row alone (single-row kernel) as in the batch, for every split.
+            for (split, batched) in &first_of_split {
+                let v = *variants
+                    .iter()
+                    .find(|v| v.split == *split && v.fits(&[rows]))
+                    .context("the split's variant")?;
+                for i in 0..t {
+                    let xi = gpu.upload(&x[i * cols..(i + 1) * cols])?;
+                    let mut ai = gpu.alloc::<u8>(fmt.bytes(1, cols))?;
+                    quantize_act_into(gpu, fmt, &xi, 1, cols, &mut ai)?;
+                    let mut oi = poisoned(rows)?;
+                    mmvq_into(gpu, suffix, v, &wq, &ai, 1, rows, cols, &mut oi)?;
+                    batch_equal &= bits_equal(&gpu.download(&oi)?, &batched[i * rows..(i + 1) * rows]);
+                }
             }
         }
     }
@@ -200,9 +214,10 @@ pub(super) fn int8_bench(
             let f = gpu.function(&variant.kernel(suffix, false))?;
             table.push(Row {
                 check: format!(
-                    "matvec Int8 u{}r{} {ty} {rows}x{cols} speed{}",
+                    "matvec Int8 u{}r{}s{} {ty} {rows}x{cols} speed{}",
                     variant.unroll,
                     variant.rows,
+                    variant.split,
                     if with_quantize { " (+ quantize)" } else { "" }
                 ),
                 result: format!(

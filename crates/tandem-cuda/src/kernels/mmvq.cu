@@ -71,18 +71,18 @@ __device__ __forceinline__ int dot16(const int* v, int4 x) {
 // the quants (32 bytes: low nibbles are sub-block 2c, high nibbles sub-block 2c + 1), so one decode of
 // the packed scales serves 64 weights. A warp takes R consecutive rows: each step's activation loads
 // serve all of them (per weight byte, the activations are most of what a lane loads).
-template <int NB, int U, int R>
+template <int NB, int U, int R, int S>
 __device__ __forceinline__ void mmvq_q4_k_rows(WarpRow<NB>* m, const u8* W, const u8* A, int rows, int cols, int n_t) {
     int nsb = cols / 256;
-    int lane = m[0].lane, c = lane & 3;
+    int lane = m[0].lane, c = lane & 3, part = S == 1 ? 0 : threadIdx.x >> 5;
     const u8* row[R];
 #pragma unroll
     for (int j = 0; j < R; j++) row[j] = W + (size_t)m[j].r * nsb * 144;
-    for (int base = lane >> 2; base < nsb; base += 8 * U) {
+    for (int base = (lane >> 2) + 8 * part; base < nsb; base += 8 * S * U) {
         uint4 head[R][U], qa[R][U], qb[R][U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int sb = base + 8 * u;
+            int sb = base + 8 * S * u;
             if (sb < nsb) {
 #pragma unroll
                 for (int j = 0; j < R; j++) {
@@ -95,7 +95,7 @@ __device__ __forceinline__ void mmvq_q4_k_rows(WarpRow<NB>* m, const u8* W, cons
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int sb = base + 8 * u;
+            int sb = base + 8 * S * u;
             if (sb >= nsb) break;
             float d[R], dmin[R];
             int sc0[R], m0[R], sc1[R], m1[R], lo[R][8], hi[R][8];
@@ -147,21 +147,22 @@ __device__ __forceinline__ int q6_word(u32 ql, int nib, u32 qh, int hshift) {
 // half h = k / 2 (128 elements) and l0 = 16 * (k % 2): ql[l0..+16] and ql[32 + l0..+16] of the half,
 // and qh[l0..+16], which hold elements {0, 32, 64, 96} + l0 .. + 16 of the half (one 16-element scale
 // group each).
-template <int NB, int U, int R>
+template <int NB, int U, int R, int S>
 __device__ __forceinline__ void mmvq_q6_k_rows(WarpRow<NB>* ms, const u8* W, const u8* A, int rows, int cols, int n_t) {
     static_assert(R == 1, "one row per warp");
     WarpRow<NB>& m = ms[0];
+    int part = S == 1 ? 0 : threadIdx.x >> 5;
     int nsb = cols / 256;
     const u8* row = W + (size_t)m.r * nsb * 208;
     const u16* dtab = (const u16*)(W + (size_t)rows * nsb * 208) + (size_t)m.r * nsb;
     int k = m.lane & 3, h = k >> 1, l0 = (k & 1) * 16, g = l0 >> 4;
-    for (int base = m.lane >> 2; base < nsb; base += 8 * U) {
+    for (int base = (m.lane >> 2) + 8 * part; base < nsb; base += 8 * S * U) {
         uint4 qa[U], qb[U], qh[U];
         uint2 scw[U];
         u16 dh[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int sb = base + 8 * u;
+            int sb = base + 8 * S * u;
             if (sb < nsb) {
                 const u8* b = row + (size_t)sb * 208;
                 qa[u] = ldg16(b + 64 * h + l0);
@@ -173,7 +174,7 @@ __device__ __forceinline__ void mmvq_q6_k_rows(WarpRow<NB>* ms, const u8* W, con
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int sb = base + 8 * u;
+            int sb = base + 8 * S * u;
             if (sb >= nsb) break;
             const signed char* sc = (const signed char*)&scw[u];
             int s1 = sc[g], s2 = sc[g + 2], s3 = sc[g + 4], s4 = sc[g + 6];
@@ -204,20 +205,21 @@ __device__ __forceinline__ void mmvq_q6_k_rows(WarpRow<NB>* ms, const u8* W, con
 }
 
 // Q8_0 (repacked): two lanes per 32-element block (16 quants each), sixteen blocks per step.
-template <int NB, int U, int R>
+template <int NB, int U, int R, int S>
 __device__ __forceinline__ void mmvq_q8_0_rows(WarpRow<NB>* ms, const u8* W, const u8* A, int rows, int cols, int n_t) {
     static_assert(R == 1, "one row per warp");
     WarpRow<NB>& m = ms[0];
+    int part = S == 1 ? 0 : threadIdx.x >> 5;
     int nb = cols / 32;
     const u8* row = W + (size_t)m.r * cols;
     const u16* dtab = (const u16*)(W + (size_t)rows * cols) + (size_t)m.r * nb;
     int half = m.lane & 1;
-    for (int base = m.lane >> 1; base < nb; base += 16 * U) {
+    for (int base = (m.lane >> 1) + 16 * part; base < nb; base += 16 * S * U) {
         int4 w[U];
         u16 dw[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int ib = base + 16 * u;
+            int ib = base + 16 * S * u;
             if (ib < nb) {
                 w[u] = __ldg((const int4*)(row + ib * 32 + half * 16));
                 dw[u] = __ldg(dtab + ib);
@@ -225,7 +227,7 @@ __device__ __forceinline__ void mmvq_q8_0_rows(WarpRow<NB>* ms, const u8* W, con
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int ib = base + 16 * u;
+            int ib = base + 16 * S * u;
             if (ib >= nb) break;
             int wv[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
             float d = h2f(dw[u]);
@@ -242,16 +244,24 @@ __device__ __forceinline__ void mmvq_q8_0_rows(WarpRow<NB>* ms, const u8* W, con
 }
 
 // A launch covers up to three matrices of one type and width that read the same activations (q, k
-// and v; gate and up): warps take row groups of W0, then W1, then W2 (rows1 = rows2 = 0 for one
-// matrix), R consecutive rows to a warp (every matrix's rows a multiple of R). A row's sums are the
-// same in a group as alone, and for every U and R. One row of activations takes the single-row
-// kernel, more the batched one: same sums, same bits.
-template <int NB, int R>
+// and v; gate and up): row groups of W0, then W1, then W2 (rows1 = rows2 = 0 for one matrix), R
+// consecutive rows to a group (every matrix's rows a multiple of R). S = 1: each warp of a block takes
+// its own group. S = 4: the block's four warps split one group's blocks (warp w takes steps w, w + 4,
+// ...) and add their sums in a fixed order, for long rows that would leave too few warps. A row's sums
+// are the same in a group as alone and for every U and R; S sets their order. One row of activations
+// takes the single-row kernel, more the batched one: same sums, same bits.
+template <int NB, int R, int S>
 __device__ __forceinline__ bool mmvq_target(int rows0, int rows1, int rows2, int n_t, const u8** W, float** Y,
                                             int* rows, WarpRow<NB>* m, const u8* W1, const u8* W2, float* Y1,
                                             float* Y2) {
-    if (!warp_row<NB>((rows0 + rows1 + rows2) / R, n_t, &m[0])) return false;
-    int r = m[0].r * R;
+    int group = S == 1 ? blockIdx.x * 4 + (threadIdx.x >> 5) : blockIdx.x;
+    if (group >= (rows0 + rows1 + rows2) / R) return false;
+    m[0].lane = threadIdx.x & 31;
+    m[0].t0 = blockIdx.y * NB;
+    m[0].nt = min(NB, n_t - m[0].t0);
+#pragma unroll
+    for (int t = 0; t < NB; t++) m[0].acc[t] = 0.f;
+    int r = group * R;
     *rows = rows0;
     if (r >= rows0) {
         r -= rows0;
@@ -269,7 +279,33 @@ __device__ __forceinline__ bool mmvq_target(int rows0, int rows1, int rows2, int
     return true;
 }
 
-#define MMVQ_KERNEL(NAME, T, NB, U, R)                                                              \
+// Stores the group's rows: each warp's sums over its lanes (fixed butterfly), then for S = 4 the four
+// warps' sums as (w0 + w1) + (w2 + w3).
+template <int NB, int R, int S>
+__device__ __forceinline__ void mmvq_store(WarpRow<NB>* m, float* Y, int rows) {
+    if (S == 1) {
+#pragma unroll
+        for (int j = 0; j < R; j++) warp_row_store<NB>(m[j], Y, rows);
+        return;
+    }
+    __shared__ float red[R][NB][4];
+    int w = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j < R; j++)
+#pragma unroll
+        for (int t = 0; t < NB; t++) {
+            float v = warp_sum(m[j].acc[t]);
+            if (m[j].lane == 0) red[j][t][w] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < R * NB) {
+        int j = threadIdx.x / NB, t = threadIdx.x % NB;
+        const float* p = red[j][t];
+        if (t < m[0].nt) Y[(size_t)(m[0].t0 + t) * rows + m[j].r] = (p[0] + p[1]) + (p[2] + p[3]);
+    }
+}
+
+#define MMVQ_KERNEL(NAME, T, NB, U, R, S)                                                           \
     extern "C" __global__ void __launch_bounds__(128) NAME(                                        \
         const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2,           \
         const u8* __restrict__ A, float* __restrict__ Y0, float* __restrict__ Y1, float* __restrict__ Y2, \
@@ -278,24 +314,33 @@ __device__ __forceinline__ bool mmvq_target(int rows0, int rows1, int rows2, int
         const u8* W = W0;                                                                          \
         float* Y = Y0;                                                                             \
         int rows;                                                                                  \
-        if (!mmvq_target<NB, R>(rows0, rows1, rows2, n_t, &W, &Y, &rows, m, W1, W2, Y1, Y2)) return; \
-        mmvq_##T##_rows<NB, U, R>(m, W, A, rows, cols, n_t);                                       \
-        _Pragma("unroll") for (int j = 0; j < R; j++) warp_row_store<NB>(m[j], Y, rows);           \
+        if (!mmvq_target<NB, R, S>(rows0, rows1, rows2, n_t, &W, &Y, &rows, m, W1, W2, Y1, Y2)) return; \
+        mmvq_##T##_rows<NB, U, R, S>(m, W, A, rows, cols, n_t);                                    \
+        mmvq_store<NB, R, S>(m, Y, rows);                                                          \
     }
-#define MMVQ(T, U, R)                                          \
-    MMVQ_KERNEL(mmvq_##T##_u##U##_r##R, T, 1, U, R)            \
-    MMVQ_KERNEL(mmvqb_##T##_u##U##_r##R, T, MV_BATCH, U, R)
+#define MMVQ(T, U, R, S)                                                  \
+    MMVQ_KERNEL(mmvq_##T##_u##U##_r##R##_s##S, T, 1, U, R, S)             \
+    MMVQ_KERNEL(mmvqb_##T##_u##U##_r##R##_s##S, T, MV_BATCH, U, R, S)
 
 // The variants the load-time timing chooses from (`int8::variants`): U steps of loads in flight per
-// lane (K-quant steps are 8 super-blocks of a row, Q8_0 steps 16 blocks of 32), R rows per warp.
-MMVQ(q4_k, 1, 1)
-MMVQ(q4_k, 2, 1)
-MMVQ(q4_k, 4, 1)
-MMVQ(q4_k, 1, 2)
-MMVQ(q4_k, 2, 2)
-MMVQ(q6_k, 1, 1)
-MMVQ(q6_k, 2, 1)
-MMVQ(q6_k, 4, 1)
-MMVQ(q8_0, 2, 1)
-MMVQ(q8_0, 4, 1)
-MMVQ(q8_0, 8, 1)
+// lane (K-quant steps are 8 super-blocks of a row, Q8_0 steps 16 blocks of 32), R rows per group, S
+// warps per group.
+MMVQ(q4_k, 1, 1, 1)
+MMVQ(q4_k, 2, 1, 1)
+MMVQ(q4_k, 4, 1, 1)
+MMVQ(q4_k, 1, 2, 1)
+MMVQ(q4_k, 2, 2, 1)
+MMVQ(q4_k, 1, 4, 1)
+MMVQ(q4_k, 1, 1, 4)
+MMVQ(q4_k, 2, 1, 4)
+MMVQ(q4_k, 1, 2, 4)
+MMVQ(q6_k, 1, 1, 1)
+MMVQ(q6_k, 2, 1, 1)
+MMVQ(q6_k, 4, 1, 1)
+MMVQ(q6_k, 1, 1, 4)
+MMVQ(q6_k, 2, 1, 4)
+MMVQ(q8_0, 2, 1, 1)
+MMVQ(q8_0, 4, 1, 1)
+MMVQ(q8_0, 8, 1, 1)
+MMVQ(q8_0, 1, 1, 4)
+MMVQ(q8_0, 2, 1, 4)
