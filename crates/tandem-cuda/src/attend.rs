@@ -1,7 +1,8 @@
 //! The CUDA backend's attention outside the GEMM route (`attention_gemm.rs`): K and V stored into the
-//! cache (or a staging buffer when the chunk meets a wrapped ring), then the tile kernel and its
-//! combine (`kernels/attention.cu`).
+//! cache (or a staging buffer when the chunk meets a wrapped ring), then the tile kernel, whose last
+//! block per query and head merges the tiles (`kernels/attention.cu`).
 
+use std::cell::RefMut;
 use std::ops::Range;
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
@@ -68,8 +69,9 @@ impl CudaModel {
         let scale = c.attn_scale;
         let (pos_v, meta_v) = (self.view(&pos), self.view(&meta));
         let mut out_view = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
+        let mut arrivals = self.arrivals(t * c.n_head)?;
         self.profiled("attend (tiles)", || {
-            let f = self.gpu.function("attend_partial")?;
+            let f = self.gpu.function("attend_tiles")?;
             let mut b = self.gpu.stream.launch_builder(f);
             b.arg(&q_view)
                 .arg(kc)
@@ -84,22 +86,30 @@ impl CudaModel {
                 .arg(&scale)
                 .arg(&win)
                 .arg(&tc)
-                .arg(partial.buf_mut()?);
-            let grid = (tile_cap as u32, c.n_head as u32, t as u32);
-            driver("attend_partial", unsafe { b.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
-            let f = self.gpu.function("attend_combine")?;
-            let mut b = self.gpu.stream.launch_builder(f);
-            b.arg(partial.buf()?)
-                .arg(&meta_v)
-                .arg(&nh)
-                .arg(&hdi)
-                .arg(&tc)
+                .arg(partial.buf_mut()?)
+                .arg(&mut *arrivals)
                 .arg(&mut out_view);
-            driver("attend_combine", unsafe {
-                b.launch(launch_cfg((c.n_head as u32, t as u32, 1), 32))
-            })?;
+            let grid = (tile_cap as u32, c.n_head as u32, t as u32);
+            driver("attend_tiles", unsafe { b.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
             Ok(())
         })
+    }
+
+    /// The attention kernel's arrival counters, at least `n` of them (zero between launches: the
+    /// merging block resets its own). Grown outside captures only: a decode step's count is set by
+    /// the direct step before its graph is captured.
+    fn arrivals(&self, n: usize) -> Result<RefMut<'_, CudaSlice<i32>>, CudaError> {
+        let mut a = self.arrivals.borrow_mut();
+        if a.len() < n {
+            if self.mode.get() == Mode::Capture {
+                return Err(CudaError::Driver {
+                    what: "attention arrival counters".into(),
+                    err: format!("{n} needed while capturing a graph, {} allocated", a.len()),
+                });
+            }
+            *a = self.gpu.alloc::<i32>(n)?;
+        }
+        Ok(a)
     }
 
     /// Converts rows of K and V to f16 into `kc`/`vc` at rows `dst` (-1: skip).

@@ -204,7 +204,7 @@ mod tests {
             assert!(ops.contains(&k.to_string()), "{k} in {ops:?}");
         }
         let att = kernel_names(nvrtc::ATTENTION.body);
-        assert_eq!(att, vec!["attend_partial", "attend_combine", "attend_softmax"]);
+        assert_eq!(att, vec!["attend_tiles", "attend_softmax"]);
         let quant = kernel_names(nvrtc::QUANT.body);
         assert!(quant.contains(&"matvec_q4_k".to_string()));
         assert!(quant.contains(&"dequant_f16_q6_k".to_string()));

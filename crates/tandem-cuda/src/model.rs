@@ -107,6 +107,8 @@ pub struct CudaModel {
     pub(crate) captured_out: RefCell<Option<DevBuf<f32>>>,
     pub(crate) graphs: RefCell<Vec<DecodeGraph>>,
     pub(crate) warmed: RefCell<VecDeque<u64>>,
+    /// The attention kernel's arrival counters per (query, head) (`attend.rs`).
+    pub(crate) arrivals: RefCell<CudaSlice<i32>>,
     /// GPU time per op (`TANDEM_CUDA_PROFILE=1`).
     pub(crate) profile: Option<OpProfile>,
 }

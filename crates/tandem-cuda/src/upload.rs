@@ -305,6 +305,7 @@ impl CudaModel {
             norm_readers.insert(l.ffn_norm.name.clone(), l.gate_up()[0].name.clone());
         }
         let arena = gpu.alloc::<i32>(ARENA_INTS)?;
+        let arrivals = gpu.alloc::<i32>(cpu.config.n_head)?;
         let profile = (std::env::var("TANDEM_CUDA_PROFILE").as_deref() == Ok("1")).then(OpProfile::default);
         gpu.synchronize()?;
         Ok(CudaModel {
@@ -327,6 +328,7 @@ impl CudaModel {
             u8_pool: Rc::default(),
             captured_out: RefCell::new(None),
             graphs: RefCell::new(Vec::new()),
+            arrivals: RefCell::new(arrivals),
             warmed: RefCell::new(VecDeque::new()),
             profile,
         })

@@ -1,9 +1,10 @@
-// Attention over the f16 KV cache in two launches: partial softmax per (key tile, head, query), then a
-// combine over tiles in ascending order. Tiles are aligned to absolute positions (tile j holds positions
-// [j*ATT_TILE, (j+1)*ATT_TILE)), so a query meets the same tiles, summed in the same order, whether it
-// arrives alone (decode), in a chunk, or staged: results are identical across chunkings. Long contexts
-// spread over many blocks (one per tile); tiles wholly outside a query's window or past its position
-// are skipped without reading a key.
+// Attention over the f16 KV cache in one launch: a partial softmax per (key tile, head, query), and
+// the last tile block of each (head, query) to finish merges the tiles in ascending order. Tiles are
+// aligned to absolute positions (tile j holds positions [j*ATT_TILE, (j+1)*ATT_TILE)), so a query meets
+// the same tiles, summed in the same order, whether it arrives alone (decode), in a chunk, or staged:
+// results are identical across chunkings, and whichever block merges, the merge's order is the same.
+// Long contexts spread over many blocks (one per tile); tiles wholly outside a query's window or past
+// its position are skipped without reading a key.
 //
 // Keys are found through the ring placement of the buffer they live in: logical position p sits at
 // physical row (origin_physical + p - origin_logical) % capacity. The staged route passes its staging
@@ -26,26 +27,13 @@
 // alone. head_dim is a power of two from 16 to MAX_HEAD_DIM.
 #define ATT_WARPS (ATT_TILE / 32)
 #define ATT_BATCH 16
-extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_partial(
-    const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, int capacity,
-    int kv_width, const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head,
-    int head_dim, float scale, int window, int tile_cap, float* __restrict__ partial) {
-    int origin_logical = meta[0], origin_physical = meta[1], tile_lo = meta[2], n_tiles = meta[3];
-    if ((int)blockIdx.x >= n_tiles) return;
-    int tile = tile_lo + blockIdx.x, h = blockIdx.y, qi = blockIdx.z;
+
+// One tile's partial softmax for (head h, query qi) over keys [lo, hi] into `out` = m, l, acc[head_dim].
+__device__ void tile_partial(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
+                             int capacity, int kv_width, int n_head, int n_kv_head, int head_dim, float scale,
+                             int tile, int h, int qi, int lo, int hi, int origin_logical, int origin_physical,
+                             float* out) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int p = pos[qi];
-    int first = window > 0 ? max(0, p + 1 - window) : 0;
-    first = max(first, origin_logical);
-    int lo = max(first, tile * ATT_TILE), hi = min(p, tile * ATT_TILE + ATT_TILE - 1);
-    float* out = partial + ((size_t)(qi * n_head + h) * tile_cap + blockIdx.x) * (head_dim + 2);
-    if (lo > hi) {
-        if (threadIdx.x == 0) {
-            out[0] = -INFINITY;
-            out[1] = 0.f;
-        }
-        return;
-    }
     int kvh = h / (n_head / n_kv_head);
     const float* qr = q + ((size_t)qi * n_head + h) * head_dim;
     // Queries are rounded to f16, as the CPU backend (and llama.cpp) does before the K product.
@@ -150,33 +138,73 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_partial(
     }
 }
 
-// out[q][h] = merge of the tiles' partial softmaxes, in ascending tile order. One warp per (head, query).
-extern "C" __global__ void __launch_bounds__(32) attend_combine(const float* __restrict__ partial,
-                                                                const int* __restrict__ meta, int n_head,
-                                                                int head_dim, int tile_cap, float* __restrict__ out) {
-    int h = blockIdx.x, qi = blockIdx.y, lane = threadIdx.x;
-    int n_tiles = meta[3];
+// The merge of one (query, head)'s tile partials (`partial`: its n_tiles records) in ascending tile
+// order, by one warp: lane l takes dimensions l, l + 32, ... Partials written by other blocks of the
+// grid are read with __ldcg, from L2, never from a stale L1 line.
+__device__ void merge_tiles(const float* partial, int n_tiles, int head_dim, float* o, int lane) {
     int per = head_dim / 32;
     float m = -INFINITY, l = 0.f, acc[MAX_HEAD_DIM / 32];
 #pragma unroll
     for (int j = 0; j < MAX_HEAD_DIM / 32; j++) acc[j] = 0.f;
     for (int t = 0; t < n_tiles; t++) {
-        const float* p = partial + ((size_t)(qi * n_head + h) * tile_cap + t) * (head_dim + 2);
-        float pl = p[1];
+        const float* p = partial + (size_t)t * (head_dim + 2);
+        float pl = __ldcg(p + 1);
         if (pl == 0.f) continue;
-        float pm = p[0];
+        float pm = __ldcg(p);
         float m_new = fmaxf(m, pm);
         float a = expf(m - m_new), b = expf(pm - m_new);
         l = l * a + pl * b;
 #pragma unroll
         for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
-            if (j < per) acc[j] = acc[j] * a + p[2 + lane + 32 * j] * b;
+            if (j < per) acc[j] = acc[j] * a + __ldcg(p + 2 + lane + 32 * j) * b;
         m = m_new;
     }
-    float* o = out + ((size_t)qi * n_head + h) * head_dim;
 #pragma unroll
     for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
         if (j < per) o[lane + 32 * j] = acc[j] / l;
+}
+
+// The kernel: the tile's partial into `partial` ([(q * n_head + h) * tile_cap + tile] * (head_dim + 2)),
+// then the arrival count per (query, head) in `arrivals` (zero between launches), and the merge into
+// `dst` by the last arrival.
+extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles(
+    const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, int capacity,
+    int kv_width, const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head,
+    int head_dim, float scale, int window, int tile_cap, float* partial, int* __restrict__ arrivals,
+    float* __restrict__ dst) {
+    int origin_logical = meta[0], origin_physical = meta[1], tile_lo = meta[2], n_tiles = meta[3];
+    if ((int)blockIdx.x >= n_tiles) return;
+    int tile = tile_lo + blockIdx.x, h = blockIdx.y, qi = blockIdx.z;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int p = pos[qi];
+    int first = window > 0 ? max(0, p + 1 - window) : 0;
+    first = max(first, origin_logical);
+    int lo = max(first, tile * ATT_TILE), hi = min(p, tile * ATT_TILE + ATT_TILE - 1);
+    float* out = partial + ((size_t)(qi * n_head + h) * tile_cap + blockIdx.x) * (head_dim + 2);
+    if (lo > hi) {
+        if (threadIdx.x == 0) {
+            out[0] = -INFINITY;
+            out[1] = 0.f;
+        }
+    } else {
+        tile_partial(q, kc, vc, capacity, kv_width, n_head, n_kv_head, head_dim, scale, tile, h, qi, lo, hi,
+                     origin_logical, origin_physical, out);
+    }
+    // Publish the partial, then count this block in; the query's last block merges every tile.
+    __threadfence();
+    __syncthreads();
+    __shared__ int merges;
+    if (threadIdx.x == 0) {
+        int* count = arrivals + (size_t)qi * n_head + h;
+        merges = atomicAdd(count, 1) == n_tiles - 1;
+        // Every block of this query has counted: the counter is ready for the next launch.
+        if (merges) *count = 0;
+    }
+    __syncthreads();
+    if (!merges || w != 0) return;
+    __threadfence();
+    merge_tiles(partial + (size_t)(qi * n_head + h) * tile_cap * (head_dim + 2), n_tiles, head_dim,
+                dst + ((size_t)qi * n_head + h) * head_dim, lane);
 }
 
 // Sum or maximum over a block of up to 1024 threads in a fixed tree; every thread gets the result.
