@@ -11,6 +11,7 @@ use tandem_model::ModelError;
 
 use crate::attention_gemm::key_range;
 use crate::device::driver;
+use crate::int8::ActQuant;
 use crate::kv::GpuSequenceKv;
 use crate::launch::{i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct, GpuScratch, Mode};
@@ -34,6 +35,7 @@ impl CudaModel {
         positions: &[usize],
         window: Option<usize>,
         tile_cap: usize,
+        quant: Option<ActQuant>,
     ) -> Result<(), CudaError> {
         let c = &self.cpu.config;
         let (capacity, origin_logical, origin_physical) = source;
@@ -68,8 +70,26 @@ impl CudaModel {
         let (win, tc) = (ints(window.unwrap_or(0), "window")?, ints(tile_cap, "tiles")?);
         let scale = c.attn_scale;
         let (pos_v, meta_v) = (self.view(&pos), self.view(&meta));
-        let mut out_view = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
+        // The merge can quantize the output for the next matmul: a Q8_K block spans 256 / head_dim
+        // heads, merged together by the last block of the group.
+        let (group, quant) = match quant {
+            Some(ActQuant::Q8K) if qw.is_multiple_of(256) => (256 / hd, Some(ActQuant::Q8K)),
+            Some(ActQuant::Q8) => (1, Some(ActQuant::Q8)),
+            _ => (1, None),
+        };
+        let may_allocate = self.mode.get() == Mode::Normal;
+        let mut a = match quant {
+            Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(t, qw), may_allocate)?),
+            None => None,
+        };
+        let quant_code: i32 = match quant {
+            None => 0,
+            Some(ActQuant::Q8K) => 1,
+            Some(ActQuant::Q8) => 2,
+        };
+        let (group_i, n_t) = (ints(group, "heads per group")?, ints(t, "rows")?);
         let mut arrivals = self.arrivals(t * c.n_head)?;
+        let mut out_view = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
         self.profiled("attend (tiles)", || {
             let f = self.gpu.function("attend_tiles")?;
             let mut b = self.gpu.stream.launch_builder(f);
@@ -88,11 +108,23 @@ impl CudaModel {
                 .arg(&tc)
                 .arg(partial.buf_mut()?)
                 .arg(&mut *arrivals)
-                .arg(&mut out_view);
+                .arg(&mut out_view)
+                .arg(&group_i)
+                .arg(&quant_code);
+            let no_quants = 0u64;
+            match a.as_deref_mut() {
+                Some(a) => b.arg(a),
+                None => b.arg(&no_quants),
+            };
+            b.arg(&n_t);
             let grid = (tile_cap as u32, c.n_head as u32, t as u32);
             driver("attend_tiles", unsafe { b.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
             Ok(())
-        })
+        })?;
+        if let (Some(fmt), Some(a)) = (quant, a) {
+            io.out.int8.borrow_mut().push((fmt, a));
+        }
+        Ok(())
     }
 
     /// The attention kernel's arrival counters, at least `n` of them (zero between launches: the
@@ -154,6 +186,12 @@ impl CudaModel {
         {
             let t = rows.len();
             let w = kv.kv_width;
+            // When this call writes every row of the output, the attention kernel quantizes it for
+            // the output projection's integer kernel (one launch fewer).
+            let whole = rows.start == 0 && rows.end == io.out.rows;
+            let quant = whole
+                .then(|| self.int8_input(&self.cpu.weights.layers[layer].wo.name, t))
+                .flatten();
             let window = kv.layers[layer].window;
             // One query spans at most `tile_cap` tiles: decode steps keep one grid, so a graph replays.
             let tile_cap = if t == 1 { self.tile_cap(kv, window) } else { 0 };
@@ -165,7 +203,7 @@ impl CudaModel {
                     lc.placement = after;
                     let p = lc.placement;
                     let source = (p.capacity, p.origin_logical, p.origin_physical);
-                    self.attend_from(&mut io, &rows, &lc.k, &lc.v, source, positions, window, tile_cap)?;
+                    self.attend_from(&mut io, &rows, &lc.k, &lc.v, source, positions, window, tile_cap, quant)?;
                 }
                 KvRoute::Staged { first, gather } => {
                     let n = gather.len() + t;
@@ -186,7 +224,7 @@ impl CudaModel {
                     }
                     let staged: Vec<i32> = (gather.len()..n).map(|r| r as i32).collect();
                     self.store(&io, &rows, staged, &mut ks, &mut vs)?;
-                    self.attend_from(&mut io, &rows, &ks, &vs, (n, first, 0), positions, window, 0)?;
+                    self.attend_from(&mut io, &rows, &ks, &vs, (n, first, 0), positions, window, 0, quant)?;
                     // Committed only after attention consumed the staged rows.
                     let (dst, after) = routes::store_rows(&lc.placement, t);
                     self.store(&io, &rows, dst, &mut lc.k, &mut lc.v)?;

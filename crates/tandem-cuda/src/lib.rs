@@ -50,7 +50,7 @@ pub enum CudaError {
     Driver { what: String, err: String },
     #[error("cuBLAS call failed ({what}): {err}")]
     Blas { what: String, err: String },
-    #[error("head_dim {0} has no CUDA attention kernel (a power of two from 16 to 256)")]
+    #[error("head_dim {0} has no CUDA attention kernel (a power of two from 32 to 256)")]
     UnsupportedHeadDim(usize),
     #[error("weight {name}: type {ty} has no CUDA kernel")]
     UnsupportedType { name: String, ty: tandem_gguf::GgmlType },

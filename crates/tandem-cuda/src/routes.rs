@@ -42,9 +42,9 @@ pub const ATT_TILE: usize = 128;
 pub const MV_BATCH: usize = 8;
 
 /// Head sizes the tile attention kernel takes: it splits a row into 8-dimension chunks shared evenly
-/// by a warp's lanes (`kernels/attention.cu`).
+/// by a warp's lanes, and its merge gives each lane dimensions l, l + 32, ... (`kernels/attention.cu`).
 pub fn head_dim_supported(head_dim: usize) -> bool {
-    head_dim.is_power_of_two() && (16..=256).contains(&head_dim)
+    head_dim.is_power_of_two() && (32..=256).contains(&head_dim)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,11 +137,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn attention_takes_power_of_two_heads_up_to_256() {
-        for hd in [16, 32, 64, 128, 256] {
+    fn attention_takes_power_of_two_heads_from_32_to_256() {
+        for hd in [32, 64, 128, 256] {
             assert!(head_dim_supported(hd), "{hd}");
         }
-        for hd in [8, 80, 96, 512] {
+        // 16: the merge's lanes would hold no dimension.
+        for hd in [8, 16, 80, 96, 512] {
             assert!(!head_dim_supported(hd), "{hd}");
         }
     }

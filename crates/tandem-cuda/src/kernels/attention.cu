@@ -24,7 +24,7 @@
 // lane l takes chunk l % C of keys l / C, l / C + P, ... (P = 32 / C lanes share a chunk), all their
 // loads in flight at once, and the P lanes of a chunk then sum in a fixed butterfly. The warps'
 // partials merge in ascending order. Every sum's order is fixed by the tile and the key positions
-// alone. head_dim is a power of two from 16 to MAX_HEAD_DIM.
+// alone. head_dim is a power of two from 32 to MAX_HEAD_DIM.
 #define ATT_WARPS (ATT_TILE / 32)
 #define ATT_BATCH 16
 
@@ -140,38 +140,53 @@ __device__ void tile_partial(const float* __restrict__ q, const u16* __restrict_
 
 // The merge of one (query, head)'s tile partials (`partial`: its n_tiles records) in ascending tile
 // order, by one warp: lane l takes dimensions l, l + 32, ... Partials written by other blocks of the
-// grid are read with __ldcg, from L2, never from a stale L1 line.
-__device__ void merge_tiles(const float* partial, int n_tiles, int head_dim, float* o, int lane) {
+// grid are read with __ldcg, from L2, never from a stale L1 line. The head's output goes to `o`, and
+// to `staged` (shared memory, for a Q8_K block) when given; `q8_blk0` >= 0 quantizes it as Q8 blocks
+// q8_blk0, q8_blk0 + 1, ... of row `t` of `a` (n_t rows of `cols`).
+__device__ void merge_tiles(const float* partial, int n_tiles, int head_dim, float* o, int lane, float* staged,
+                            u8* a, int n_t, int t, int cols, int q8_blk0) {
     int per = head_dim / 32;
     float m = -INFINITY, l = 0.f, acc[MAX_HEAD_DIM / 32];
 #pragma unroll
     for (int j = 0; j < MAX_HEAD_DIM / 32; j++) acc[j] = 0.f;
-    for (int t = 0; t < n_tiles; t++) {
-        const float* p = partial + (size_t)t * (head_dim + 2);
+    for (int k = 0; k < n_tiles; k++) {
+        const float* p = partial + (size_t)k * (head_dim + 2);
         float pl = __ldcg(p + 1);
         if (pl == 0.f) continue;
         float pm = __ldcg(p);
         float m_new = fmaxf(m, pm);
-        float a = expf(m - m_new), b = expf(pm - m_new);
-        l = l * a + pl * b;
+        float e0 = expf(m - m_new), e1 = expf(pm - m_new);
+        l = l * e0 + pl * e1;
 #pragma unroll
         for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
-            if (j < per) acc[j] = acc[j] * a + __ldcg(p + 2 + lane + 32 * j) * b;
+            if (j < per) acc[j] = acc[j] * e0 + __ldcg(p + 2 + lane + 32 * j) * e1;
         m = m_new;
     }
 #pragma unroll
-    for (int j = 0; j < MAX_HEAD_DIM / 32; j++)
-        if (j < per) o[lane + 32 * j] = acc[j] / l;
+    for (int j = 0; j < MAX_HEAD_DIM / 32; j++) {
+        if (j < per) {
+            float v = acc[j] / l;
+            o[lane + 32 * j] = v;
+            if (staged) staged[lane + 32 * j] = v;
+            if (q8_blk0 >= 0) q8_block(v, a, n_t, t, cols, q8_blk0 + j);
+        }
+    }
 }
 
+// Output quantizations the merge can make for the next matmul (`attend.rs`).
+#define ATT_QUANT_NONE 0
+#define ATT_QUANT_Q8K 1  // one Q8_K block per merge group: `group` * head_dim = 256
+#define ATT_QUANT_Q8 2   // Q8 blocks of 32 within each head
+
 // The kernel: the tile's partial into `partial` ([(q * n_head + h) * tile_cap + tile] * (head_dim + 2)),
-// then the arrival count per (query, head) in `arrivals` (zero between launches), and the merge into
-// `dst` by the last arrival.
+// then the arrival count per (query, group of `group` consecutive heads) in `arrivals` (zero between
+// launches); the group's last arrival merges each of its heads into `dst` and quantizes them as
+// `quant` says into `a` (n_t rows).
 extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles(
     const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, int capacity,
     int kv_width, const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head,
     int head_dim, float scale, int window, int tile_cap, float* partial, int* __restrict__ arrivals,
-    float* __restrict__ dst) {
+    float* __restrict__ dst, int group, int quant, u8* __restrict__ a, int n_t) {
     int origin_logical = meta[0], origin_physical = meta[1], tile_lo = meta[2], n_tiles = meta[3];
     if ((int)blockIdx.x >= n_tiles) return;
     int tile = tile_lo + blockIdx.x, h = blockIdx.y, qi = blockIdx.z;
@@ -190,21 +205,32 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles(
         tile_partial(q, kc, vc, capacity, kv_width, n_head, n_kv_head, head_dim, scale, tile, h, qi, lo, hi,
                      origin_logical, origin_physical, out);
     }
-    // Publish the partial, then count this block in; the query's last block merges every tile.
+    // Publish the partial, then count this block in; the group's last block merges its heads.
     __threadfence();
     __syncthreads();
     __shared__ int merges;
+    int h0 = h - h % group;
     if (threadIdx.x == 0) {
-        int* count = arrivals + (size_t)qi * n_head + h;
-        merges = atomicAdd(count, 1) == n_tiles - 1;
-        // Every block of this query has counted: the counter is ready for the next launch.
+        int* count = arrivals + (size_t)qi * (n_head / group) + h / group;
+        merges = atomicAdd(count, 1) == n_tiles * group - 1;
+        // Every block of this group has counted: the counter is ready for the next launch.
         if (merges) *count = 0;
     }
     __syncthreads();
-    if (!merges || w != 0) return;
+    if (!merges) return;
     __threadfence();
-    merge_tiles(partial + (size_t)(qi * n_head + h) * tile_cap * (head_dim + 2), n_tiles, head_dim,
-                dst + ((size_t)qi * n_head + h) * head_dim, lane);
+    __shared__ __align__(16) float staged[256];
+    int cols = n_head * head_dim;
+    for (int k = w; k < group; k += ATT_WARPS) {
+        int hh = h0 + k;
+        merge_tiles(partial + (size_t)(qi * n_head + hh) * tile_cap * (head_dim + 2), n_tiles, head_dim,
+                    dst + ((size_t)qi * n_head + hh) * head_dim, lane,
+                    quant == ATT_QUANT_Q8K ? staged + k * head_dim : nullptr, a, n_t, qi, cols,
+                    quant == ATT_QUANT_Q8 ? hh * head_dim / 32 : -1);
+    }
+    if (quant != ATT_QUANT_Q8K) return;
+    __syncthreads();
+    if (w == 0) q8k_block(staged, a, n_t, qi, cols, h0 * head_dim / 256);
 }
 
 // Sum or maximum over a block of up to 1024 threads in a fixed tree; every thread gets the result.
