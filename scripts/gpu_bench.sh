@@ -8,8 +8,10 @@
 #
 # Environment: TANDEM (binary), LLAMA_SDIST (sdist), WORK (scratch dir), QUANTS (8B files to bench),
 # CHECK_8B=1 (also check the 8B Q4_K_M model), BENCH_KERNELS=1 (also time the matvec kernels),
-# GEMMA27=1 (also write and bench the Gemma-3-27B-shaped Q4_K_M), FALLBACK (a second binary, benched
-# instead of TANDEM when TANDEM fails its checks; the choice is kept in WORK for the bench phase).
+# GEMMA27=1 (also write and bench the Gemma-3-27B-shaped Q4_K_M), FALLBACK (binaries, space-separated,
+# each checked in turn when the one before fails its checks; the first to pass is benched, and the
+# choice is kept in WORK for the bench phase), EXTRA_TG (configurations to time on tg128 beside the
+# benched binary, space-separated `label:binary:VAR=value,VAR=value`, in order then in reverse).
 #
 # The 27B file takes about 7 minutes to write. With GEMMA27=1, PHASE=prepare starts it detached (at
 # low priority) and returns without it, so the 8B benchmarks can run meanwhile in a PHASE=bench call
@@ -70,14 +72,16 @@ fi
 timeout 300 "$B" gpu-check $check_models ${BENCH_KERNELS:+--bench-kernels} --hash-prompt 600 >"$W/check.md" 2>"$W/check.err"
 status=$?
 echo "gpu-check exit $status" >>"$W/check.md"
-if [ "$status" != 0 ] && [ -n "${FALLBACK:-}" ]; then
-  echo "== $B failed its checks: checking and benchmarking $FALLBACK instead"
-  cp "$W/check.md" "$W/check-failed.md"
-  B=$FALLBACK
+for fallback in ${FALLBACK:-}; do
+  [ "$status" = 0 ] && break
+  echo "== $B failed its checks: checking $fallback instead"
+  cp "$W/check.md" "$W/check-failed-$(basename "$B").md"
+  B=$fallback
   # shellcheck disable=SC2086
   timeout 300 "$B" gpu-check $check_models --hash-prompt 600 >"$W/check.md" 2>"$W/check.err"
-  echo "gpu-check (fallback) exit $?" >>"$W/check.md"
-fi
+  status=$?
+  echo "gpu-check ($B) exit $status" >>"$W/check.md"
+done
 echo "$B" >"$W/binary"
 wait "$synth"
 
@@ -116,6 +120,7 @@ for name in $names; do
 done
 stamp "done"
 
+
 # shellcheck disable=SC2086
 python3 - "$W" $names <<'EOF'
 import json, statistics, sys
@@ -144,3 +149,45 @@ for q in quants:
         fb = " / ".join(f"{v:,.0f}" for v in b) or "-"
         print(f"| {q} | {test} | {fa} | {fb} | {ratio} |")
 EOF
+
+# Extra configurations on tg128 (same files), beside the benched binary: in order, then in reverse.
+extra_tg() {
+  local label=$1 bin=$2 envs=$3 q=$4 r=$5
+  # shellcheck disable=SC2046
+  env $(echo "$envs" | tr ',' ' ') "$bin" bench -m "$W/llama3-8b-$q.gguf" --device cuda -p 0 -n 128 -r 3 \
+    --output-format json >"$W/extra-$label-$q-$r.json" 2>>"$W/bench.err"
+}
+if [ -n "${EXTRA_TG:-}" ]; then
+  configs="benched:$B: $EXTRA_TG"
+  reversed=$(echo "$configs" | tr ' ' '\n' | tac | tr '\n' ' ')
+  for q in $QUANTS; do
+    r=1
+    for c in $configs $reversed; do
+      IFS=: read -r label bin envs <<<"$c"
+      extra_tg "$label" "$bin" "$envs" "$q" "$r"
+      r=$((r + 1))
+    done
+  done
+  # shellcheck disable=SC2086
+  python3 - "$W" "$QUANTS" $configs <<'EOF'
+import glob, json, statistics, sys
+w, quants, configs = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
+print("\n| file | configuration | tg128 tok/s (runs) | median | vs benched |")
+print("|---|---|---|---:|---:|")
+for q in quants:
+    base = None
+    for c in configs:
+        label, _, envs = c.split(":", 2)
+        runs = []
+        for p in sorted(glob.glob(f"{w}/extra-{label}-{q}-*.json")):
+            try:
+                runs += [row["tok_s"] for row in json.load(open(p)) if row["test"] == "tg128"]
+            except Exception:
+                pass
+        med = statistics.median(runs) if runs else None
+        base = med if label == "benched" else base
+        rel = f"{med / base:.3f}" if med and base else "-"
+        name = f"{label} {envs}".strip()
+        print(f"| {q} | {name} | {' / '.join(f'{v:.1f}' for v in runs)} | {med or 0:.1f} | {rel} |")
+EOF
+fi
