@@ -11,7 +11,8 @@
 # GEMMA27=1 (also write and bench the Gemma-3-27B-shaped Q4_K_M), FALLBACK (binaries, space-separated,
 # each checked in turn when the one before fails its checks; the first to pass is benched, and the
 # choice is kept in WORK for the bench phase), EXTRA_TG (configurations to time on tg128 beside the
-# benched binary, space-separated `label:binary:VAR=value,VAR=value`, in order then in reverse).
+# benched binary, space-separated `label:binary:VAR=value,VAR=value`, in order then in reverse, on the
+# EXTRA_QUANTS files, else QUANTS).
 #
 # The 27B file takes about 7 minutes to write. With GEMMA27=1, PHASE=prepare starts it detached (at
 # low priority) and returns without it, so the 8B benchmarks can run meanwhile in a PHASE=bench call
@@ -97,6 +98,27 @@ lb="$W/lcb/bin/llama-bench"
 
 # A B B A per file: Tandem, llama.cpp, llama.cpp, Tandem, so drift in clocks or temperature during the
 # run falls on both sides alike.
+# Extra configurations on tg128 (EXTRA_QUANTS files, else QUANTS), beside the benched binary: in order, then
+# in reverse, before the A B B A runs (their table comes last).
+extra_tg() {
+  local label=$1 bin=$2 envs=$3 q=$4 r=$5
+  # shellcheck disable=SC2046
+  env $(echo "$envs" | tr ',' ' ') "$bin" bench -m "$W/llama3-8b-$q.gguf" --device cuda -p 0 -n 128 -r 3 \
+    --output-format json >"$W/extra-$label-$q-$r.json" 2>>"$W/bench.err"
+}
+if [ -n "${EXTRA_TG:-}" ]; then
+  configs="benched:$B: $EXTRA_TG"
+  reversed=$(echo "$configs" | tr ' ' '\n' | tac | tr '\n' ' ')
+  for q in ${EXTRA_QUANTS:-$QUANTS}; do
+    r=1
+    for c in $configs $reversed; do
+      IFS=: read -r label bin envs <<<"$c"
+      extra_tg "$label" "$bin" "$envs" "$q" "$r"
+      r=$((r + 1))
+    done
+  done
+fi
+
 stamp "benchmarks"
 tandem_run() {
   "$B" bench -m "$1" --device cuda -p 512 -n 128 -r 3 --output-format json >"$W/tandem-$2-$3.json" 2>>"$W/bench.err"
@@ -150,26 +172,10 @@ for q in quants:
         print(f"| {q} | {test} | {fa} | {fb} | {ratio} |")
 EOF
 
-# Extra configurations on tg128 (same files), beside the benched binary: in order, then in reverse.
-extra_tg() {
-  local label=$1 bin=$2 envs=$3 q=$4 r=$5
-  # shellcheck disable=SC2046
-  env $(echo "$envs" | tr ',' ' ') "$bin" bench -m "$W/llama3-8b-$q.gguf" --device cuda -p 0 -n 128 -r 3 \
-    --output-format json >"$W/extra-$label-$q-$r.json" 2>>"$W/bench.err"
-}
 if [ -n "${EXTRA_TG:-}" ]; then
   configs="benched:$B: $EXTRA_TG"
-  reversed=$(echo "$configs" | tr ' ' '\n' | tac | tr '\n' ' ')
-  for q in $QUANTS; do
-    r=1
-    for c in $configs $reversed; do
-      IFS=: read -r label bin envs <<<"$c"
-      extra_tg "$label" "$bin" "$envs" "$q" "$r"
-      r=$((r + 1))
-    done
-  done
   # shellcheck disable=SC2086
-  python3 - "$W" "$QUANTS" $configs <<'EOF'
+  python3 - "$W" "${EXTRA_QUANTS:-$QUANTS}" $configs <<'EOF'
 import glob, json, statistics, sys
 w, quants, configs = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 print("\n| file | configuration | tg128 tok/s (runs) | median | vs benched |")
