@@ -20,9 +20,10 @@
 //!
 //! Attention route tree (`attention_route`), for a chunk of `t` queries:
 //! - `t <= MATVEC_MAX_ROWS` (decode, very short chunks) or `deterministic`: `Tiles` — partial softmax
-//!   per position-aligned key tile, then an in-order combine (`kernels/attention.cu`). A query meets
-//!   the same tiles in the same order however it is chunked, so this is the bit-exact route; each
-//!   query reads its keys itself, which is what a single decode query needs anyway.
+//!   per position-aligned key tile, merged in tile order by the last block to finish, in the same
+//!   launch (`kernels/attention.cu`); the merge also writes the output projection's int8 input. A
+//!   query meets the same tiles in the same order however it is chunked, so this is the bit-exact
+//!   route; each query reads its keys itself, which is what a single decode query needs anyway.
 //! - `t > MATVEC_MAX_ROWS` (prefill): `Gemm` — the scores of the whole chunk by cuBLAS batched GEMMs on
 //!   the tensor cores, a masked softmax to f16, and P·V by cuBLAS (`attention_gemm.rs`): every key is
 //!   read once per chunk instead of once per query. It needs the chunk's keys contiguous in the
