@@ -70,13 +70,8 @@ impl CudaModel {
         let (win, tc) = (ints(window.unwrap_or(0), "window")?, ints(tile_cap, "tiles")?);
         let scale = c.attn_scale;
         let (pos_v, meta_v) = (self.view(&pos), self.view(&meta));
-        // The merge can quantize the output for the next matmul: a Q8_K block spans 256 / head_dim
-        // heads, merged together by the last block of the group.
-        let (group, quant) = match quant {
-            Some(ActQuant::Q8K) if qw.is_multiple_of(256) => (256 / hd, Some(ActQuant::Q8K)),
-            Some(ActQuant::Q8) => (1, Some(ActQuant::Q8)),
-            _ => (1, None),
-        };
+        // The merge can quantize the output for the next matmul (`routes::attention_merge`).
+        let (group, quant) = routes::attention_merge(quant, qw, hd);
         let may_allocate = self.mode.get() == Mode::Normal;
         let mut a = match quant {
             Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(t, qw), may_allocate)?),

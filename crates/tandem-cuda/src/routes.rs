@@ -35,6 +35,8 @@
 
 use tandem_model::kv::{ChunkRoute, RingPlacement};
 
+use crate::int8::ActQuant;
+
 /// Rows up to which the batched matvec beats the GEMM route.
 pub const MATVEC_MAX_ROWS: usize = 8;
 /// Keys per attention tile (must match `ATT_TILE` in `kernels/attention.cu`).
@@ -133,9 +135,41 @@ pub fn store_rows(placement: &RingPlacement, t: usize) -> (Vec<i32>, RingPlaceme
     (rows.into_iter().map(|r| r.map_or(-1, |r| r as i32)).collect(), after)
 }
 
+/// How the tile attention's merge writes the output projection's int8 input (`want`: the format
+/// that projection's kernel reads, if it takes the integer route): the heads merged together and the
+/// format. A Q8_K block spans 256 / head_dim heads, so the last block of such a group merges all of
+/// them; Q8 blocks (32) lie within a head. Rows that are not whole Q8_K blocks (SmolLM2's 576) are
+/// left to the matmul to quantize.
+pub fn attention_merge(want: Option<ActQuant>, q_width: usize, head_dim: usize) -> (usize, Option<ActQuant>) {
+    match want {
+        Some(ActQuant::Q8K) if q_width.is_multiple_of(256) && head_dim <= 256 => (256 / head_dim, want),
+        Some(ActQuant::Q8) if head_dim.is_multiple_of(32) => (1, want),
+        _ => (1, None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_attention_merge_groups_heads_into_whole_q8k_blocks() {
+        // Llama-3-8B: 32 heads of 128, a Q8_K block per two heads.
+        assert_eq!(
+            attention_merge(Some(ActQuant::Q8K), 4096, 128),
+            (2, Some(ActQuant::Q8K))
+        );
+        // Gemma 3 270M: 4 heads of 256, a block per head; SmolLM2: 9 heads of 64 are 576 wide.
+        assert_eq!(
+            attention_merge(Some(ActQuant::Q8K), 1024, 256),
+            (1, Some(ActQuant::Q8K))
+        );
+        assert_eq!(attention_merge(Some(ActQuant::Q8K), 576, 64), (1, None));
+        assert_eq!(attention_merge(Some(ActQuant::Q8K), 2048, 64), (4, Some(ActQuant::Q8K)));
+        // Q8 blocks lie within a head; no integer reader, no quantization.
+        assert_eq!(attention_merge(Some(ActQuant::Q8), 576, 64), (1, Some(ActQuant::Q8)));
+        assert_eq!(attention_merge(None, 4096, 128), (1, None));
+    }
 
     #[test]
     fn attention_takes_power_of_two_heads_from_32_to_256() {
