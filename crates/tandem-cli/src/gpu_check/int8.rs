@@ -110,7 +110,7 @@ pub(super) fn int8_checks(
                 first = Some(got);
             }
         }
-        let got = first.context("at least one unroll")?;
+        let got = first.context("at least one variant")?;
         // The matrix three times in one grouped launch: each copy's rows as alone.
         let mut outs = (0..3).map(|_| poisoned(t * rows)).collect::<Result<Vec<_>, _>>()?;
         {
