@@ -16,6 +16,7 @@ use crate::kv::GpuSequenceKv;
 use crate::launch::{i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct, GpuScratch, Mode};
 use crate::routes::{self, AttentionRoute, KvRoute, ATT_TILE};
+use crate::rows::quant_flag;
 use crate::CudaError;
 
 impl CudaModel {
@@ -77,11 +78,7 @@ impl CudaModel {
             Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(t, qw), may_allocate)?),
             None => None,
         };
-        let quant_code: i32 = match quant {
-            None => 0,
-            Some(ActQuant::Q8K) => 1,
-            Some(ActQuant::Q8) => 2,
-        };
+        let quant_code = quant.map_or(0, quant_flag);
         let (group_i, n_t) = (ints(group, "heads per group")?, ints(t, "rows")?);
         let mut arrivals = self.arrivals(t * c.n_head)?;
         let mut out_view = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);

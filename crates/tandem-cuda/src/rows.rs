@@ -31,7 +31,7 @@ const RN_Q8: i32 = 16;
 const RN_MAX_Q8K_WIDTH: usize = 8192;
 
 /// The kernels' flag for writing activations quantized as `fmt`.
-fn quant_flag(fmt: ActQuant) -> i32 {
+pub(crate) fn quant_flag(fmt: ActQuant) -> i32 {
     match fmt {
         ActQuant::Q8K => RN_Q8K,
         ActQuant::Q8 => RN_Q8,
@@ -217,7 +217,8 @@ mod tests {
 
     #[test]
     fn residual_norm_flags_match_the_kernel() {
-        let src = crate::nvrtc::OPS.body;
+        // ops.cu as NVRTC compiles it, common.cuh (where the quantization flags live) included.
+        let src = crate::nvrtc::assemble(&crate::nvrtc::OPS);
         for (name, v) in [
             ("RN_ADD", RN_ADD),
             ("RN_POST", RN_POST),
@@ -231,7 +232,7 @@ mod tests {
                 let words: Vec<&str> = l.split_whitespace().take(3).collect();
                 words == ["#define", name, value.as_str()]
             });
-            assert!(defined, "{name} = {v} in ops.cu");
+            assert!(defined, "{name} = {v} in ops.cu or common.cuh");
         }
     }
 }

@@ -173,15 +173,11 @@ __device__ void merge_tiles(const float* partial, int n_tiles, int head_dim, flo
     }
 }
 
-// Output quantizations the merge can make for the next matmul (`attend.rs`).
-#define ATT_QUANT_NONE 0
-#define ATT_QUANT_Q8K 1  // one Q8_K block per merge group: `group` * head_dim = 256
-#define ATT_QUANT_Q8 2   // Q8 blocks of 32 within each head
-
 // The kernel: the tile's partial into `partial` ([(q * n_head + h) * tile_cap + tile] * (head_dim + 2)),
 // then the arrival count per (query, group of `group` consecutive heads) in `arrivals` (zero between
 // launches); the group's last arrival merges each of its heads into `dst` and quantizes them as
-// `quant` says into `a` (n_t rows).
+// `quant` says into `a` (n_t rows): RN_Q8K, one Q8_K block per group (`group` * head_dim = 256), or
+// RN_Q8, Q8 blocks of 32 within each head, or 0.
 extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles(
     const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, int capacity,
     int kv_width, const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head,
@@ -225,10 +221,10 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles(
         int hh = h0 + k;
         merge_tiles(partial + (size_t)(qi * n_head + hh) * tile_cap * (head_dim + 2), n_tiles, head_dim,
                     dst + ((size_t)qi * n_head + hh) * head_dim, lane,
-                    quant == ATT_QUANT_Q8K ? staged + k * head_dim : nullptr, a, n_t, qi, cols,
-                    quant == ATT_QUANT_Q8 ? hh * head_dim / 32 : -1);
+                    quant == RN_Q8K ? staged + k * head_dim : nullptr, a, n_t, qi, cols,
+                    quant == RN_Q8 ? hh * head_dim / 32 : -1);
     }
-    if (quant != ATT_QUANT_Q8K) return;
+    if (quant != RN_Q8K) return;
     __syncthreads();
     if (w == 0) q8k_block(staged, a, n_t, qi, cols, h0 * head_dim / 256);
 }

@@ -5,6 +5,11 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 #define INFINITY __int_as_float(0x7f800000)
 
+// The int8 form a kernel writes its output in for the integer matvecs: a flag of `add_norm_to`, and
+// the format argument of `gated_quant` and `attend_tiles` (`quant_flag` in rows.rs; 0: none).
+#define RN_Q8K 8    // Q8_K blocks of 256
+#define RN_Q8 16    // Q8 blocks of 32
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

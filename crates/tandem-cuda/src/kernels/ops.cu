@@ -31,8 +31,8 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm(float* __restrict__ 
 #define RN_ADD 1    // x += y, or x += norm(y) * post with RN_POST (a block's output joins the residual)
 #define RN_POST 2
 #define RN_NORM 4   // out = norm(x) * weight (the next block's pre-norm; x itself stays the residual)
-#define RN_Q8K 8    // ... and out quantized into `a` as Q8_K blocks (for the integer kernels)
-#define RN_Q8 16    // ... or as Q8 blocks
+// RN_Q8K (8): ... and out quantized into `a` as Q8_K blocks (for the integer kernels); RN_Q8 (16): or
+// as Q8 blocks (both in common.cuh, shared with the gating and attention kernels).
 
 // The residual update and the next pre-norm in one pass, one block per row (blockDim a multiple of
 // 256): each step's sums are those of the step alone, so a row's bits do not depend on which steps
