@@ -254,13 +254,12 @@ template <int NB, int R, int S>
 __device__ __forceinline__ bool mmvq_target(int rows0, int rows1, int rows2, int n_t, const u8** W, float** Y,
                                             int* rows, WarpRow<NB>* m, const u8* W1, const u8* W2, float* Y1,
                                             float* Y2) {
-    int group = S == 1 ? blockIdx.x * 4 + (threadIdx.x >> 5) : blockIdx.x;
-    if (group >= (rows0 + rows1 + rows2) / R) return false;
-    m[0].lane = threadIdx.x & 31;
-    m[0].t0 = blockIdx.y * NB;
-    m[0].nt = min(NB, n_t - m[0].t0);
-#pragma unroll
-    for (int t = 0; t < NB; t++) m[0].acc[t] = 0.f;
+    int groups = (rows0 + rows1 + rows2) / R;
+    // Lane, activation rows and zeroed sums as every warp-per-row kernel sets them; the row it gives
+    // is the warp's group for S = 1, while S = 4 takes a group per block.
+    warp_row<NB>(groups, n_t, &m[0]);
+    int group = S == 1 ? m[0].r : blockIdx.x;
+    if (group >= groups) return false;
     int r = group * R;
     *rows = rows0;
     if (r >= rows0) {
