@@ -13,7 +13,9 @@
 # choice is kept in WORK for the bench phase), EXTRA_TG (configurations to time on tg128 beside the
 # benched binary, space-separated `label:binary:VAR=value,VAR=value`, in order then in reverse, on the
 # EXTRA_QUANTS files, else QUANTS), SAVE_LLAMA_BUILD (a folder, e.g. $OUT: keep the llama.cpp build
-# there as tarball parts) and LLAMA_PREBUILT (a folder of such parts: unpacked instead of building).
+# there as tarball parts) and LLAMA_PREBUILT (a folder of such parts: unpacked instead of building),
+# PP_UBATCH (micro-batch sizes for pp4096, default 512: each is run on both sides, llama-bench with
+# -b and -ub both set to it).
 #
 # The 27B file takes about 7 minutes to write. With GEMMA27=1, PHASE=prepare starts it detached (at
 # low priority) and returns without it, so the 8B benchmarks can run meanwhile in a PHASE=bench call
@@ -137,12 +139,21 @@ if [ -n "${EXTRA_TG:-}" ]; then
 fi
 
 stamp "benchmarks"
+PP_UBATCH=${PP_UBATCH:-512}
 tandem_run() {
   "$B" bench -m "$1" --device cuda -p 512 -n 128 -r 3 --output-format json >"$W/tandem-$2-$3.json" 2>>"$W/bench.err"
-  "$B" bench -m "$1" --device cuda -p 4096 -n 0 -r 2 --output-format json >"$W/tandem-$2-$3-4096.json" 2>>"$W/bench.err"
+  for ub in $PP_UBATCH; do
+    "$B" bench -m "$1" --device cuda -p 4096 -n 0 -r 2 --ubatch "$ub" --output-format json \
+      >"$W/tandem-$2-$3-4096-ub$ub.json" 2>>"$W/bench.err"
+  done
 }
 llama_run() {
-  [ -x "$lb" ] && "$lb" -m "$1" -ngl 99 -fa 1 -p 512,4096 -n 128 -r 2 -o json >"$W/llama-$2-$3.json" 2>>"$W/llama.err"
+  [ -x "$lb" ] || return
+  "$lb" -m "$1" -ngl 99 -fa 1 -p 512 -n 128 -r 2 -o json >"$W/llama-$2-$3.json" 2>>"$W/llama.err"
+  for ub in $PP_UBATCH; do
+    "$lb" -m "$1" -ngl 99 -fa 1 -p 4096 -n 0 -b "$ub" -ub "$ub" -r 2 -o json \
+      >"$W/llama-$2-$3-4096-ub$ub.json" 2>>"$W/llama.err"
+  done
 }
 names=""
 for q in $QUANTS; do names="$names llama3-8b-$q"; done
@@ -161,9 +172,9 @@ stamp "done"
 
 
 # shellcheck disable=SC2086
-python3 - "$W" $names <<'EOF'
+python3 - "$W" "$PP_UBATCH" $names <<'EOF'
 import json, statistics, sys
-w, quants = sys.argv[1], sys.argv[2:]
+w, ubs, quants = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 def load(p):
     try:
         return json.load(open(p))
@@ -174,12 +185,13 @@ print("|---|---|---|---|---:|")
 for q in quants:
     ours, theirs = {}, {}
     for r in (1, 2):
-        for row in load(f"{w}/tandem-{q}-{r}.json") + load(f"{w}/tandem-{q}-{r}-4096.json"):
-            ours.setdefault(row["test"], []).append(row["tok_s"])
-        for row in load(f"{w}/llama-{q}-{r}.json"):
-            test = f"pp{row['n_prompt']}" if row.get("n_gen", 0) == 0 else f"tg{row['n_gen']}"
-            theirs.setdefault(test, []).append(row.get("avg_ts"))
-    for test in ["pp512", "pp4096", "tg128"]:
+        for suffix, ub in [("", "")] + [(f"-4096-ub{u}", f" ub{u}") for u in ubs]:
+            for row in load(f"{w}/tandem-{q}-{r}{suffix}.json"):
+                ours.setdefault(row["test"] + ub, []).append(row["tok_s"])
+            for row in load(f"{w}/llama-{q}-{r}{suffix}.json"):
+                test = f"pp{row['n_prompt']}" if row.get("n_gen", 0) == 0 else f"tg{row['n_gen']}"
+                theirs.setdefault(test + ub, []).append(row.get("avg_ts"))
+    for test in ["pp512"] + [f"pp4096 ub{u}" for u in ubs] + ["tg128"]:
         a, b = ours.get(test, []), theirs.get(test, [])
         ma = statistics.median(a) if a else None
         mb = statistics.median(b) if b else None

@@ -1,4 +1,4 @@
-//! The CUDA backend's attention outside the GEMM route (`attention_gemm.rs`): K and V stored into the
+//! The CUDA backend's attention outside the flash route (`flash.rs`): K and V stored into the
 //! cache (or a staging buffer when the chunk meets a wrapped ring), then the tile kernel, whose last
 //! block per query and head merges the tiles (`kernels/attention.cu`).
 
@@ -9,8 +9,8 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 use tandem_model::backend::AttendRows;
 use tandem_model::ModelError;
 
-use crate::attention_gemm::key_range;
 use crate::device::driver;
+use crate::flash::key_range;
 use crate::int8::ActQuant;
 use crate::kv::GpuSequenceKv;
 use crate::launch::{i32_of, launch_cfg};
@@ -43,10 +43,10 @@ impl CudaModel {
         let t = rows.len();
         // Prefill chunks (never captured, so only in direct launches) take the tensor cores when their
         // keys are contiguous in this buffer.
-        if self.mode.get() == Mode::Normal && routes::attention_route(t, self.deterministic) == AttentionRoute::Gemm {
+        if self.mode.get() == Mode::Normal && routes::attention_route(t, self.deterministic) == AttentionRoute::Flash {
             if let Some(keys) = key_range(positions, window, source) {
-                return self.profiled("attend (GEMM route)", || {
-                    self.attend_gemm(io, rows, kc, vc, keys, positions, window)
+                return self.profiled("attend (flash)", || {
+                    self.attend_flash(io, rows, kc, vc, keys, positions, window)
                 });
             }
         }

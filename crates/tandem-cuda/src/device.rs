@@ -150,6 +150,8 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         ("MATVEC3", [t]) => pair("matvec3_", "matvec3b_", t.to_string()),
         // MMVQ(type, unroll, rows per group, warps per group): the integer kernels, a pair per variant.
         ("MMVQ", [t, u, r, w]) => pair("mmvq_", "mmvqb_", format!("{t}_u{u}_r{r}_s{w}")),
+        // FLASH_ENTRY(head_dim, key tile): one prefill attention kernel per head size.
+        ("FLASH_ENTRY", [d, _]) => vec![format!("flash_prefill_d{d}")],
         _ => return None,
     })
 }
@@ -204,7 +206,17 @@ mod tests {
             assert!(ops.contains(&k.to_string()), "{k} in {ops:?}");
         }
         let att = kernel_names(nvrtc::ATTENTION.body);
-        assert_eq!(att, vec!["attend_tiles", "attend_softmax"]);
+        assert_eq!(att, vec!["attend_tiles"]);
+        let flash = kernel_names(nvrtc::FLASH.body);
+        assert_eq!(
+            flash,
+            [32, 64, 128, 256].map(|d| format!("flash_prefill_d{d}")).to_vec()
+        );
+        // The host's key tile per head size is the one each entry point was built with.
+        for d in [32, 64, 128, 256] {
+            let entry = format!("FLASH_ENTRY({d}, {})", crate::flash::key_tile(d));
+            assert!(nvrtc::FLASH.body.contains(&entry), "{entry}");
+        }
         let quant = kernel_names(nvrtc::QUANT.body);
         assert!(quant.contains(&"matvec_q4_k".to_string()));
         assert!(quant.contains(&"dequant_f16_q6_k".to_string()));

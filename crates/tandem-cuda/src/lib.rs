@@ -3,8 +3,8 @@
 //! - `nvrtc`: kernel sources (`kernels/*.cu`), compiled at run time for the detected architecture and
 //!   cached on disk by source hash and arch.
 //! - `device`: the context, stream, cuBLAS handle and loaded kernels; every CUDA call is checked.
-//! - `routes`: which kernel a call takes, by shape (GPU-free, unit-tested); `attention_gemm`: prefill
-//!   attention by cuBLAS batched GEMMs.
+//! - `routes`: which kernel a call takes, by shape (GPU-free, unit-tested); `flash`: prefill
+//!   attention on the tensor cores, scores kept on chip, and its per-chunk tile plan.
 //! - `kv`: per-sequence f16 caches on the device under the CPU's `RingPlacement` metadata, their
 //!   checkpoints and byte ledger, and the serving engine's `ServingBackend` for `CudaModel`.
 //! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM) and load-time tuning;
@@ -18,9 +18,9 @@
 //! `CudaError::Unavailable` with the reason.
 
 mod attend;
-pub mod attention_gemm;
 mod decode_graph;
 pub mod device;
+pub mod flash;
 pub mod int8;
 pub mod kv;
 pub mod launch;

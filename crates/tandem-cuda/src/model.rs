@@ -3,7 +3,7 @@
 //! activations as f32 device buffers from a pool, KV in `GpuSequenceKv`. Decode steps replay a captured
 //! CUDA graph (`decode_graph.rs`), so every op here runs in one of three modes (`Mode`). The heavier ops
 //! live beside this file: matmuls in `matmul.rs`, row kernels (norms, RoPE, gating) in `rows.rs`,
-//! attention in `attend.rs` (tile route) and `attention_gemm.rs` (prefill GEMM route).
+//! attention in `attend.rs` (tile route) and `flash.rs` (prefill tensor-core route).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -98,6 +98,8 @@ pub struct CudaModel {
     pub(crate) norm_readers: HashMap<String, String>,
     pub memory: GpuMemory,
     pub(crate) uploads: RefCell<Vec<Uploaded>>,
+    /// This pass's flash-attention plans, one per window and key range (`flash.rs`).
+    pub(crate) plans: RefCell<Vec<(crate::flash::PlanKey, Rc<CudaSlice<i32>>)>>,
     pub(crate) mode: Cell<Mode>,
     pub(crate) arena: CudaSlice<i32>,
     pub(crate) staging: RefCell<Vec<i32>>,
@@ -246,6 +248,7 @@ impl Backend for CudaModel {
             // buffer freed during capture would become part of the graph (and fail the capture).
             if self.mode.get() != Mode::Capture {
                 self.uploads.borrow_mut().clear();
+                self.plans.borrow_mut().clear();
             }
             let g = self.matrix(table)?;
             let ids: Vec<usize> = tokens.iter().map(|&t| t as usize).collect();

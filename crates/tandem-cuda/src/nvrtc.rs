@@ -38,7 +38,12 @@ pub const MMVQ: KernelFile = KernelFile {
     body: include_str!("kernels/mmvq.cu"),
 };
 
-pub const ALL: [KernelFile; 4] = [QUANT, MMVQ, OPS, ATTENTION];
+pub const FLASH: KernelFile = KernelFile {
+    name: "flash.cu",
+    body: include_str!("kernels/flash.cu"),
+};
+
+pub const ALL: [KernelFile; 5] = [QUANT, MMVQ, OPS, ATTENTION, FLASH];
 
 /// NVRTC options besides the architecture (no fast math: kernels round as written).
 pub const OPTIONS: [&str; 2] = ["--std=c++17", "--fmad=true"];

@@ -24,10 +24,11 @@
 //!   launch (`kernels/attention.cu`); the merge also writes the output projection's int8 input. A
 //!   query meets the same tiles in the same order however it is chunked, so this is the bit-exact
 //!   route; each query reads its keys itself, which is what a single decode query needs anyway.
-//! - `t > MATVEC_MAX_ROWS` (prefill): `Gemm` — the scores of the whole chunk by cuBLAS batched GEMMs on
-//!   the tensor cores, a masked softmax to f16, and P·V by cuBLAS (`attention_gemm.rs`): every key is
-//!   read once per chunk instead of once per query. It needs the chunk's keys contiguous in the
-//!   buffer; where a ring wraps inside them, the chunk takes `Tiles`.
+//! - `t > MATVEC_MAX_ROWS` (prefill): `Flash` — blocks of 64 queries walk the key tiles with a running
+//!   softmax, Q·Kᵀ and P·V on the tensor cores, the scores kept on chip (`flash.rs`): each key is read
+//!   once per 64 queries, and tiles wholly outside the causal triangle or the window are never
+//!   visited (the chunk's tile plan, made once and shared by its layers). It needs the chunk's keys
+//!   contiguous in the buffer; where a ring wraps inside them, the chunk takes `Tiles`.
 //!
 //! On either route, what changes with the chunk is where the keys are read from (`KvRoute`: the cache
 //! in place, or a staged copy when the chunk would overwrite ring rows its own early queries still
@@ -71,7 +72,7 @@ pub fn matmul_route(t: usize, deterministic: bool, one_row_cublas: bool) -> Matm
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionRoute {
     Tiles,
-    Gemm,
+    Flash,
 }
 
 /// The attention route for a chunk of `t` queries (see the route tree above).
@@ -79,7 +80,7 @@ pub fn attention_route(t: usize, deterministic: bool) -> AttentionRoute {
     if deterministic || t <= MATVEC_MAX_ROWS {
         AttentionRoute::Tiles
     } else {
-        AttentionRoute::Gemm
+        AttentionRoute::Flash
     }
 }
 
@@ -205,7 +206,7 @@ mod tests {
     fn prefill_chunks_attend_on_the_tensor_cores_except_in_deterministic_mode() {
         assert_eq!(attention_route(1, false), AttentionRoute::Tiles);
         assert_eq!(attention_route(MATVEC_MAX_ROWS, false), AttentionRoute::Tiles);
-        assert_eq!(attention_route(MATVEC_MAX_ROWS + 1, false), AttentionRoute::Gemm);
+        assert_eq!(attention_route(MATVEC_MAX_ROWS + 1, false), AttentionRoute::Flash);
         assert_eq!(attention_route(512, true), AttentionRoute::Tiles);
     }
 

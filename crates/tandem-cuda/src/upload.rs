@@ -320,6 +320,7 @@ impl CudaModel {
             norm_readers,
             memory,
             uploads: RefCell::new(Vec::new()),
+            plans: RefCell::new(Vec::new()),
             mode: Cell::new(Mode::Normal),
             arena,
             staging: RefCell::new(Vec::new()),

@@ -4,12 +4,14 @@
 //!    fresh random activations; the matvec and GEMM routes against an f64 reference over the same
 //!    dequantized weights, outputs poisoned with NaN first so an unwritten element fails; the matvec
 //!    must also give every row the same bits alone and batched. The integer route (`int8.rs`) must
-//!    also quantize activations to the CPU backend's bits.
+//!    also quantize activations to the CPU backend's bits. The prefill attention kernel (`flash.rs`)
+//!    against an f64 softmax.
 //! 2. Models: a prompt prefilled and then greedy decoding on both backends; tokens must agree up to the
 //!    first step whose CPU top-2 margin is below 0.1; the largest relative logit error is reported.
 //! 3. Deterministic mode (the model loaded again as `--deterministic` loads it): `logits_sha256` of
 //!    teacher-forced scoring must match across chunk sizes.
 
+mod flash;
 mod int8;
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -222,6 +224,7 @@ fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
             pass: worst_gemm < gemm_bound,
         });
     }
+    flash::flash_checks(gpu, &mut rng, table)?;
     Ok(())
 }
 

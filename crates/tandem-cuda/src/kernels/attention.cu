@@ -228,39 +228,3 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles(
     __syncthreads();
     if (w == 0) q8k_block(staged, a, n_t, qi, cols, h0 * head_dim / 256);
 }
-
-// Sum or maximum over a block of up to 1024 threads in a fixed tree; every thread gets the result.
-__device__ float block_reduce(float v, bool is_max) {
-    __shared__ float part[32];
-    v = is_max ? warp_max(v) : warp_sum(v);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    int n = blockDim.x >> 5;
-    float r = part[0];
-    for (int k = 1; k < n; k++) r = is_max ? fmaxf(r, part[k]) : r + part[k];
-    return r;
-}
-
-// The prefill GEMM route's softmax (`attention_gemm.rs`): S holds the scaled scores [h][i][j] of query
-// i against the key at position key_lo + j; P receives, rounded to f16, the softmax over the keys
-// query i may see (positions [max(key_lo, p + 1 - window), p]) and 0 for every other key. One block
-// per (query, head).
-extern "C" __global__ void __launch_bounds__(256) attend_softmax(const float* __restrict__ S, u16* __restrict__ P,
-                                                                 const int* __restrict__ pos, int t, int nk,
-                                                                 int key_lo, int window) {
-    int i = blockIdx.x, h = blockIdx.y;
-    const float* s = S + ((size_t)h * t + i) * nk;
-    u16* pr = P + ((size_t)h * t + i) * nk;
-    int p = pos[i];
-    int first = window > 0 ? max(key_lo, p + 1 - window) : key_lo;
-    int jlo = first - key_lo, jhi = p - key_lo;
-    float m = -INFINITY;
-    for (int j = jlo + threadIdx.x; j <= jhi; j += blockDim.x) m = fmaxf(m, s[j]);
-    m = block_reduce(m, true);
-    float sum = 0.f;
-    for (int j = jlo + threadIdx.x; j <= jhi; j += blockDim.x) sum += expf(s[j] - m);
-    float inv = 1.f / block_reduce(sum, false);
-    for (int j = threadIdx.x; j < nk; j += blockDim.x)
-        pr[j] = (j >= jlo && j <= jhi) ? f2h(expf(s[j] - m) * inv) : (u16)0;
-}

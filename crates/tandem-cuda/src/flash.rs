@@ -1,0 +1,376 @@
+//! Prefill attention on the tensor cores (`kernels/flash.cu`), for chunks longer than
+//! `MATVEC_MAX_ROWS` outside deterministic mode (`routes::attention_route`): a block takes 64 queries
+//! of one head and walks the key tiles they may see with a running softmax, so the scores never leave
+//! the chip and each key row is read once per 64 queries.
+//!
+//! Which key tiles each query tile reads, and which of them the causal or window edge cuts through,
+//! is the chunk's *plan* (`plan`): made on the host once per chunk and key range, uploaded once, and
+//! shared by every layer that reads the same range (`CudaModel::flash_plan`).
+//!
+//! The kernel needs the chunk's keys contiguous in the buffer (`key_range`): always so for global
+//! layers, staged buffers and rings that have not wrapped inside the range; otherwise the tile kernel
+//! takes the chunk.
+
+use std::ops::Range;
+use std::rc::Rc;
+
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
+use tandem_model::backend::AttendRows;
+
+use crate::device::{driver, Gpu};
+use crate::launch::{i32_of, launch_cfg};
+use crate::model::{CudaModel, GpuAct};
+use crate::CudaError;
+
+/// Query rows per block (`FA_ROWS` in `kernels/flash.cu`).
+pub const QUERY_TILE: usize = 64;
+/// Threads per block (`FA_THREADS`).
+const THREADS: u32 = 128;
+
+/// Keys per tile for a head size (the `FLASH_ENTRY` list in `kernels/flash.cu`): 256-wide heads take
+/// half the keys, so that their output accumulators and scores still fit in registers.
+pub fn key_tile(head_dim: usize) -> usize {
+    if head_dim > 128 {
+        32
+    } else {
+        64
+    }
+}
+
+/// The keys a chunk reads: logical positions `lo .. lo + n`, at physical rows `phys .. phys + n`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRange {
+    pub lo: usize,
+    pub n: usize,
+    pub phys: usize,
+}
+
+/// The keys queries at `positions` may see in a buffer of `capacity` rows holding positions from
+/// `origin_logical` at physical row `origin_physical`, or `None` when they wrap around its end.
+pub fn key_range(
+    positions: &[usize],
+    window: Option<usize>,
+    (capacity, origin_logical, origin_physical): (usize, usize, usize),
+) -> Option<KeyRange> {
+    let lo = positions
+        .iter()
+        .map(|&p| first_key(p, window).max(origin_logical))
+        .min()?;
+    let n = (positions.iter().max()? + 1).checked_sub(lo)?;
+    let phys = (origin_physical + lo - origin_logical) % capacity;
+    (phys + n <= capacity).then_some(KeyRange { lo, n, phys })
+}
+
+/// The first position a query at `p` sees.
+fn first_key(p: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| (p + 1).saturating_sub(w))
+}
+
+/// The chunk's plan: `plan[i] .. plan[i + 1]` index the entries of query tile `i` (of `QUERY_TILE`
+/// rows), each `key_tile_index * 2 + partial`. A key tile is listed when some query of the tile may
+/// see one of its keys; it is dense (`partial` 0, no mask) when every query sees every key of it.
+/// Queries see keys from `max(keys.lo, p + 1 - window)` through their own position `p`.
+pub fn plan(positions: &[usize], window: Option<usize>, keys: KeyRange, key_tile: usize) -> Vec<i32> {
+    let query_tiles = positions.chunks(QUERY_TILE);
+    let n_qt = query_tiles.len();
+    let n_kt = keys.n.div_ceil(key_tile);
+    let mut offsets = Vec::with_capacity(n_qt + 1);
+    let mut entries = Vec::new();
+    for rows in query_tiles {
+        offsets.push(n_qt + 1 + entries.len());
+        let firsts = rows.iter().map(|&p| first_key(p, window).max(keys.lo));
+        let (first_min, first_max) = (firsts.clone().min().unwrap_or(0), firsts.max().unwrap_or(0));
+        let (last_min, last_max) = (
+            rows.iter().copied().min().unwrap_or(0),
+            rows.iter().copied().max().unwrap_or(0),
+        );
+        for kt in 0..n_kt {
+            let lo = keys.lo + kt * key_tile;
+            let hi = keys.lo + keys.n.min((kt + 1) * key_tile) - 1;
+            if hi < first_min || lo > last_max {
+                continue;
+            }
+            let full = (kt + 1) * key_tile <= keys.n;
+            let dense = full && lo >= first_max && hi <= last_min;
+            entries.push(kt * 2 + usize::from(!dense));
+        }
+    }
+    offsets.push(n_qt + 1 + entries.len());
+    offsets.into_iter().chain(entries).map(|x| x as i32).collect()
+}
+
+/// Shapes and scalars of one flash-attention launch.
+#[derive(Clone, Copy, Debug)]
+pub struct FlashShape {
+    /// Query rows in the chunk.
+    pub t: usize,
+    pub keys: KeyRange,
+    pub window: Option<usize>,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Multiplies Q·K before the softmax.
+    pub scale: f32,
+}
+
+/// Attention of `t` query rows (`q`, f32, `n_head * head_dim` wide) over `keys.n` key and value rows
+/// (`kc`, `vc`: f16, `n_kv_head * head_dim` wide, starting at the chunk's first key) into `out` (f32,
+/// as wide as `q`). `pos`: the queries' positions; `plan`: `plan(...)` for the same arguments.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_into(
+    gpu: &Gpu,
+    s: FlashShape,
+    q: &CudaView<'_, f32>,
+    kc: &CudaView<'_, u16>,
+    vc: &CudaView<'_, u16>,
+    pos: &CudaView<'_, i32>,
+    plan: &CudaView<'_, i32>,
+    out: &mut CudaViewMut<'_, f32>,
+) -> Result<(), CudaError> {
+    if !matches!(s.head_dim, 32 | 64 | 128 | 256) {
+        return Err(CudaError::UnsupportedHeadDim(s.head_dim));
+    }
+    let (qw, kvw) = (s.n_head * s.head_dim, s.n_kv_head * s.head_dim);
+    let too_small = |what: &str, have: usize, need: usize| CudaError::Driver {
+        what: format!("flash attention {what}"),
+        err: format!("{have} elements, {need} needed"),
+    };
+    if q.len() < s.t * qw || out.len() < s.t * qw {
+        return Err(too_small("queries or output", q.len().min(out.len()), s.t * qw));
+    }
+    if kc.len() < s.keys.n * kvw || vc.len() < s.keys.n * kvw {
+        return Err(too_small("keys or values", kc.len().min(vc.len()), s.keys.n * kvw));
+    }
+    let name = format!("flash_prefill_d{}", s.head_dim);
+    let f = gpu.function(&name)?;
+    let ints = |n: usize, what: &str| i32_of(n, what);
+    let (t, nk, lo) = (
+        ints(s.t, "t")?,
+        ints(s.keys.n, "keys")?,
+        ints(s.keys.lo, "key position")?,
+    );
+    let (win, qwi, kvwi) = (
+        ints(s.window.unwrap_or(0), "window")?,
+        ints(qw, "q width")?,
+        ints(kvw, "kv width")?,
+    );
+    let group = ints(s.n_head / s.n_kv_head, "kv group")?;
+    let scale_log2 = s.scale * std::f32::consts::LOG2_E;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(q)
+        .arg(kc)
+        .arg(vc)
+        .arg(out)
+        .arg(pos)
+        .arg(plan)
+        .arg(&t)
+        .arg(&nk)
+        .arg(&lo)
+        .arg(&win)
+        .arg(&qwi)
+        .arg(&kvwi)
+        .arg(&group)
+        .arg(&scale_log2);
+    let grid = (s.t.div_ceil(QUERY_TILE) as u32, s.n_head as u32, 1);
+    driver(&name, unsafe { b.launch(launch_cfg(grid, THREADS)) })?;
+    Ok(())
+}
+
+/// What a chunk's plan depends on besides its positions (fixed for the pass): window and key range.
+pub(crate) type PlanKey = (Option<usize>, KeyRange);
+
+impl CudaModel {
+    /// The plan of this pass's chunk for `keys` and `window`: made and uploaded by the first layer
+    /// that asks, reused by the others (the memo is cleared when the next pass embeds its tokens).
+    fn flash_plan(
+        &self,
+        positions: &[usize],
+        window: Option<usize>,
+        keys: KeyRange,
+    ) -> Result<Rc<CudaSlice<i32>>, CudaError> {
+        let key = (window, keys);
+        if let Some((_, p)) = self.plans.borrow().iter().find(|(k, _)| *k == key) {
+            return Ok(Rc::clone(p));
+        }
+        let tile = key_tile(self.cpu.config.head_dim);
+        let p = Rc::new(self.gpu.upload(&plan(positions, window, keys, tile))?);
+        self.plans.borrow_mut().push((key, Rc::clone(&p)));
+        Ok(p)
+    }
+
+    /// Attention of `rows` of `io` over keys `keys` of `kc`/`vc` on the flash route.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attend_flash(
+        &self,
+        io: &mut AttendRows<'_, GpuAct>,
+        rows: &Range<usize>,
+        kc: &CudaSlice<u16>,
+        vc: &CudaSlice<u16>,
+        keys: KeyRange,
+        positions: &[usize],
+        window: Option<usize>,
+    ) -> Result<(), CudaError> {
+        let c = &self.cpu.config;
+        let (qw, kvw) = (c.q_width(), c.kv_width());
+        let plan = self.flash_plan(positions, window, keys)?;
+        let pos = self.param(positions, "position")?;
+        let shape = FlashShape {
+            t: rows.len(),
+            keys,
+            window,
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            scale: c.attn_scale,
+        };
+        let key_rows = keys.phys * kvw..(keys.phys + keys.n) * kvw;
+        let q = io.q.buf()?.slice(rows.start * qw..rows.end * qw);
+        let mut out = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
+        flash_attention_into(
+            &self.gpu,
+            shape,
+            &q,
+            &kc.slice(key_rows.clone()),
+            &vc.slice(key_rows),
+            &self.view(&pos),
+            &plan.as_view(),
+            &mut out,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_global_cache_gives_every_key_from_the_start() {
+        let positions: Vec<usize> = (512..1024).collect();
+        let k = key_range(&positions, None, (4096, 0, 0)).unwrap();
+        assert_eq!(
+            k,
+            KeyRange {
+                lo: 0,
+                n: 1024,
+                phys: 0
+            }
+        );
+    }
+
+    #[test]
+    fn a_window_starts_at_the_first_query_window() {
+        // Window 512, queries 600..700: the first query sees 89..=600.
+        let positions: Vec<usize> = (600..700).collect();
+        let k = key_range(&positions, Some(512), (8192, 0, 0)).unwrap();
+        assert_eq!(
+            k,
+            KeyRange {
+                lo: 89,
+                n: 611,
+                phys: 89
+            }
+        );
+    }
+
+    #[test]
+    fn keys_that_wrap_around_a_ring_are_refused() {
+        // A ring of 8 holding 12..20 from physical 4; queries 18, 19 with window 8 need 11..=19,
+        // clamped to 12..=19: physical 4..8 then 0..4, which wraps.
+        assert_eq!(key_range(&[18, 19], Some(8), (8, 12, 4)), None);
+        // A staging buffer (origin physical 0) is contiguous.
+        assert_eq!(
+            key_range(&[18, 19], Some(8), (10, 12, 0)),
+            Some(KeyRange { lo: 12, n: 8, phys: 0 })
+        );
+    }
+
+    /// The plan's entries as (query tile, key tile, partial).
+    fn entries(plan: &[i32]) -> Vec<(usize, usize, bool)> {
+        let n_qt = plan[0] as usize - 1;
+        (0..n_qt)
+            .flat_map(|i| {
+                (plan[i] as usize..plan[i + 1] as usize).map(move |e| (i, plan[e] as usize / 2, plan[e] % 2 == 1))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_causal_chunk_reads_the_lower_triangle_with_partial_diagonal_tiles() {
+        // 128 queries at 0..128 over keys 0..128, tiles of 64: tile 0 sees key tile 0 (diagonal),
+        // tile 1 sees key tile 0 whole and key tile 1 on its diagonal.
+        let positions: Vec<usize> = (0..128).collect();
+        let keys = key_range(&positions, None, (4096, 0, 0)).unwrap();
+        let p = plan(&positions, None, keys, 64);
+        assert_eq!(entries(&p), vec![(0, 0, true), (1, 0, false), (1, 1, true)]);
+    }
+
+    #[test]
+    fn a_chunk_after_a_prefix_reads_the_prefix_densely() {
+        // 100 queries at 1000..1100 over keys 0..1100: 17 full key tiles below 1000 are dense for
+        // both query tiles except where the diagonal or the short last tile cuts them.
+        let positions: Vec<usize> = (1000..1100).collect();
+        let keys = key_range(&positions, None, (4096, 0, 0)).unwrap();
+        let e = entries(&plan(&positions, None, keys, 64));
+        // Query tile 0 (1000..1064): key tiles 0..=16 (keys up to 1087); tile 15 holds 960..1023,
+        // which query 1000 only partly sees; tile 16 (1024..1087) is cut by the diagonal.
+        let t0: Vec<_> = e.iter().filter(|x| x.0 == 0).collect();
+        assert_eq!(t0.len(), 17);
+        assert!(t0[..15].iter().all(|x| !x.2));
+        assert!(t0[15].2 && t0[16].2);
+        // Query tile 1 (1064..1100): key tile 17 (1088..1099) is short, so partial.
+        let t1: Vec<_> = e.iter().filter(|x| x.0 == 1).collect();
+        assert_eq!(t1.len(), 18);
+        assert!(t1[..16].iter().all(|x| !x.2));
+        assert!(t1[16].2 && t1[17].2);
+    }
+
+    #[test]
+    fn a_window_drops_the_tiles_behind_it() {
+        // Window 100, queries 1000..1064 see keys from 901..=964 on: key range 901..1064, tiles of
+        // 32 from 901. Only 965..=996 is seen whole by every query; the others meet a query that
+        // misses part of them.
+        let positions: Vec<usize> = (1000..1064).collect();
+        let keys = key_range(&positions, Some(100), (4096, 0, 0)).unwrap();
+        assert_eq!(keys.lo, 901);
+        let e = entries(&plan(&positions, Some(100), keys, 32));
+        assert_eq!(e.len(), keys.n.div_ceil(32));
+        let dense: Vec<usize> = e.iter().filter(|x| !x.2).map(|x| x.1).collect();
+        assert_eq!(dense, vec![2]);
+        // A later query tile no longer lists the tiles its window has passed.
+        let later: Vec<usize> = (1200..1264).collect();
+        let keys = key_range(&later, Some(100), (4096, 0, 0)).unwrap();
+        let all: Vec<usize> = (1000..1264).collect();
+        let from_start = key_range(&all, Some(100), (4096, 0, 0)).unwrap();
+        let e = entries(&plan(&all, Some(100), from_start, 32));
+        let first_tile_of_last = e.iter().filter(|x| x.0 == 3).map(|x| x.1).min().unwrap();
+        assert_eq!(from_start.lo + first_tile_of_last * 32, 1093);
+        assert_eq!(keys.lo, 1101);
+        // A window wider than the whole range changes nothing against no window.
+        let wide = key_range(&positions, Some(5000), (4096, 0, 0)).unwrap();
+        assert_eq!(plan(&positions, Some(5000), wide, 64), plan(&positions, None, wide, 64));
+    }
+
+    #[test]
+    fn every_visible_pair_is_in_a_listed_tile_and_dense_tiles_hide_nothing() {
+        // Exhaustive on a small case with a window: a pair (query, key) is visible iff its tile is
+        // listed and, when dense, every pair of the tile is visible.
+        for window in [None, Some(7), Some(70)] {
+            let positions: Vec<usize> = (40..240).collect();
+            let keys = key_range(&positions, window, (4096, 0, 0)).unwrap();
+            let p = plan(&positions, window, keys, 32);
+            let listed = entries(&p);
+            for (r, &pos) in positions.iter().enumerate() {
+                for j in 0..keys.n {
+                    let kp = keys.lo + j;
+                    let visible = kp <= pos && kp >= first_key(pos, window);
+                    let tile = listed.iter().find(|x| x.0 == r / QUERY_TILE && x.1 == j / 32);
+                    match tile {
+                        None => assert!(!visible, "query {pos} key {kp} window {window:?}"),
+                        Some(&(_, _, false)) => assert!(visible, "dense tile hides query {pos} key {kp}"),
+                        Some(_) => {}
+                    }
+                }
+            }
+        }
+    }
+}
