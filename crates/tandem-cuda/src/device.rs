@@ -150,8 +150,8 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         ("MATVEC3", [t]) => pair("matvec3_", "matvec3b_", t.to_string()),
         // MMVQ(type, unroll, rows per group, warps per group): the integer kernels, a pair per variant.
         ("MMVQ", [t, u, r, w]) => pair("mmvq_", "mmvqb_", format!("{t}_u{u}_r{r}_s{w}")),
-        // FLASH_ENTRY(head_dim, key tile): one prefill attention kernel per head size.
-        ("FLASH_ENTRY", [d, _]) => vec![format!("flash_prefill_d{d}")],
+        // FLASH_ENTRY(head size, key tile, m-tiles, r|s): the prefill attention variants.
+        ("FLASH_ENTRY", [d, k, m, q]) => vec![format!("flash_prefill_d{d}_k{k}_m{m}_{q}")],
         _ => return None,
     })
 }
@@ -207,16 +207,18 @@ mod tests {
         }
         let att = kernel_names(nvrtc::ATTENTION.body);
         assert_eq!(att, vec!["attend_tiles"]);
+        // The host's table of flash variants is the list of entry points, in order.
         let flash = kernel_names(nvrtc::FLASH.body);
-        assert_eq!(
-            flash,
-            [32, 64, 128, 256].map(|d| format!("flash_prefill_d{d}")).to_vec()
-        );
-        // The host's key tile per head size is the one each entry point was built with.
+        let table: Vec<String> = crate::flash::VARIANTS.iter().map(|v| v.kernel()).collect();
+        assert_eq!(flash, table);
         for d in [32, 64, 128, 256] {
-            let entry = format!("FLASH_ENTRY({d}, {})", crate::flash::key_tile(d));
-            assert!(nvrtc::FLASH.body.contains(&entry), "{entry}");
+            for t in [9, 512, 4096] {
+                assert_eq!(crate::flash::chosen(d, t).map(|v| v.head_dim), Some(d));
+            }
         }
+        assert_eq!(crate::flash::chosen(128, 4096).map(|v| v.m_tiles), Some(2));
+        assert_eq!(crate::flash::chosen(128, 512).map(|v| v.m_tiles), Some(1));
+        assert_eq!(crate::flash::chosen(96, 512), None);
         let quant = kernel_names(nvrtc::QUANT.body);
         assert!(quant.contains(&"matvec_q4_k".to_string()));
         assert!(quant.contains(&"dequant_f16_q6_k".to_string()));

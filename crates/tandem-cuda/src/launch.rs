@@ -154,6 +154,19 @@ pub fn gemm_into(
     out: &mut CudaSlice<f32>,
 ) -> Result<(), CudaError> {
     to_f16_into(gpu, &x.as_view(), x16, t * cols)?;
+    gemm_f16_into(gpu, w16, x16, t, rows, cols, out)
+}
+
+/// `out[t] = W16 · x16[t]` for activations already in f16.
+pub(crate) fn gemm_f16_into(
+    gpu: &Gpu,
+    w16: &CudaView<'_, u16>,
+    x16: &CudaSlice<u16>,
+    t: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut CudaSlice<f32>,
+) -> Result<(), CudaError> {
     let stream = &gpu.stream;
     let (alpha, beta) = (1f32, 0f32);
     {

@@ -7,7 +7,7 @@ use tandem_model::weights::Matrix;
 use tandem_model::ModelError;
 
 use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, ActQuant, MmvqTarget};
-use crate::launch::{gemm_into, matvec_into, DecodeKernel};
+use crate::launch::{gemm_f16_into, matvec_into, to_f16_into, DecodeKernel};
 use crate::model::{CudaModel, GpuAct, Mode};
 use crate::routes::{self, MatmulRoute};
 use crate::upload::GpuMatrix;
@@ -28,19 +28,23 @@ impl std::fmt::Display for MatmulShape {
 }
 
 impl CudaModel {
-    /// `out[t] = W16 · f16(x[t])` through cuBLAS (f32 accumulation).
-    pub(crate) fn gemm(
-        &self,
-        w16: &CudaView<'_, u16>,
-        x: &CudaSlice<f32>,
-        t: usize,
-        rows: usize,
-        cols: usize,
-    ) -> Result<GpuAct, CudaError> {
+    /// `out[t] = W16 · f16(x[t])` through cuBLAS (f32 accumulation). `x` is rounded to f16 once for
+    /// all the GEMMs that read it.
+    pub(crate) fn gemm(&self, w16: &CudaView<'_, u16>, x: &GpuAct, rows: usize) -> Result<GpuAct, CudaError> {
+        let (t, cols) = (x.rows, x.width);
         let mut out = self.act(t, rows)?;
-        let may_allocate = self.mode.get() == Mode::Normal;
-        let mut x16 = self.u16_pool.take(&self.gpu, t * cols, may_allocate)?;
-        gemm_into(&self.gpu, w16, x, &mut x16, t, rows, cols, out.buf_mut()?)?;
+        let mut cached = x.f16.borrow_mut();
+        if cached.is_none() {
+            let may_allocate = self.mode.get() == Mode::Normal;
+            let mut x16 = self.u16_pool.take(&self.gpu, t * cols, may_allocate)?;
+            to_f16_into(&self.gpu, &x.buf()?.as_view(), &mut x16, t * cols)?;
+            *cached = Some(x16);
+        }
+        let x16 = cached.as_deref().ok_or_else(|| CudaError::Driver {
+            what: "f16 activations".into(),
+            err: "missing after conversion".into(),
+        })?;
+        gemm_f16_into(&self.gpu, w16, x16, t, rows, cols, out.buf_mut()?)?;
         Ok(out)
     }
 
@@ -93,6 +97,12 @@ impl CudaModel {
         }
     }
 
+    /// Whether `reader` takes the GEMM route for `t` rows (so the kernel producing its input can also
+    /// write the f16 operand, saving a conversion).
+    pub(crate) fn f16_input(&self, reader: &str, t: usize) -> bool {
+        self.matrices.get(reader).is_some_and(|g| !self.takes_matvec(g, t))
+    }
+
     /// `Backend::matmul`.
     pub(crate) fn matmul_rows(&self, m: &Matrix, x: &GpuAct) -> Result<GpuAct, ModelError> {
         let t = x.rows;
@@ -107,9 +117,7 @@ impl CudaModel {
             t,
         };
         let out = match (self.takes_matvec(g, t), g.f16_view()?) {
-            (false, Some(w16)) => self.profiled(format_args!("gemm {shape}"), || {
-                self.gemm(&w16, x.buf()?, t, m.rows, m.cols)
-            })?,
+            (false, Some(w16)) => self.profiled(format_args!("gemm {shape}"), || self.gemm(&w16, x, m.rows))?,
             _ => {
                 let mut out = self.act(t, m.rows)?;
                 match g.decode {

@@ -35,6 +35,9 @@ pub struct GpuAct {
     /// These rows quantized for the integer route, made by the first matmul that needs them and
     /// reused by the others reading the same input (q, k and v; gate and up). Cleared on any write.
     pub(crate) int8: RefCell<Vec<(ActQuant, DevBuf<u8>)>>,
+    /// These rows rounded to f16 for the GEMM route, made by the first GEMM reading them and reused by
+    /// the others (q, k and v; gate and up). Cleared on any write.
+    pub(crate) f16: RefCell<Option<DevBuf<u16>>>,
 }
 
 impl GpuAct {
@@ -44,6 +47,7 @@ impl GpuAct {
 
     pub(crate) fn buf_mut(&mut self) -> Result<&mut CudaSlice<f32>, CudaError> {
         self.int8.get_mut().clear();
+        self.f16.get_mut().take();
         self.buf.as_deref_mut().ok_or_else(dry_buffer)
     }
 }
@@ -160,6 +164,7 @@ impl CudaModel {
             rows,
             width,
             int8: RefCell::new(Vec::new()),
+            f16: RefCell::new(None),
         })
     }
 

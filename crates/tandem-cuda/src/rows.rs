@@ -1,5 +1,6 @@
-//! The CUDA backend's row kernels: the residual add with the next pre-norm (and the quantization of
-//! its output for the integer kernels), RoPE, and the gated activation.
+//! The CUDA backend's row kernels: the residual add with the next pre-norm, RoPE, and the gated
+//! activation. The norm and gating kernels also write their output in the form its reader takes:
+//! quantized for the integer matvecs, or f16 for the GEMM route.
 
 use cudarc::driver::PushKernelArg;
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
@@ -28,6 +29,7 @@ const RN_POST: i32 = 2;
 const RN_NORM: i32 = 4;
 const RN_Q8K: i32 = 8;
 const RN_Q8: i32 = 16;
+const RN_F16: i32 = 32;
 const RN_MAX_Q8K_WIDTH: usize = 8192;
 
 /// The kernels' flag for writing activations quantized as `fmt`.
@@ -80,10 +82,22 @@ impl CudaModel {
             if let Some(fmt) = quant {
                 flags |= quant_flag(fmt);
             }
+            // Otherwise rounded to f16 here when its readers take the GEMM route.
+            let half = quant.is_none()
+                && norm
+                    .and_then(|n| self.norm_readers.get(&n.name))
+                    .is_some_and(|reader| self.f16_input(reader, x.rows));
+            if half {
+                flags |= RN_F16;
+            }
             let may_allocate = self.mode.get() == Mode::Normal;
             let mut a = match quant {
                 Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(x.rows, x.width), may_allocate)?),
                 None => None,
+            };
+            let mut h = match half {
+                true => Some(self.u16_pool.take(&self.gpu, x.rows * x.width, may_allocate)?),
+                false => None,
             };
             // Pointers the flags leave unread stand in for absent operands.
             let any_norm = self.norm(&self.cpu.weights.output_norm)?;
@@ -103,9 +117,10 @@ impl CudaModel {
             };
             b.arg(norm_w).arg(&width).arg(&eps).arg(&flags);
             let no_quants = 0u64;
-            match a.as_deref_mut() {
-                Some(a) => b.arg(a),
-                None => b.arg(&no_quants),
+            match (a.as_deref_mut(), h.as_deref_mut()) {
+                (Some(a), _) => b.arg(a),
+                (None, Some(h)) => b.arg(h),
+                (None, None) => b.arg(&no_quants),
             };
             b.arg(&n_t);
             driver("add_norm_to", unsafe {
@@ -113,6 +128,9 @@ impl CudaModel {
             })?;
             if let (Some(o), Some(fmt), Some(a)) = (out.as_ref(), quant, a) {
                 o.int8.borrow_mut().push((fmt, a));
+            }
+            if let (Some(o), Some(h)) = (out.as_ref(), h) {
+                *o.f16.borrow_mut() = Some(h);
             }
             Ok(out)
         })
@@ -179,16 +197,27 @@ impl CudaModel {
             let quant = self
                 .int8_input(&reader.name, gate.rows)
                 .filter(|_| gate.width.is_multiple_of(256));
+            let may_allocate = self.mode.get() == Mode::Normal;
             let Some(fmt) = quant else {
+                // Rounded to f16 here when the reader takes the GEMM route.
                 let n = gate.rows * gate.width;
+                let mut h = match self.f16_input(&reader.name, gate.rows) {
+                    true => Some(self.u16_pool.take(&self.gpu, n, may_allocate)?),
+                    false => None,
+                };
                 let n64 = n as u64;
                 let f = self.gpu.function("gated")?;
                 let mut b = self.gpu.stream.launch_builder(f);
                 b.arg(gate.buf_mut()?).arg(up.buf()?).arg(&n64).arg(&a);
+                let no_half = 0u64;
+                match h.as_deref_mut() {
+                    Some(h) => b.arg(h),
+                    None => b.arg(&no_half),
+                };
                 driver("gated", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
+                *gate.f16.get_mut() = h;
                 return Ok(());
             };
-            let may_allocate = self.mode.get() == Mode::Normal;
             let mut q = self
                 .u8_pool
                 .take(&self.gpu, fmt.bytes(gate.rows, gate.width), may_allocate)?;
@@ -225,6 +254,7 @@ mod tests {
             ("RN_NORM", RN_NORM),
             ("RN_Q8K", RN_Q8K),
             ("RN_Q8", RN_Q8),
+            ("RN_F16", RN_F16),
             ("RN_MAX_Q8K_WIDTH", RN_MAX_Q8K_WIDTH as i32),
         ] {
             let value = v.to_string();

@@ -1,11 +1,14 @@
 //! The prefill attention kernel (`tandem_cuda::flash`) against an f64 softmax on the host: fresh
-//! random queries, keys and values, each head size the kernel is built for, grouped KV heads, a
-//! window, chunks that start after a prefix and end mid-tile; the output poisoned with NaN first.
+//! random queries, keys and values, every compiled variant, grouped KV heads, windows, chunks that
+//! start after a prefix and end mid-tile; the output poisoned with NaN first. With `--bench-kernels`,
+//! the variants for 128-wide heads are timed on the Llama-3-8B shape.
+
+use std::time::Instant;
 
 use anyhow::Result;
 use half::f16;
-use tandem_cuda::flash::{flash_attention_into, key_range, key_tile, plan, FlashShape};
-use tandem_cuda::Gpu;
+use tandem_cuda::flash::{chosen, flash_attention_into, key_range, plan, FlashShape, FlashVariant, KeyRange, VARIANTS};
+use tandem_cuda::{CudaSlice, Gpu};
 
 use super::{rel_err, Rng, Row};
 
@@ -67,51 +70,147 @@ pub(super) fn flash_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Re
         },
     ];
     for c in cases {
-        let positions: Vec<usize> = (c.prefix..c.prefix + c.t).collect();
-        let capacity = c.prefix + c.t;
-        let keys = key_range(&positions, c.window, (capacity, 0, 0)).expect("a global buffer is contiguous");
-        let (qw, kvw) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let q: Vec<f32> = (0..c.t * qw).map(|_| rng.normal()).collect();
-        let k16: Vec<f16> = (0..capacity * kvw).map(|_| f16::from_f32(rng.normal())).collect();
-        let v16: Vec<f16> = (0..capacity * kvw).map(|_| f16::from_f32(rng.normal())).collect();
-        let reference = reference(&c, &positions, &q, &k16, &v16, scale);
+        for v in VARIANTS.iter().filter(|v| v.head_dim == c.head_dim) {
+            check_case(gpu, rng, &c, *v, table)?;
+        }
+    }
+    Ok(())
+}
 
-        let bits = |v: &[f16]| v.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
-        let (q_dev, k_dev, v_dev) = (gpu.upload(&q)?, gpu.upload(&bits(&k16))?, gpu.upload(&bits(&v16))?);
-        let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
-        let pos_dev = gpu.upload(&pos)?;
-        let plan_dev = gpu.upload(&plan(&positions, c.window, keys, key_tile(c.head_dim)))?;
-        let mut out = gpu.upload(&vec![f32::NAN; c.t * qw])?;
-        let key_rows = keys.phys * kvw..(keys.phys + keys.n) * kvw;
-        let shape = FlashShape {
-            t: c.t,
-            keys,
-            window: c.window,
-            n_head: c.n_head,
-            n_kv_head: c.n_kv_head,
-            head_dim: c.head_dim,
-            scale,
+/// Device copies of one case's inputs.
+struct Inputs {
+    positions: Vec<usize>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<u16>,
+    v: CudaSlice<u16>,
+    pos: CudaSlice<i32>,
+}
+
+fn upload(gpu: &Gpu, c: &Case, q: &[f32], k16: &[f16], v16: &[f16]) -> Result<Inputs> {
+    let positions: Vec<usize> = (c.prefix..c.prefix + c.t).collect();
+    let bits = |v: &[f16]| v.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
+    let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+    Ok(Inputs {
+        q: gpu.upload(q)?,
+        k: gpu.upload(&bits(k16))?,
+        v: gpu.upload(&bits(v16))?,
+        pos: gpu.upload(&pos)?,
+        positions,
+    })
+}
+
+/// The keys of case `c` (its buffer holds positions from 0) and variant `v`'s plan for them.
+fn plan_for(gpu: &Gpu, c: &Case, v: FlashVariant, inp: &Inputs) -> Result<(KeyRange, CudaSlice<i32>)> {
+    let keys = key_range(&inp.positions, c.window, (c.prefix + c.t, 0, 0)).expect("a global buffer is contiguous");
+    let plan = plan(&inp.positions, c.window, keys, (v.query_tile(), v.key_tile));
+    Ok((keys, gpu.upload(&plan)?))
+}
+
+/// Runs variant `v` on case `c` into `out`.
+fn launch(
+    gpu: &Gpu,
+    c: &Case,
+    v: FlashVariant,
+    inp: &Inputs,
+    (keys, plan_dev): &(KeyRange, CudaSlice<i32>),
+    out: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let keys = *keys;
+    let kvw = c.n_kv_head * c.head_dim;
+    let key_rows = keys.phys * kvw..(keys.phys + keys.n) * kvw;
+    let shape = FlashShape {
+        t: c.t,
+        keys,
+        window: c.window,
+        n_head: c.n_head,
+        n_kv_head: c.n_kv_head,
+        head_dim: c.head_dim,
+        scale: 1.0 / (c.head_dim as f32).sqrt(),
+    };
+    flash_attention_into(
+        gpu,
+        v,
+        shape,
+        &inp.q.as_view(),
+        &inp.k.slice(key_rows.clone()),
+        &inp.v.slice(key_rows),
+        &inp.pos.as_view(),
+        &plan_dev.as_view(),
+        &mut out.as_view_mut(),
+    )?;
+    Ok(())
+}
+
+fn random_inputs(rng: &mut Rng, c: &Case) -> (Vec<f32>, Vec<f16>, Vec<f16>) {
+    let (qw, kvw) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
+    let capacity = c.prefix + c.t;
+    let q: Vec<f32> = (0..c.t * qw).map(|_| rng.normal()).collect();
+    let k16: Vec<f16> = (0..capacity * kvw).map(|_| f16::from_f32(rng.normal())).collect();
+    let v16: Vec<f16> = (0..capacity * kvw).map(|_| f16::from_f32(rng.normal())).collect();
+    (q, k16, v16)
+}
+
+fn check_case(gpu: &Gpu, rng: &mut Rng, c: &Case, v: FlashVariant, table: &mut Vec<Row>) -> Result<()> {
+    let (q, k16, v16) = random_inputs(rng, c);
+    let inp = upload(gpu, c, &q, &k16, &v16)?;
+    let scale = 1.0 / (c.head_dim as f32).sqrt();
+    let reference = reference(c, &inp.positions, &q, &k16, &v16, scale);
+    let mut out = gpu.upload(&vec![f32::NAN; q.len()])?;
+    launch(gpu, c, v, &inp, &plan_for(gpu, c, v, &inp)?, &mut out)?;
+    let err = rel_err(&gpu.download(&out)?, &reference);
+    table.push(Row {
+        check: format!(
+            "flash attention {} {}/{} heads, {} queries after {}, window {:?}",
+            v.kernel(),
+            c.n_head,
+            c.n_kv_head,
+            c.t,
+            c.prefix,
+            c.window
+        ),
+        result: format!("rel err {err:.2e} (bound {BOUND:.0e})"),
+        pass: err < BOUND,
+    });
+    Ok(())
+}
+
+/// Times every 128-wide variant on the Llama-3-8B shape (32 query heads, 8 KV heads): a 4096-row
+/// chunk from position 0, and the last 512-row chunk of a 4096-token prompt. TFLOP/s count 4 · head
+/// size FLOPs per visible (query, key) pair and head.
+pub(super) fn flash_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for (t, prefix) in [(4096, 0), (512, 3584)] {
+        let c = Case {
+            head_dim: 128,
+            n_head: 32,
+            n_kv_head: 8,
+            t,
+            prefix,
+            window: None,
         };
-        flash_attention_into(
-            gpu,
-            shape,
-            &q_dev.as_view(),
-            &k_dev.slice(key_rows.clone()),
-            &v_dev.slice(key_rows),
-            &pos_dev.as_view(),
-            &plan_dev.as_view(),
-            &mut out.as_view_mut(),
-        )?;
-        let err = rel_err(&gpu.download(&out)?, &reference);
-        table.push(Row {
-            check: format!(
-                "flash attention d{} {}/{} heads, {} queries after {}, window {:?}",
-                c.head_dim, c.n_head, c.n_kv_head, c.t, c.prefix, c.window
-            ),
-            result: format!("rel err {err:.2e} (bound {BOUND:.0e})"),
-            pass: err < BOUND,
-        });
+        let (q, k16, v16) = random_inputs(&mut rng, &c);
+        let inp = upload(gpu, &c, &q, &k16, &v16)?;
+        let pairs: f64 = inp.positions.iter().map(|&p| (p + 1) as f64).sum();
+        let flops = pairs * 4.0 * 128.0 * 32.0;
+        let mut out = gpu.upload(&vec![0f32; q.len()])?;
+        for v in VARIANTS.iter().filter(|v| v.head_dim == 128) {
+            let plan = plan_for(gpu, &c, *v, &inp)?;
+            launch(gpu, &c, *v, &inp, &plan, &mut out)?;
+            gpu.synchronize()?;
+            let reps = 20;
+            let start = Instant::now();
+            for _ in 0..reps {
+                launch(gpu, &c, *v, &inp, &plan, &mut out)?;
+            }
+            gpu.synchronize()?;
+            let secs = start.elapsed().as_secs_f64() / reps as f64;
+            let picked = if chosen(128, t) == Some(*v) { " (chosen)" } else { "" };
+            table.push(Row {
+                check: format!("flash timing {}{picked}, {t} queries after {prefix}", v.kernel()),
+                result: format!("{:.1} us, {:.0} TFLOP/s", secs * 1e6, flops / secs / 1e12),
+                pass: true,
+            });
+        }
     }
     Ok(())
 }

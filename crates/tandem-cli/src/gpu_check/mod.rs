@@ -98,6 +98,7 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     kernel_checks(&gpu, &mut table)?;
     if args.bench_kernels {
         kernel_bench(&gpu, &mut table)?;
+        flash::flash_bench(&gpu, &mut table)?;
     }
     for m in &args.models {
         model_checks(args, m, threads, &mut table)?;

@@ -72,44 +72,73 @@ __device__ __forceinline__ void fa_load_tile(u16* dst, const u16* src, int kt, i
     }
 }
 
-template <int D, int BC>
+// Variant <D, BC, MT, QREG>: head size D, BC keys a tile, MT m-tiles of 16 query rows per warp (so
+// 64 * MT rows a block), the warp's Q fragments held in registers (QREG) or read from shared memory at
+// each step. Each K or V fragment a warp loads serves its MT m-tiles, so MT = 2 halves the shared-memory
+// reads per product. Shared memory (dynamic): K and V tiles, then the block's Q rows unless QREG.
+template <int D, int BC, int MT, bool QREG>
 __device__ __forceinline__ void flash_prefill(const float* __restrict__ q, const u16* __restrict__ kc,
                                               const u16* __restrict__ vc, float* __restrict__ out,
                                               const int* __restrict__ pos, const int* __restrict__ plan, int t,
                                               int nk, int key_lo, int window, int q_width, int kv_width, int group,
                                               float scale_log2) {
     // Rows padded by 16 bytes: the eight rows an ldmatrix reads fall in distinct bank groups.
-    constexpr int LD = D + 8, KS = D / 16, NT = BC / 8;
-    __shared__ __align__(16) u16 ks[BC * LD];
-    __shared__ __align__(16) u16 vs[BC * LD];
+    constexpr int LD = D + 8, KS = D / 16, NT = BC / 8, BR = FA_ROWS * MT;
+    extern __shared__ __align__(16) u16 fa_smem[];
+    u16* ks = fa_smem;
+    u16* vs = ks + BC * LD;
+    u16* qs = vs + BC * LD;
     int qt = gridDim.x - 1 - blockIdx.x;  // the tiles with the most keys start first
     int h = blockIdx.y, col0 = (h / group) * D;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int quad = lane & 3;
-    int ra = qt * FA_ROWS + warp * 16 + (lane >> 2), rb = ra + 8;
-    int pa = pos[min(ra, t - 1)], pb = pos[min(rb, t - 1)];
-
-    // This warp's 16 query rows as mma A fragments, rounded to f16.
-    u32 qf[KS][4];
-    {
-        const float* qa = q + (size_t)min(ra, t - 1) * q_width + h * D;
-        const float* qb = q + (size_t)min(rb, t - 1) * q_width + h * D;
+    int row0 = qt * BR + warp * 16 * MT;  // this warp's first query row
+    int ra[MT], pa[MT], pb[MT];
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            int c = kk * 16 + quad * 2;
-            float2 a0 = *(const float2*)(qa + c), b0 = *(const float2*)(qb + c);
-            float2 a1 = *(const float2*)(qa + c + 8), b1 = *(const float2*)(qb + c + 8);
-            qf[kk][0] = pack_f16x2(a0.x, a0.y);
-            qf[kk][1] = pack_f16x2(b0.x, b0.y);
-            qf[kk][2] = pack_f16x2(a1.x, a1.y);
-            qf[kk][3] = pack_f16x2(b1.x, b1.y);
+    for (int m = 0; m < MT; m++) {
+        ra[m] = row0 + m * 16 + (lane >> 2);
+        pa[m] = pos[min(ra[m], t - 1)];
+        pb[m] = pos[min(ra[m] + 8, t - 1)];
+    }
+
+    // The warp's query rows as mma A fragments, rounded to f16: in registers, or staged in shared memory
+    // by the whole block (rows past t repeat the last row; their results are not written).
+    u32 qf[QREG ? MT : 1][QREG ? KS : 1][4];
+    if (QREG) {
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            const float* qa = q + (size_t)min(ra[m], t - 1) * q_width + h * D;
+            const float* qb = q + (size_t)min(ra[m] + 8, t - 1) * q_width + h * D;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                int c = kk * 16 + quad * 2;
+                float2 a0 = *(const float2*)(qa + c), b0 = *(const float2*)(qb + c);
+                float2 a1 = *(const float2*)(qa + c + 8), b1 = *(const float2*)(qb + c + 8);
+                qf[QREG ? m : 0][QREG ? kk : 0][0] = pack_f16x2(a0.x, a0.y);
+                qf[QREG ? m : 0][QREG ? kk : 0][1] = pack_f16x2(b0.x, b0.y);
+                qf[QREG ? m : 0][QREG ? kk : 0][2] = pack_f16x2(a1.x, a1.y);
+                qf[QREG ? m : 0][QREG ? kk : 0][3] = pack_f16x2(b1.x, b1.y);
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < BR * D / 4; i += FA_THREADS) {
+            int r = i / (D / 4), c = (i % (D / 4)) * 4;
+            float4 v = *(const float4*)(q + (size_t)min(qt * BR + r, t - 1) * q_width + h * D + c);
+            *(uint2*)(qs + r * LD + c) = make_uint2(pack_f16x2(v.x, v.y), pack_f16x2(v.z, v.w));
         }
     }
 
-    float o[D / 8][4];
+    float o[MT][D / 8][4];
 #pragma unroll
-    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) o[m][i][0] = o[m][i][1] = o[m][i][2] = o[m][i][3] = 0.f;
+    float ma[MT], mb[MT], la[MT], lb[MT];
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        ma[m] = mb[m] = -INFINITY;
+        la[m] = lb[m] = 0.f;
+    }
 
     int begin = plan[qt], end = plan[qt + 1];
     if (begin < end) {
@@ -118,85 +147,104 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ q, const
         fa_load_tile<D, BC>(vs, vc, plan[begin] >> 1, nk, kv_width, col0);
         cp_async_commit();
     }
-    // ldmatrix lane addresses: K (non-transposed) and V (transposed), see the fragment layouts of
-    // mma.m16n8k16: lane l names row l % 8 of matrix l / 8.
+    // ldmatrix lane addresses (lane l names row l % 8 of matrix l / 8, see the fragment layouts of
+    // mma.m16n8k16): K as B operand, non-transposed; V as B operand, transposed; Q as A operand.
     int k_row = (lane & 7) + ((lane >> 4) << 3), k_col = ((lane >> 3) & 1) * 8;
-    int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
-    u32 ks_base = smem_u32(ks + k_row * LD + k_col), vs_base = smem_u32(vs + v_row * LD + v_col);
+    int a_row = (lane & 7) + (((lane >> 3) & 1) << 3), a_col = (lane >> 4) * 8;
+    u32 ks_base = smem_u32(ks + k_row * LD + k_col), vs_base = smem_u32(vs + a_row * LD + a_col);
+    u32 qs_base = smem_u32(qs + (warp * 16 * MT + a_row) * LD + a_col);
 
     for (int e = begin; e < end; e++) {
         int kt = plan[e] >> 1;
         bool partial = plan[e] & 1;
         cp_async_wait<1>();
         __syncthreads();
-        float s[NT][4];
+        float s[MT][NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < KS; kk++) {
+            u32 a[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                if (QREG) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) a[m][i] = qf[QREG ? m : 0][QREG ? kk : 0][i];
+                } else {
+                    ldsm_x4(qs_base + (m * 16 * LD + kk * 16) * 2, a[m][0], a[m][1], a[m][2], a[m][3]);
+                }
+            }
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {
                 u32 b0, b1, b2, b3;
                 ldsm_x4(ks_base + (j * 8 * LD + kk * 16) * 2, b0, b1, b2, b3);
-                mma16816(s[j], qf[kk], b0, b1);
-                mma16816(s[j + 1], qf[kk], b2, b3);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    mma16816(s[m][j], a[m], b0, b1);
+                    mma16816(s[m][j + 1], a[m], b2, b3);
+                }
             }
         }
         __syncthreads();  // every warp is done with ks
         if (e + 1 < end) fa_load_tile<D, BC>(ks, kc, plan[e + 1] >> 1, nk, kv_width, col0);
         cp_async_commit();
 
-        // Scores to log2 units, masked on partial tiles; the running max and sum per row.
-        float xa = -INFINITY, xb = -INFINITY;
+        // Scores to log2 units, masked on partial tiles; the running max and sum per row; P as A
+        // fragments (the accumulators of key tiles 2k, 2k + 1 are the A layout of keys 16k..16k+15).
+        u32 pf[MT][BC / 16][4];
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
+        for (int m = 0; m < MT; m++) {
+            float xa = -INFINITY, xb = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float x = s[j][i] * scale_log2;
-                if (partial) {
-                    int key = kt * BC + j * 8 + quad * 2 + (i & 1);
-                    int kp = key_lo + key, p = i < 2 ? pa : pb;
-                    bool seen = key < nk && kp <= p && (window == 0 || kp > p - window);
-                    if (!seen) x = -INFINITY;
+            for (int j = 0; j < NT; j++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float x = s[m][j][i] * scale_log2;
+                    if (partial) {
+                        int key = kt * BC + j * 8 + quad * 2 + (i & 1);
+                        int kp = key_lo + key, p = i < 2 ? pa[m] : pb[m];
+                        bool seen = key < nk && kp <= p && (window == 0 || kp > p - window);
+                        if (!seen) x = -INFINITY;
+                    }
+                    s[m][j][i] = x;
+                    if (i < 2) xa = fmaxf(xa, x);
+                    else xb = fmaxf(xb, x);
                 }
-                s[j][i] = x;
-                if (i < 2) xa = fmaxf(xa, x);
-                else xb = fmaxf(xb, x);
             }
-        }
-        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
-        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
-        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
-        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
-        float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
-        // A row that has seen no key yet keeps max -inf: subtract 0 instead (its terms are all 0).
-        float ua = na == -INFINITY ? 0.f : na, ub = nb == -INFINITY ? 0.f : nb;
-        float ca = exp2f(ma - ua), cb = exp2f(mb - ub);
-        ma = na;
-        mb = nb;
-        la *= ca;
-        lb *= cb;
+            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+            xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+            xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+            float na = fmaxf(ma[m], xa), nb = fmaxf(mb[m], xb);
+            // A row that has seen no key yet keeps max -inf: subtract 0 instead (its terms are all 0).
+            float ua = na == -INFINITY ? 0.f : na, ub = nb == -INFINITY ? 0.f : nb;
+            float ca = exp2f(ma[m] - ua), cb = exp2f(mb[m] - ub);
+            ma[m] = na;
+            mb[m] = nb;
+            la[m] *= ca;
+            lb[m] *= cb;
 #pragma unroll
-        for (int i = 0; i < D / 8; i++) {
-            o[i][0] *= ca;
-            o[i][1] *= ca;
-            o[i][2] *= cb;
-            o[i][3] *= cb;
-        }
-        // P as A fragments: the accumulators of key tiles 2k, 2k + 1 are the A layout of keys 16k..16k+15.
-        u32 pf[BC / 16][4];
+            for (int i = 0; i < D / 8; i++) {
+                o[m][i][0] *= ca;
+                o[m][i][1] *= ca;
+                o[m][i][2] *= cb;
+                o[m][i][3] *= cb;
+            }
 #pragma unroll
-        for (int k = 0; k < BC / 16; k++) {
-            float p0 = exp2f(s[2 * k][0] - ua), p1 = exp2f(s[2 * k][1] - ua);
-            float p2 = exp2f(s[2 * k][2] - ub), p3 = exp2f(s[2 * k][3] - ub);
-            float p4 = exp2f(s[2 * k + 1][0] - ua), p5 = exp2f(s[2 * k + 1][1] - ua);
-            float p6 = exp2f(s[2 * k + 1][2] - ub), p7 = exp2f(s[2 * k + 1][3] - ub);
-            la += p0 + p1 + p4 + p5;
-            lb += p2 + p3 + p6 + p7;
-            pf[k][0] = pack_f16x2(p0, p1);
-            pf[k][1] = pack_f16x2(p2, p3);
-            pf[k][2] = pack_f16x2(p4, p5);
-            pf[k][3] = pack_f16x2(p6, p7);
+            for (int k = 0; k < BC / 16; k++) {
+                float p0 = exp2f(s[m][2 * k][0] - ua), p1 = exp2f(s[m][2 * k][1] - ua);
+                float p2 = exp2f(s[m][2 * k][2] - ub), p3 = exp2f(s[m][2 * k][3] - ub);
+                float p4 = exp2f(s[m][2 * k + 1][0] - ua), p5 = exp2f(s[m][2 * k + 1][1] - ua);
+                float p6 = exp2f(s[m][2 * k + 1][2] - ub), p7 = exp2f(s[m][2 * k + 1][3] - ub);
+                la[m] += p0 + p1 + p4 + p5;
+                lb[m] += p2 + p3 + p6 + p7;
+                pf[m][k][0] = pack_f16x2(p0, p1);
+                pf[m][k][1] = pack_f16x2(p2, p3);
+                pf[m][k][2] = pack_f16x2(p4, p5);
+                pf[m][k][3] = pack_f16x2(p6, p7);
+            }
         }
 
         cp_async_wait<1>();
@@ -207,8 +255,11 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ q, const
             for (int d = 0; d < D / 8; d += 2) {
                 u32 b0, b1, b2, b3;
                 ldsm_x4_t(vs_base + (k * 16 * LD + d * 8) * 2, b0, b1, b2, b3);
-                mma16816(o[d], pf[k], b0, b1);
-                mma16816(o[d + 1], pf[k], b2, b3);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    mma16816(o[m][d], pf[m][k], b0, b1);
+                    mma16816(o[m][d + 1], pf[m][k], b2, b3);
+                }
             }
         }
         __syncthreads();  // every warp is done with vs
@@ -217,29 +268,39 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ q, const
     }
     cp_async_wait<0>();
 
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-    float ia = la > 0.f ? 1.f / la : 0.f, ib = lb > 0.f ? 1.f / lb : 0.f;
 #pragma unroll
-    for (int d = 0; d < D / 8; d++) {
-        int c = h * D + d * 8 + quad * 2;
-        if (ra < t) *(float2*)(out + (size_t)ra * q_width + c) = make_float2(o[d][0] * ia, o[d][1] * ia);
-        if (rb < t) *(float2*)(out + (size_t)rb * q_width + c) = make_float2(o[d][2] * ib, o[d][3] * ib);
+    for (int m = 0; m < MT; m++) {
+        float a = la[m], b = lb[m];
+        a += __shfl_xor_sync(0xffffffffu, a, 1);
+        a += __shfl_xor_sync(0xffffffffu, a, 2);
+        b += __shfl_xor_sync(0xffffffffu, b, 1);
+        b += __shfl_xor_sync(0xffffffffu, b, 2);
+        float ia = a > 0.f ? 1.f / a : 0.f, ib = b > 0.f ? 1.f / b : 0.f;
+        int r = ra[m];
+#pragma unroll
+        for (int d = 0; d < D / 8; d++) {
+            int c = h * D + d * 8 + quad * 2;
+            if (r < t) *(float2*)(out + (size_t)r * q_width + c) = make_float2(o[m][d][0] * ia, o[m][d][1] * ia);
+            if (r + 8 < t)
+                *(float2*)(out + (size_t)(r + 8) * q_width + c) = make_float2(o[m][d][2] * ib, o[m][d][3] * ib);
+        }
     }
 }
 
-// One entry point per head dimension; wider heads take narrower key tiles to stay in registers.
-#define FLASH_ENTRY(D, BC)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS) flash_prefill_d##D(                              \
+// One entry point per variant: FLASH_ENTRY(head size, keys a tile, m-tiles a warp, r: Q in registers,
+// s: Q in shared memory). The host's table of them is `flash::VARIANTS`.
+#define FLASH_Q_r true
+#define FLASH_Q_s false
+#define FLASH_ENTRY(D, BC, MT, Q)                                                                             \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS) flash_prefill_d##D##_k##BC##_m##MT##_##Q(        \
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                  \
         float* __restrict__ out, const int* __restrict__ pos, const int* __restrict__ plan, int t, int nk,    \
         int key_lo, int window, int q_width, int kv_width, int group, float scale_log2) {                     \
-        flash_prefill<D, BC>(q, kc, vc, out, pos, plan, t, nk, key_lo, window, q_width, kv_width, group,      \
-                             scale_log2);                                                                     \
+        flash_prefill<D, BC, MT, FLASH_Q_##Q>(q, kc, vc, out, pos, plan, t, nk, key_lo, window, q_width,      \
+                                              kv_width, group, scale_log2);                                   \
     }
-FLASH_ENTRY(32, 64)
-FLASH_ENTRY(64, 64)
-FLASH_ENTRY(128, 64)
-FLASH_ENTRY(256, 32)
+FLASH_ENTRY(32, 64, 1, r)
+FLASH_ENTRY(64, 64, 1, r)
+FLASH_ENTRY(128, 64, 1, r)
+FLASH_ENTRY(128, 64, 2, s)
+FLASH_ENTRY(256, 32, 1, r)

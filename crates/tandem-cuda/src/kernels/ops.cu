@@ -33,6 +33,7 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm(float* __restrict__ 
 #define RN_NORM 4   // out = norm(x) * weight (the next block's pre-norm; x itself stays the residual)
 // RN_Q8K (8): ... and out quantized into `a` as Q8_K blocks (for the integer kernels); RN_Q8 (16): or
 // as Q8 blocks (both in common.cuh, shared with the gating and attention kernels).
+#define RN_F16 32   // ... and out rounded to f16 into `a` (row-major, the GEMM route's operand)
 
 // The residual update and the next pre-norm in one pass, one block per row (blockDim a multiple of
 // 256): each step's sums are those of the step alone, so a row's bits do not depend on which steps
@@ -61,6 +62,7 @@ extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict
         bool live = i < width;
         float v = live ? xr[i] * scale * weight[i] : 0.f;
         if (live) o[i] = v;
+        if ((flags & RN_F16) && live) ((u16*)a)[(size_t)row * width + i] = f2h(v);
         if ((flags & RN_Q8K) && live) staged[i] = v;
         if ((flags & RN_Q8) && live) q8_block(v, a, n_t, row, width, i >> 5);
     }
@@ -105,11 +107,15 @@ __device__ __forceinline__ float gate_value(float g, float u, int act) {
     return a * u;
 }
 
-// gate = act(gate) * up; act 0 = SiLU, 1 = GELU (tanh).
-extern "C" __global__ void gated(float* __restrict__ gate, const float* __restrict__ up, size_t n, int act) {
+// gate = act(gate) * up; act 0 = SiLU, 1 = GELU (tanh); also rounded to f16 into `h` (the GEMM route's
+// operand) unless h is null.
+extern "C" __global__ void gated(float* __restrict__ gate, const float* __restrict__ up, size_t n, int act,
+                                 u16* __restrict__ h) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    gate[i] = gate_value(gate[i], up[i], act);
+    float v = gate_value(gate[i], up[i], act);
+    gate[i] = v;
+    if (h) h[i] = f2h(v);
 }
 
 // `gated`, and the result quantized for the integer kernels (qfmt RN_Q8K or RN_Q8): one block of 256
