@@ -31,6 +31,8 @@ const RN_Q8K: i32 = 8;
 const RN_Q8: i32 = 16;
 const RN_F16: i32 = 32;
 const RN_MAX_Q8K_WIDTH: usize = 8192;
+/// Heads one `rope` thread rotates (`ROPE_HEADS` in `kernels/ops.cu`).
+const ROPE_HEADS: usize = 8;
 
 /// The kernels' flag for writing activations quantized as `fmt`.
 pub(crate) fn quant_flag(fmt: ActQuant) -> i32 {
@@ -152,7 +154,7 @@ impl CudaModel {
         self.profiled("rope", || {
             let hd = self.cpu.config.head_dim;
             let (nx, ny) = (x.width / hd, y.as_ref().map_or(0, |y| y.width / hd));
-            let n = x.rows * (nx + ny) * (rope.n_rot / 2);
+            let n = x.rows * (nx + ny).div_ceil(ROPE_HEADS) * (rope.n_rot / 2);
             let (rows, nxi, nyi, hdi, nr) = (
                 i32_of(x.rows, "rows")?,
                 i32_of(nx, "heads")?,
@@ -245,7 +247,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn residual_norm_flags_match_the_kernel() {
+    fn row_kernel_constants_match_the_kernels() {
         // ops.cu as NVRTC compiles it, common.cuh (where the quantization flags live) included.
         let src = crate::nvrtc::assemble(&crate::nvrtc::OPS);
         for (name, v) in [
@@ -256,6 +258,7 @@ mod tests {
             ("RN_Q8", RN_Q8),
             ("RN_F16", RN_F16),
             ("RN_MAX_Q8K_WIDTH", RN_MAX_Q8K_WIDTH as i32),
+            ("ROPE_HEADS", ROPE_HEADS as i32),
         ] {
             let value = v.to_string();
             let defined = src.lines().any(|l| {

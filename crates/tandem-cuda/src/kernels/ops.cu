@@ -74,23 +74,40 @@ extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict
 }
 
 // RoPE on every head of every row of x (nx heads a row) and of y (ny heads; q and k in one launch):
-// one thread per (row, head, rotated pair). `neox` pairs i with i + n_rot/2, otherwise 2i with 2i+1.
-// Angles as ggml forms them: pos * freq_scale * base^(-2i/n_rot).
+// one thread per (row, group of ROPE_HEADS heads, rotated pair), so the angle's sine and cosine are
+// computed once for the group (prefill spends its time there, not in the loads). `neox` pairs i with
+// i + n_rot/2, otherwise 2i with 2i+1. Angles as ggml forms them: pos * freq_scale * base^(-2i/n_rot).
+#define ROPE_HEADS 8
 extern "C" __global__ void rope(float* __restrict__ x, float* __restrict__ y, const int* __restrict__ pos, int rows,
                                 int nx, int ny, int head_dim, int n_rot, float base, float freq_scale, int neox) {
-    int half = n_rot / 2, heads = nx + ny;
+    int half = n_rot / 2, heads = nx + ny, groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows * heads * half) return;
+    if (i >= (size_t)rows * groups * half) return;
     int p = (int)(i % half);
-    size_t rh = i / half;
-    int r = (int)(rh / heads), hh = (int)(rh % heads);
-    float* h = hh < nx ? x + ((size_t)r * nx + hh) * head_dim : y + ((size_t)r * ny + hh - nx) * head_dim;
+    size_t rg = i / half;
+    int r = (int)(rg / groups), g = (int)(rg % groups);
     float theta = pos[r] * freq_scale * powf(base, -2.0f * p / n_rot);
     float c = cosf(theta), s = sinf(theta);
     int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
-    float x0 = h[a], x1 = h[b];
-    h[a] = x0 * c - x1 * s;
-    h[b] = x0 * s + x1 * c;
+    float* hp[ROPE_HEADS];
+    float x0[ROPE_HEADS], x1[ROPE_HEADS];
+#pragma unroll
+    for (int j = 0; j < ROPE_HEADS; j++) {
+        int hh = g * ROPE_HEADS + j;
+        hp[j] = hh >= heads ? nullptr
+                : hh < nx   ? x + ((size_t)r * nx + hh) * head_dim
+                            : y + ((size_t)r * ny + hh - nx) * head_dim;
+        if (hp[j]) {
+            x0[j] = hp[j][a];
+            x1[j] = hp[j][b];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ROPE_HEADS; j++) {
+        if (!hp[j]) continue;
+        hp[j][a] = x0[j] * c - x1[j] * s;
+        hp[j][b] = x0[j] * s + x1[j] * c;
+    }
 }
 
 __device__ __forceinline__ float gelu_tanh_f16(float x) {
