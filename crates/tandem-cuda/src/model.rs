@@ -59,7 +59,7 @@ fn no_norm_output() -> ModelError {
 fn dry_buffer() -> CudaError {
     CudaError::Driver {
         what: "activation".into(),
-        err: "a dry run has no device buffers".into(),
+        err: "no f32 rows (a dry run, or rows kept only as their GEMM reader's f16 operand)".into(),
     }
 }
 

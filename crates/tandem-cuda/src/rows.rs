@@ -201,7 +201,8 @@ impl CudaModel {
                 .filter(|_| gate.width.is_multiple_of(256));
             let may_allocate = self.mode.get() == Mode::Normal;
             let Some(fmt) = quant else {
-                // Rounded to f16 here when the reader takes the GEMM route.
+                // Rounded to f16 here, and kept only so, when the reader takes the GEMM route (it is the
+                // result's one reader: `Backend::gated`).
                 let n = gate.rows * gate.width;
                 let mut h = match self.f16_input(&reader.name, gate.rows) {
                     true => Some(self.u16_pool.take(&self.gpu, n, may_allocate)?),
@@ -216,8 +217,14 @@ impl CudaModel {
                     Some(h) => b.arg(h),
                     None => b.arg(&no_half),
                 };
-                driver("gated", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
-                *gate.f16.get_mut() = h;
+                driver("gated", unsafe {
+                    b.launch(launch_cfg((blocks(n.div_ceil(4), 256), 1, 1), 256))
+                })?;
+                if h.is_some() {
+                    // The f32 rows were not written: drop them, so that no one reads stale values.
+                    gate.buf = None;
+                    *gate.f16.get_mut() = h;
+                }
                 return Ok(());
             };
             let mut q = self

@@ -111,8 +111,8 @@ pub trait Backend {
         rows: Range<usize>,
         positions: &[usize],
     ) -> Result<(), ModelError>;
-    /// `gate = act(gate) * up`; `reader` is the matrix that multiplies the result next (a backend may
-    /// prepare the input form its kernel reads).
+    /// `gate = act(gate) * up`; `reader` is the matrix that multiplies the result next, and its only
+    /// reader (so a backend may keep the result only in the input form that kernel reads).
     fn gated(&self, gate: &mut Self::Act, up: &Self::Act, act: Activation, reader: &Matrix) -> Result<(), ModelError>;
     /// A new activation of the listed rows, in order.
     fn gather_rows(&self, x: &Self::Act, rows: &[usize]) -> Result<Self::Act, ModelError>;
