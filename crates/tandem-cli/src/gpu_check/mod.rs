@@ -432,7 +432,7 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
         pass: same && graphs_used,
     });
 
-    // Default mode first: its hashes differ across chunkings (the GEMM route).
+    // Default mode first: its hashes differ across chunkings (the GEMM and flash routes).
     let hash_prompt = prompt_ids(args.hash_prompt, n_vocab, 11);
     let fast: Vec<String> = args
         .chunks
@@ -473,7 +473,7 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
             if fast_same {
                 "identical too"
             } else {
-                "differs across chunkings, as expected of the GEMM route"
+                "differs across chunkings, as expected of the GEMM and flash routes"
             }
         ),
         pass: same,
