@@ -254,7 +254,6 @@ pub fn flash_attention_into(
     Ok(())
 }
 
-/// What a chunk's plan depends on besides its positions (fixed for the pass): window and key range.
 /// What a plan depends on: the span's query positions (spans of one pass may share a key range with
 /// different queries), the window, the key range and the variant's tiles.
 pub(crate) type PlanKey = (Vec<usize>, Option<usize>, KeyRange, FlashVariant);

@@ -34,18 +34,18 @@ impl CudaModel {
         let (t, cols) = (x.rows, x.width);
         let mut out = self.act(t, rows)?;
         let mut cached = x.f16.borrow_mut();
-        if cached.is_none() {
-            let may_allocate = self.mode.get() == Mode::Normal;
-            let mut x16 = self.u16_pool.take(&self.gpu, t * cols, may_allocate)?;
-            to_f16_into(&self.gpu, &x.buf()?.as_view(), &mut x16, t * cols)?;
-            *cached = Some(x16);
-        }
-        let x16 = cached.as_deref().ok_or_else(|| CudaError::Driver {
-            what: "f16 activations".into(),
-            err: "missing after conversion".into(),
-        })?;
-        gemm_f16_into(&self.gpu, w16, x16, t, rows, cols, out.buf_mut()?)?;
-        Ok(out)
+        let x16 = match cached.take() {
+            Some(x16) => x16,
+            None => {
+                let may_allocate = self.mode.get() == Mode::Normal;
+                let mut x16 = self.u16_pool.take(&self.gpu, t * cols, may_allocate)?;
+                to_f16_into(&self.gpu, &x.buf()?.as_view(), &mut x16, t * cols)?;
+                x16
+            }
+        };
+        let done = gemm_f16_into(&self.gpu, w16, &x16, t, rows, cols, out.buf_mut()?);
+        *cached = Some(x16);
+        done.map(|()| out)
     }
 
     /// Quantizes `x` for integer kernels reading `fmt`, unless an earlier matmul already did.

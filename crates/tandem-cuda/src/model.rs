@@ -102,7 +102,7 @@ pub struct CudaModel {
     pub(crate) norm_readers: HashMap<String, String>,
     pub memory: GpuMemory,
     pub(crate) uploads: RefCell<Vec<Uploaded>>,
-    /// This pass's flash-attention plans, one per window and key range (`flash.rs`).
+    /// This pass's flash-attention plans, one per span, window, key range and variant (`flash.rs`).
     pub(crate) plans: RefCell<Vec<(crate::flash::PlanKey, Rc<CudaSlice<i32>>)>>,
     pub(crate) mode: Cell<Mode>,
     pub(crate) arena: CudaSlice<i32>,

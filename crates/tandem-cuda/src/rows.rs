@@ -97,9 +97,10 @@ impl CudaModel {
                 Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(x.rows, x.width), may_allocate)?),
                 None => None,
             };
-            let mut h = match half {
-                true => Some(self.u16_pool.take(&self.gpu, x.rows * x.width, may_allocate)?),
-                false => None,
+            let mut h = if half {
+                Some(self.u16_pool.take(&self.gpu, x.rows * x.width, may_allocate)?)
+            } else {
+                None
             };
             // Pointers the flags leave unread stand in for absent operands.
             let any_norm = self.norm(&self.cpu.weights.output_norm)?;
@@ -204,9 +205,10 @@ impl CudaModel {
                 // Rounded to f16 here, and kept only so, when the reader takes the GEMM route (it is the
                 // result's one reader: `Backend::gated`).
                 let n = gate.rows * gate.width;
-                let mut h = match self.f16_input(&reader.name, gate.rows) {
-                    true => Some(self.u16_pool.take(&self.gpu, n, may_allocate)?),
-                    false => None,
+                let mut h = if self.f16_input(&reader.name, gate.rows) {
+                    Some(self.u16_pool.take(&self.gpu, n, may_allocate)?)
+                } else {
+                    None
                 };
                 let n64 = n as u64;
                 let f = self.gpu.function("gated")?;
