@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use half::f16;
 use tandem_cuda::flash::{chosen, flash_attention_into, key_range, plan, FlashShape, FlashVariant, KeyRange, VARIANTS};
 use tandem_cuda::{CudaSlice, Gpu};
@@ -101,7 +101,8 @@ fn upload(gpu: &Gpu, c: &Case, q: &[f32], k16: &[f16], v16: &[f16]) -> Result<In
 
 /// The keys of case `c` (its buffer holds positions from 0) and variant `v`'s plan for them.
 fn plan_for(gpu: &Gpu, c: &Case, v: FlashVariant, inp: &Inputs) -> Result<(KeyRange, CudaSlice<i32>)> {
-    let keys = key_range(&inp.positions, c.window, (c.prefix + c.t, 0, 0)).expect("a global buffer is contiguous");
+    let keys = key_range(&inp.positions, c.window, (c.prefix + c.t, 0, 0))
+        .context("flash check: the keys of a buffer holding every position wrap")?;
     let plan = plan(&inp.positions, c.window, keys, (v.query_tile(), v.key_tile));
     Ok((keys, gpu.upload(&plan)?))
 }
