@@ -22,6 +22,7 @@ use tandem_model::backend::AttendRows;
 use crate::device::{driver, Gpu};
 use crate::launch::{i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct};
+use crate::routes::first_key;
 use crate::CudaError;
 
 /// Threads per block (`FA_THREADS` in `kernels/flash.cu`): four warps.
@@ -117,11 +118,6 @@ pub fn key_range(
     let n = (positions.iter().max()? + 1).checked_sub(lo)?;
     let phys = (origin_physical + lo - origin_logical) % capacity;
     (phys + n <= capacity).then_some(KeyRange { lo, n, phys })
-}
-
-/// The first position a query at `p` sees.
-fn first_key(p: usize, window: Option<usize>) -> usize {
-    window.map_or(0, |w| (p + 1).saturating_sub(w))
 }
 
 /// The chunk's plan: `plan[i] .. plan[i + 1]` index the entries of query tile `i` (of `query_tile`

@@ -92,12 +92,17 @@ pub struct TileSpan {
     pub n: usize,
 }
 
+/// The first position a query at `p` sees (`window`: keys from `p + 1 - window`).
+pub fn first_key(p: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| (p + 1).saturating_sub(w))
+}
+
 /// Tiles that hold any key a query at `positions` may see (`window`: keys from `p + 1 - window`),
 /// given that the cache holds positions from `origin` on.
 pub fn tile_span(positions: &[usize], window: Option<usize>, origin: usize) -> TileSpan {
     let first = positions
         .iter()
-        .map(|&p| window.map_or(0, |w| (p + 1).saturating_sub(w)).max(origin))
+        .map(|&p| first_key(p, window).max(origin))
         .min()
         .unwrap_or(0);
     let last = positions.iter().copied().max().unwrap_or(0);

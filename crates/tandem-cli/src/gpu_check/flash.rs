@@ -22,6 +22,13 @@ struct Case {
     window: Option<usize>,
 }
 
+impl Case {
+    /// The softmax scale: 1 / sqrt(head size).
+    fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+}
+
 /// Rounding P to f16 before the V product costs about 2^-11 per weight; summed over random values the
 /// relative error stays far below this bound, which a wrong mask or a dropped tile exceeds by orders.
 const BOUND: f64 = 2e-3;
@@ -126,7 +133,7 @@ fn launch(
         n_head: c.n_head,
         n_kv_head: c.n_kv_head,
         head_dim: c.head_dim,
-        scale: 1.0 / (c.head_dim as f32).sqrt(),
+        scale: c.scale(),
     };
     flash_attention_into(
         gpu,
@@ -154,8 +161,7 @@ fn random_inputs(rng: &mut Rng, c: &Case) -> (Vec<f32>, Vec<f16>, Vec<f16>) {
 fn check_case(gpu: &Gpu, rng: &mut Rng, c: &Case, v: FlashVariant, table: &mut Vec<Row>) -> Result<()> {
     let (q, k16, v16) = random_inputs(rng, c);
     let inp = upload(gpu, c, &q, &k16, &v16)?;
-    let scale = 1.0 / (c.head_dim as f32).sqrt();
-    let reference = reference(c, &inp.positions, &q, &k16, &v16, scale);
+    let reference = reference(c, &inp.positions, &q, &k16, &v16);
     let mut out = gpu.upload(&vec![f32::NAN; q.len()])?;
     launch(gpu, c, v, &inp, &plan_for(gpu, c, v, &inp)?, &mut out)?;
     let err = rel_err(&gpu.download(&out)?, &reference);
@@ -217,7 +223,8 @@ pub(super) fn flash_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
 }
 
 /// Softmax attention in f64 over the keys each query sees, its query rounded to f16 as the kernel's.
-fn reference(c: &Case, positions: &[usize], q: &[f32], k: &[f16], v: &[f16], scale: f32) -> Vec<f64> {
+fn reference(c: &Case, positions: &[usize], q: &[f32], k: &[f16], v: &[f16]) -> Vec<f64> {
+    let scale = c.scale();
     let (hd, qw, kvw) = (c.head_dim, c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
     let group = c.n_head / c.n_kv_head;
     let mut out = vec![0f64; c.t * qw];
