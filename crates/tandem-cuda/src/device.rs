@@ -19,6 +19,8 @@ pub struct Gpu {
     pub name: String,
     pub arch: String,
     pub total_mem: usize,
+    /// Streaming multiprocessors: persistent kernels size their grids by it.
+    pub sm_count: u32,
     /// Device bytes of KV caches and checkpoints, and the serving budget that caps them.
     pub kv_ledger: Arc<KvLedger>,
     functions: HashMap<String, CudaFunction>,
@@ -68,6 +70,11 @@ impl Gpu {
         let arch = nvrtc::arch_name(major, minor);
         let name = driver("device name", ctx.name())?;
         let total_mem = driver("total memory", ctx.total_mem())?;
+        let sm_count = driver(
+            "multiprocessor count",
+            ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        )?
+        .max(1) as u32;
         let mut functions = HashMap::new();
         let mut modules = Vec::new();
         for file in nvrtc::ALL {
@@ -86,6 +93,7 @@ impl Gpu {
             name,
             arch,
             total_mem,
+            sm_count,
             kv_ledger: Arc::default(),
             functions,
             _modules: modules,
@@ -150,6 +158,8 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         ("MATVEC3", [t]) => pair("matvec3_", "matvec3b_", t.to_string()),
         // MMVQ(type, unroll, rows per group, warps per group): the integer kernels, a pair per variant.
         ("MMVQ", [t, u, r, w]) => pair("mmvq_", "mmvqb_", format!("{t}_u{u}_r{r}_s{w}")),
+        // MMVQ_STAGED(type, shared layout, unroll, rows per group): the staged one-row kernels.
+        ("MMVQ_STAGED", [t, _, u, r]) => vec![format!("mmvqp_{t}_u{u}_r{r}_s1")],
         // FLASH_ENTRY(head size, key tile, m-tiles, r|s): the prefill attention variants.
         ("FLASH_ENTRY", [d, k, m, q]) => vec![format!("flash_prefill_d{d}_k{k}_m{m}_{q}")],
         _ => return None,
@@ -239,16 +249,19 @@ mod tests {
             assert!(mmvq.contains(&k.to_string()), "{k} in {mmvq:?}");
         }
         // Every variant the tuning may pick has its kernels, and no kernel is left unoffered.
-        let mut offered = 0;
+        let mut offered = std::collections::HashSet::new();
         for suffix in ["q4_k", "q6_k", "q8_0"] {
             for v in crate::int8::variants(suffix) {
                 for batched in [false, true] {
                     assert!(mmvq.contains(&v.kernel(suffix, batched)), "{suffix} {v:?}");
-                    offered += 1;
+                    offered.insert(v.kernel(suffix, batched));
                 }
             }
         }
-        assert_eq!(mmvq.len(), 3 + offered);
+        for k in ["repack_q4_k_regions", "repack_q6_k_regions", "mmvqp_q6_k_u2_r1_s1"] {
+            assert!(mmvq.contains(&k.to_string()), "{k} in {mmvq:?}");
+        }
+        assert_eq!(mmvq.len(), 5 + offered.len());
     }
 
     #[test]

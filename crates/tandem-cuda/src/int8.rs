@@ -67,9 +67,9 @@ pub fn quantize_act_into(
     Ok(())
 }
 
-/// The weights in the layout the integer kernel reads: a new buffer of the same size for Q6_K and
-/// Q8_0 (aligned quant blocks, scales in a table after all rows), `None` where the ggml layout is
-/// read as it is (Q4_K).
+/// The weights in the layout the integer kernel reads: a new buffer of the same size
+/// (`repacked_source` says where each byte comes from), or `None` for types without an integer
+/// kernel.
 pub fn repack(
     gpu: &Gpu,
     ty: GgmlType,
@@ -77,43 +77,146 @@ pub fn repack(
     rows: usize,
     cols: usize,
 ) -> Result<Option<CudaSlice<u8>>, CudaError> {
-    // (blocks, block bytes, quant offset, quant bytes, scale offset): see `repack_scales_out`.
-    let (n_blocks, block_bytes, quant_off, quant_len, scale_off) = match ty {
-        GgmlType::Q6_K => (rows * (cols / 256), 210, 0, 208, 208),
-        GgmlType::Q8_0 => (rows * (cols / 32), 34, 2, 32, 0),
-        _ => return Ok(None),
-    };
     let mut out = gpu.alloc_out::<u8>(w.len())?;
-    let n = n_blocks as u64;
-    let f = gpu.function("repack_scales_out")?;
-    let mut b = gpu.stream.launch_builder(f);
-    b.arg(w).arg(&mut out).arg(&n);
-    b.arg(&block_bytes).arg(&quant_off).arg(&quant_len).arg(&scale_off);
-    driver("repack_scales_out", unsafe {
-        b.launch(launch_cfg((blocks(n_blocks, 256), 1, 1), 256))
-    })?;
+    let nsb = cols / 256;
+    let (r, n) = (i32_of(rows, "rows")?, i32_of(nsb, "super-blocks")?);
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q6_K => {
+            let name = if ty == GgmlType::Q4_K {
+                "repack_q4_k_regions"
+            } else {
+                "repack_q6_k_regions"
+            };
+            let mut b = gpu.stream.launch_builder(gpu.function(name)?);
+            b.arg(w).arg(&mut out).arg(&r).arg(&n);
+            driver(name, unsafe {
+                b.launch(launch_cfg((blocks(rows * nsb, 128), 1, 1), 128))
+            })?;
+        }
+        GgmlType::Q8_0 => {
+            // (blocks, block bytes, quant offset, quant bytes, scale offset): see `repack_scales_out`.
+            let n_blocks = rows * (cols / 32);
+            let (block_bytes, quant_off, quant_len, scale_off) = (34i32, 2i32, 32i32, 0i32);
+            let n = n_blocks as u64;
+            let mut b = gpu.stream.launch_builder(gpu.function("repack_scales_out")?);
+            b.arg(w).arg(&mut out).arg(&n);
+            b.arg(&block_bytes).arg(&quant_off).arg(&quant_len).arg(&scale_off);
+            driver("repack_scales_out", unsafe {
+                b.launch(launch_cfg((blocks(n_blocks, 256), 1, 1), 256))
+            })?;
+        }
+        _ => return Ok(None),
+    }
     Ok(Some(out))
 }
+
+/// For each byte of the integer-route layout of a `rows × cols` matrix of type `ty`, the offset of
+/// the ggml-layout byte it holds (`None` for types without an integer kernel). The GPU's `repack`
+/// writes exactly this; gpu-check compares the two.
+/// - Q4_K, per row of `nsb` super-blocks: region A (each super-block's four 16-byte quant pieces
+///   that start its 32-byte chunks), region B (the chunks' second pieces), then the 16-byte heads
+///   (d, dmin, scales).
+/// - Q6_K, per row: regions A (ql at 64h + 16g for lane 2h + g), B (ql at 64h + 32 + 16g), H (qh at
+///   32h + 16g) and the 16 scale bytes of each super-block; after all rows, every super-block's f16 d.
+/// - Q8_0: each block's 32 quants in order per row; after all rows, every block's f16 scale.
+pub fn repacked_source(ty: GgmlType, rows: usize, cols: usize) -> Option<Vec<usize>> {
+    let nsb = cols / 256;
+    let mut src = Vec::new();
+    match ty {
+        GgmlType::Q4_K => {
+            for r in 0..rows {
+                let block = |sb: usize| (r * nsb + sb) * 144;
+                for half in 0..2 {
+                    for sb in 0..nsb {
+                        for c in 0..4 {
+                            src.extend((0..16).map(|b| block(sb) + 16 + 32 * c + 16 * half + b));
+                        }
+                    }
+                }
+                for sb in 0..nsb {
+                    src.extend((0..16).map(|b| block(sb) + b));
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            for r in 0..rows {
+                let block = |sb: usize| (r * nsb + sb) * 210;
+                for region in [0, 32, 128] {
+                    for sb in 0..nsb {
+                        for k in 0..4 {
+                            let (h, g) = (k / 2, k % 2);
+                            let at = if region == 128 { 128 + 32 * h } else { 64 * h + region };
+                            src.extend((0..16).map(|b| block(sb) + at + 16 * g + b));
+                        }
+                    }
+                }
+                for sb in 0..nsb {
+                    src.extend((0..16).map(|b| block(sb) + 192 + b));
+                }
+            }
+            for i in 0..rows * nsb {
+                src.extend([i * 210 + 208, i * 210 + 209]);
+            }
+        }
+        GgmlType::Q8_0 => {
+            let n = rows * (cols / 32);
+            for i in 0..n {
+                src.extend((0..32).map(|b| i * 34 + 2 + b));
+            }
+            for i in 0..n {
+                src.extend([i * 34, i * 34 + 1]);
+            }
+        }
+        _ => return None,
+    }
+    Some(src)
+}
+
+/// Shared-memory bytes of a staged kernel's copy of one Q8_K activation row of `cols` (`stage_q8k`:
+/// quants in whole groups of eight super-blocks, sums of 16, block scales).
+pub fn staged_bytes(cols: usize) -> usize {
+    let nsb = cols / 256;
+    nsb.div_ceil(8) * 2048 + nsb * 64 + nsb * 4
+}
+
+/// The most shared memory a staged launch takes without opting in to more per kernel.
+const STAGED_MAX_BYTES: usize = 48 * 1024;
 
 /// One of the integer kernels of a weight type: `unroll` steps of loads a lane issues before it
 /// computes, `rows` consecutive weight rows per group (sharing the activation loads), `split` warps
 /// per group (1, or 4 splitting a row's blocks). Variants of one `split` give the same bits; `split`
 /// sets the order of a row's sums, and a matrix keeps one variant for every row count. The load-time
 /// timing keeps the fastest per shape.
+///
+/// `staged` (K-quants, split 1): a one-row product copies the activation row into shared memory
+/// once per block, in an order where each load instruction of a warp reads consecutive bytes, and
+/// runs a grid of the blocks that fit on the GPU at once, each warp looping over row groups. Its
+/// batched launches take the unstaged kernel of the same unroll and rows; the sums are the same.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MmvqVariant {
     pub unroll: u32,
     pub rows: u32,
     pub split: u32,
+    pub staged: bool,
 }
 
 impl MmvqVariant {
     pub fn kernel(self, suffix: &str, batched: bool) -> String {
-        let b = if batched { "b" } else { "" };
-        format!("mmvq{b}_{suffix}_u{}_r{}_s{}", self.unroll, self.rows, self.split)
+        let kind = match (batched, self.staged) {
+            (true, _) => "b",
+            (false, true) => "p",
+            (false, false) => "",
+        };
+        format!("mmvq{kind}_{suffix}_u{}_r{}_s{}", self.unroll, self.rows, self.split)
     }
 
-    /// Thread blocks (of four warps) for `rows` weight rows.
+    /// A short name for tables: `u2r1s1`, with `p` for staged.
+    pub fn label(self) -> String {
+        let p = if self.staged { "p" } else { "" };
+        format!("u{}r{}s{}{p}", self.unroll, self.rows, self.split)
+    }
+
+    /// Thread blocks (of four warps) for `rows` weight rows, unstaged.
     pub fn blocks(self, rows: usize) -> u32 {
         let groups = rows / self.rows as usize;
         if self.split == 1 {
@@ -123,21 +226,43 @@ impl MmvqVariant {
         }
     }
 
-    /// Whether it can take matrices of these row counts (whole groups of `rows`).
-    pub fn fits(self, rows: &[usize]) -> bool {
+    /// Whether it can take matrices of these row counts (whole groups of `rows`) and width.
+    pub fn fits(self, rows: &[usize], cols: usize) -> bool {
         rows.iter().all(|r| r.is_multiple_of(self.rows as usize))
+            && (!self.staged || staged_bytes(cols) <= STAGED_MAX_BYTES)
     }
 }
 
 /// The variants `kernels/mmvq.cu` instantiates for `suffix`.
 pub fn variants(suffix: &str) -> Vec<MmvqVariant> {
-    let v = |unroll, rows, split| MmvqVariant { unroll, rows, split };
+    let v = |unroll, rows, split| MmvqVariant {
+        unroll,
+        rows,
+        split,
+        staged: false,
+    };
+    let p = |unroll, rows| MmvqVariant {
+        unroll,
+        rows,
+        split: 1,
+        staged: true,
+    };
     match suffix {
         // Q4_K's rows of 4096 are 16 super-blocks, too few to split four ways; four rows a warp and
         // every split lost to two rows a warp on every 8B shape timed (docs/gpu-runs/2026-11-29-late).
-        "q4_k" => vec![v(1, 1, 1), v(2, 1, 1), v(4, 1, 1), v(1, 2, 1), v(2, 2, 1)],
+        "q4_k" => vec![
+            v(1, 1, 1),
+            v(2, 1, 1),
+            v(4, 1, 1),
+            v(1, 2, 1),
+            v(2, 2, 1),
+            p(1, 1),
+            p(2, 1),
+            p(1, 2),
+            p(2, 2),
+        ],
         "q8_0" => vec![v(2, 1, 1), v(4, 1, 1), v(8, 1, 1), v(1, 1, 4), v(2, 1, 4)],
-        _ => vec![v(1, 1, 1), v(2, 1, 1), v(4, 1, 1), v(1, 1, 4), v(2, 1, 4)],
+        _ => vec![v(1, 1, 1), v(2, 1, 1), v(4, 1, 1), v(1, 1, 4), v(2, 1, 4), p(1, 1), p(2, 1)],
     }
 }
 
@@ -186,10 +311,13 @@ pub fn mmvq_group_into(
     let name = variant.kernel(suffix, t > 1);
     let per_block = if t > 1 { MV_BATCH } else { 1 };
     let row_counts: Vec<usize> = targets.iter().map(|g| g.rows).collect();
-    if !variant.fits(&row_counts) {
+    if !variant.fits(&row_counts, cols) {
         return Err(CudaError::Driver {
             what: name,
-            err: format!("rows {row_counts:?} are not whole groups of {}", variant.rows),
+            err: format!(
+                "rows {row_counts:?} are not whole groups of {}, or {cols} columns are too wide to stage",
+                variant.rows
+            ),
         });
     }
     let f = gpu.function(&name)?;
@@ -220,9 +348,15 @@ pub fn mmvq_group_into(
     b.arg(&w_ptrs[0]).arg(&w_ptrs[1]).arg(&w_ptrs[2]).arg(a);
     b.arg(&y_ptrs[0]).arg(&y_ptrs[1]).arg(&y_ptrs[2]);
     b.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]).arg(&c).arg(&n);
-    driver(&name, unsafe {
-        b.launch(launch_cfg((variant.blocks(total), blocks(t, per_block), 1), 128))
-    })?;
+    let mut cfg = launch_cfg((variant.blocks(total), blocks(t, per_block), 1), 128);
+    if variant.staged && t == 1 {
+        // As many blocks as are resident at once (and no more than one row group a warp).
+        let smem = staged_bytes(cols);
+        let per_sm = driver(&name, f.occupancy_max_active_blocks_per_multiprocessor(128, smem, None))?;
+        cfg.grid_dim.0 = cfg.grid_dim.0.min(per_sm.max(1) * gpu.sm_count);
+        cfg.shared_mem_bytes = smem as u32;
+    }
+    driver(&name, unsafe { b.launch(cfg) })?;
     drop(guards);
     Ok(())
 }
@@ -239,42 +373,56 @@ mod tests {
         assert_eq!(ActQuant::Q8.bytes(2, 64), 128 + 16);
     }
 
+    fn variant(unroll: u32, rows: u32, split: u32, staged: bool) -> MmvqVariant {
+        MmvqVariant {
+            unroll,
+            rows,
+            split,
+            staged,
+        }
+    }
+
     #[test]
     fn variants_take_whole_row_groups() {
-        let two = MmvqVariant {
-            unroll: 1,
-            rows: 2,
-            split: 1,
-        };
-        assert!(two.fits(&[4096, 1024, 1024]));
-        assert!(!two.fits(&[4096, 1023]));
+        let two = variant(1, 2, 1, false);
+        assert!(two.fits(&[4096, 1024, 1024], 4096));
+        assert!(!two.fits(&[4096, 1023], 4096));
         // Four warps a block, two rows a warp: 4096 rows in 512 blocks.
         assert_eq!(two.blocks(4096), 512);
-        assert_eq!(
-            MmvqVariant {
-                unroll: 4,
-                rows: 1,
-                split: 1
-            }
-            .blocks(1026),
-            257
-        );
+        assert_eq!(variant(4, 1, 1, false).blocks(1026), 257);
         assert_eq!(two.kernel("q4_k", true), "mmvqb_q4_k_u1_r2_s1");
         // One row a warp fits anything, so every type has a variant for every shape.
         for suffix in ["q4_k", "q6_k", "q8_0"] {
-            assert!(variants(suffix).iter().any(|v| v.fits(&[1, 3, 5])), "{suffix}");
+            assert!(variants(suffix).iter().any(|v| v.fits(&[1, 3, 5], 1 << 20)), "{suffix}");
         }
+    }
+
+    #[test]
+    fn staged_variants_fit_rows_whose_activation_fits_in_shared_memory() {
+        let p = variant(2, 1, 1, true);
+        assert_eq!(p.kernel("q4_k", false), "mmvqp_q4_k_u2_r1_s1");
+        // Batched launches take the unstaged kernel: the same sums.
+        assert_eq!(p.kernel("q4_k", true), "mmvqb_q4_k_u2_r1_s1");
+        assert_eq!(p.label(), "u2r1s1p");
+        // 16 super-blocks: two groups of eight (4 KiB of quants), 1 KiB of sums, 64 B of scales.
+        assert_eq!(staged_bytes(4096), 4096 + 1024 + 64);
+        // A partial group of eight takes a whole group's quant space.
+        assert_eq!(staged_bytes(2560), 4096 + 640 + 40);
+        assert!(p.fits(&[4096], 14336));
+        // Gemma-3-27B's down projection is 21504 wide; 53248 would need more than 48 KiB.
+        assert!(p.fits(&[5376], 21504));
+        assert!(!p.fits(&[4096], 53248));
+        assert!(variant(2, 1, 1, false).fits(&[4096], 53248));
+        // Only K-quants stage, and only unsplit.
+        assert!(variants("q8_0").iter().all(|v| !v.staged));
+        assert!(variants("q4_k").iter().chain(&variants("q6_k")).filter(|v| v.staged).all(|v| v.split == 1));
     }
 
     #[test]
     fn a_split_group_takes_a_whole_block() {
         // Four warps share one group: a block per group, so 4096 rows make 4096 blocks (a grid sized
         // for one group per warp would leave three quarters of the rows unwritten).
-        let split = MmvqVariant {
-            unroll: 1,
-            rows: 1,
-            split: 4,
-        };
+        let split = variant(1, 1, 4, false);
         assert_eq!(split.blocks(4096), 4096);
         assert_eq!(split.kernel("q8_0", false), "mmvq_q8_0_u1_r1_s4");
         assert!(variants("q8_0").contains(&split));
@@ -288,6 +436,47 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn repacked_layouts_move_every_byte_once() {
+        for (ty, block_bytes, per_block) in [
+            (GgmlType::Q4_K, 144, 256),
+            (GgmlType::Q6_K, 210, 256),
+            (GgmlType::Q8_0, 34, 32),
+        ] {
+            let (rows, cols) = (3, 768);
+            let src = repacked_source(ty, rows, cols).expect("integer type");
+            let n = rows * cols / per_block * block_bytes;
+            assert_eq!(src.len(), n, "{ty}");
+            let mut seen = vec![false; n];
+            for &i in &src {
+                assert!(!seen[i], "{ty}: byte {i} twice");
+                seen[i] = true;
+            }
+        }
+        assert!(repacked_source(GgmlType::Q5_K, 1, 256).is_none());
+    }
+
+    #[test]
+    fn a_warps_q4_k_load_reads_consecutive_bytes() {
+        // Lane 4s + c of a warp reads, in its first load, chunk c's first 16 quant bytes of
+        // super-block s: 32 lanes, 512 consecutive bytes of the repacked row.
+        let (rows, cols) = (1, 4096);
+        let src = repacked_source(GgmlType::Q4_K, rows, cols).unwrap();
+        for lane in 0..32 {
+            let (sb, c) = (lane / 4, lane % 4);
+            assert_eq!(src[lane * 16], sb * 144 + 16 + 32 * c, "lane {lane}");
+        }
+        // The heads follow both quant regions: 16 super-blocks, 128 bytes of quants each.
+        assert_eq!(src[16 * 128 + 16], 144);
+        // Q6_K: lane 2h + g of super-block 1, first load: its ql at 64h + 16g.
+        let q6 = repacked_source(GgmlType::Q6_K, rows, cols).unwrap();
+        for k in 0..4 {
+            assert_eq!(q6[64 + k * 16], 210 + 64 * (k / 2) + 16 * (k % 2));
+        }
+        // The d table after the rows.
+        assert_eq!(q6[16 * 208], 208);
     }
 
     #[test]

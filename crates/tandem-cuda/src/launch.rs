@@ -244,10 +244,10 @@ fn tuning_input(gpu: &Gpu, cols: usize) -> Result<CudaSlice<f32>, CudaError> {
 
 /// The integer variants on offer: in deterministic mode only those of one summation order (split 1),
 /// so the bits a matrix gives do not depend on which variant a run's timing picked.
-fn offered(suffix: &str, rows: &[usize], deterministic: bool) -> Vec<MmvqVariant> {
+fn offered(suffix: &str, rows: &[usize], cols: usize, deterministic: bool) -> Vec<MmvqVariant> {
     variants(suffix)
         .into_iter()
-        .filter(|v| v.fits(rows) && (!deterministic || v.split == 1))
+        .filter(|v| v.fits(rows, cols) && (!deterministic || v.split == 1))
         .collect()
 }
 
@@ -291,7 +291,7 @@ pub(crate) fn tune_decode(
     }
     if let Some((fmt, wq)) = int8 {
         let mut a = gpu.alloc_out::<u8>(fmt.bytes(1, cols))?;
-        for variant in offered(suffix, &[rows], deterministic) {
+        for variant in offered(suffix, &[rows], cols, deterministic) {
             let secs = time_launches(gpu, &mut || {
                 quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
                 mmvq_into(gpu, suffix, variant, wq, &a, 1, rows, cols, &mut out)
@@ -363,7 +363,7 @@ pub(crate) fn tune_group(
     })?;
     let mut best = (alone, None);
     let rows: Vec<usize> = members.iter().map(|m| m.rows).collect();
-    for variant in offered(suffix, &rows, deterministic) {
+    for variant in offered(suffix, &rows, cols, deterministic) {
         let secs = time_launches(gpu, &mut || {
             quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
             let mut targets = members

@@ -7,7 +7,9 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use tandem_backend::cpu::act_quant::{quantize_row_q8, quantize_row_q8k};
 use tandem_backend::Isa;
-use tandem_cuda::int8::{int8_format, mmvq_group_into, mmvq_into, quantize_act_into, repack, ActQuant, MmvqTarget};
+use tandem_cuda::int8::{
+    int8_format, mmvq_group_into, mmvq_into, quantize_act_into, repack, repacked_source, ActQuant, MmvqTarget,
+};
 use tandem_cuda::launch::type_suffix;
 use tandem_cuda::Gpu;
 use tandem_gguf::GgmlType;
@@ -73,12 +75,20 @@ pub(super) fn int8_checks(
     let suffix = type_suffix(ty).context("type has kernels")?;
     let w_dev = gpu.upload(w)?;
     let wq = repack(gpu, ty, &w_dev, rows, cols)?.unwrap_or(w_dev);
+    // The GPU's repacked bytes are the documented layout's.
+    let layout: Vec<u8> = repacked_source(ty, rows, cols)
+        .context("integer type")?
+        .iter()
+        .map(|&i| w[i])
+        .collect();
+    let layout_equal = gpu.download(&wq)? == layout;
     let (mut worst, mut quant_equal, mut batch_equal) = (0f64, true, true);
     let (mut variant_equal, mut group_equal) = (true, true);
     let bits_equal =
         |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
     let poisoned = |n: usize| gpu.upload(&vec![f32::NAN; n]);
     let variants = tandem_cuda::int8::variants(suffix);
+    let mut tall_equal = true;
     for t in [1usize, 5, 64] {
         let x: Vec<f32> = (0..t * cols).map(|_| rng.normal()).collect();
         let x_dev = gpu.upload(&x)?;
@@ -97,7 +107,7 @@ pub(super) fn int8_checks(
         // order of the sums).
         let mut first: Option<Vec<f32>> = None;
         let mut first_of_split: Vec<(u32, Vec<f32>)> = Vec::new();
-        for &v in variants.iter().filter(|v| v.fits(&[rows])) {
+        for &v in variants.iter().filter(|v| v.fits(&[rows], cols)) {
             let mut out = poisoned(t * rows)?;
             mmvq_into(gpu, suffix, v, &wq, &a, t, rows, cols, &mut out)?;
             let got = gpu.download(&out)?;
@@ -118,19 +128,33 @@ pub(super) fn int8_checks(
             // The first variant's order, in a grouped launch of another unroll.
             let grouped = *variants
                 .iter()
-                .rfind(|v| v.fits(&[rows]) && v.split == variants[0].split)
+                .rfind(|v| v.fits(&[rows], cols) && v.split == variants[0].split)
                 .context("a variant fits")?;
             mmvq_group_into(gpu, suffix, grouped, &mut targets, &a, t, cols)?;
         }
         for out in &outs {
             group_equal &= bits_equal(&gpu.download(out)?, &got);
         }
+        if t == 1 {
+            // Staged kernels loop over row groups when the matrix has more of them than the
+            // resident warps: the matrix stacked 80 times must give its rows 80 times.
+            let copies = 80;
+            let tall: Vec<u8> = (0..copies).flat_map(|_| w.iter().copied()).collect();
+            let tall_dev = gpu.upload(&tall)?;
+            let tall_q = repack(gpu, ty, &tall_dev, rows * copies, cols)?.context("integer type")?;
+            for &v in variants.iter().filter(|v| v.staged && v.fits(&[rows], cols)) {
+                let mut out = poisoned(rows * copies)?;
+                mmvq_into(gpu, suffix, v, &tall_q, &a, 1, rows * copies, cols, &mut out)?;
+                let out = gpu.download(&out)?;
+                tall_equal &= out.chunks(rows).all(|c| bits_equal(c, &got));
+            }
+        }
         if t == 5 {
             // Each row alone (single-row kernel) as in the batch, for every split.
             for (split, batched) in &first_of_split {
                 let v = *variants
                     .iter()
-                    .find(|v| v.split == *split && v.fits(&[rows]))
+                    .find(|v| v.split == *split && v.fits(&[rows], cols))
                     .context("the split's variant")?;
                 for i in 0..t {
                     let xi = gpu.upload(&x[i * cols..(i + 1) * cols])?;
@@ -144,17 +168,18 @@ pub(super) fn int8_checks(
         }
     }
     table.push(Row {
-        check: format!("int8 activations ({fmt:?}) for {ty}: GPU bits = CPU bits"),
-        result: format!("{quant_equal}"),
-        pass: quant_equal,
+        check: format!("int8 activations ({fmt:?}) for {ty}: GPU bits = CPU bits; repacked weights = documented layout"),
+        result: format!("{quant_equal}; {layout_equal}"),
+        pass: quant_equal && layout_equal,
     });
     let bound = 1e-5;
     table.push(Row {
         check: format!("matvec Int8 {ty} {rows}x{cols}, t=1,5,64, {} variants", variants.len()),
         result: format!(
-            "rel err {worst:.2e} (bound {bound:.0e}); bit-equal: batched rows {batch_equal}, variants {variant_equal}, grouped launch {group_equal}"
+            "rel err {worst:.2e} (bound {bound:.0e}); bit-equal: batched rows {batch_equal}, variants {variant_equal}, grouped launch {group_equal}, staged on {}x rows {tall_equal}",
+            80
         ),
-        pass: worst < bound && batch_equal && variant_equal && group_equal,
+        pass: worst < bound && batch_equal && variant_equal && group_equal && tall_equal,
     });
     Ok(())
 }
@@ -185,7 +210,10 @@ pub(super) fn int8_bench(
     let mut out = gpu.alloc::<f32>(rows)?;
     quantize_act_into(gpu, fmt, x, 1, cols, &mut a)?;
     let iters = 40;
-    for variant in tandem_cuda::int8::variants(suffix) {
+    for variant in tandem_cuda::int8::variants(suffix)
+        .into_iter()
+        .filter(|v| v.fits(&[rows], cols))
+    {
         for with_quantize in [false, true] {
             for w in &weights {
                 mmvq_into(gpu, suffix, variant, w, &a, 1, rows, cols, &mut out)?;
@@ -214,10 +242,8 @@ pub(super) fn int8_bench(
             let f = gpu.function(&variant.kernel(suffix, false))?;
             table.push(Row {
                 check: format!(
-                    "matvec Int8 u{}r{}s{} {ty} {rows}x{cols} speed{}",
-                    variant.unroll,
-                    variant.rows,
-                    variant.split,
+                    "matvec Int8 {} {ty} {rows}x{cols} speed{}",
+                    variant.label(),
                     if with_quantize { " (+ quantize)" } else { "" }
                 ),
                 result: format!(

@@ -231,7 +231,8 @@ fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
 
 /// Times the single-row matvec over matrices larger than L2 (four copies, rotated), the decode
 /// route's whole cost: weight bytes read once over elapsed time. 16384×8192 for every type, then the
-/// Llama-3-8B decode shapes (gate/up, down, q/o, q+k+v as one launch) for Q4_K, Q8_0 and F16.
+/// Llama-3-8B decode shapes (gate/up, down, q/o, q+k+v as one launch) for Q4_K, Q8_0 and F16, and
+/// Q4_K_M's Q6_K down and v.
 fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut cases: Vec<(GgmlType, usize, usize)> = [
@@ -248,6 +249,8 @@ fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
         cases.extend([(ty, 14336, 4096), (ty, 4096, 14336), (ty, 4096, 4096), (ty, 6144, 4096)]);
     }
+    // Q4_K_M's Q6_K matrices: down in half the layers, v in half.
+    cases.extend([(GgmlType::Q6_K, 4096, 14336), (GgmlType::Q6_K, 1024, 4096)]);
     for (ty, rows, cols) in cases {
         let suffix = type_suffix(ty).expect("benched types have kernels");
         let row_bytes = ty.row_bytes(cols as u64).context("row size")? as usize;

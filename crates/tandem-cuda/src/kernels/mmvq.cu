@@ -12,10 +12,13 @@
 // shared with the norm and gating kernels that write this form directly. The quants and sums are
 // whole 16-byte lines (cols is a multiple of 256 for Q8_K), so kernels read them with 16-byte loads.
 //
-// Weights: Q4_K is read in its ggml layout (144-byte super-blocks, 16-byte aligned). Q6_K (210 bytes)
-// and Q8_0 (34 bytes) are not 16-byte aligned, so they are repacked once at load (`repack_*`): each row
-// keeps its quants in aligned blocks, and every block's f16 scale moves to a table after all rows.
-// The repacked matrix has exactly the bytes of the original.
+// Weights are repacked once at load (`repack_*`, same bytes as the original) so that each load
+// instruction of a warp reads one contiguous run: a lane's 16-byte pieces of a K-quant super-block go
+// to per-row regions (all super-blocks' first pieces, then all second pieces, ...), so the 32 lanes of
+// a warp, eight super-blocks of four lanes, read 512 consecutive bytes where the ggml layout would
+// scatter them over twice the cache lines. Q8_0 blocks (34 bytes) keep their quants in aligned blocks,
+// and every block's f16 scale moves to a table after all rows (Q6_K's too). The layouts are written
+// out in `int8::repacked_offset`, which gpu-check compares with these kernels' output.
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 
@@ -51,6 +54,48 @@ extern "C" __global__ void repack_scales_out(const u8* __restrict__ src, u8* __r
     d[1] = s[scale_off + 1];
 }
 
+// K-quant super-blocks to per-row regions of 16-byte pieces, one thread per super-block. Q4_K (144
+// bytes: d, dmin, 12 scale bytes, then 128 quant bytes in four 32-byte chunks): region A holds each
+// chunk's first 16 bytes, B its second, then the 16-byte heads; a row is A | B | heads. Q6_K (210
+// bytes: ql 0..128, qh 128..192, scales 192..208, d 208): lane k = 2h + g of a super-block reads ql at
+// 64h + 16g (A) and 64h + 32 + 16g (B), qh at 128 + 32h + 16g (H); a row is A | B | H | scales, and the
+// f16 d of every super-block goes to a table after all rows.
+extern "C" __global__ void repack_q4_k_regions(const u8* __restrict__ src, u8* __restrict__ dst, int rows, int nsb) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * nsb) return;
+    size_t r = i / nsb;
+    int sb = (int)(i % nsb);
+    const uint4* s = (const uint4*)(src + i * 144);
+    uint4* row = (uint4*)(dst + r * nsb * 144);
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        row[sb * 4 + c] = s[1 + 2 * c];
+        row[nsb * 4 + sb * 4 + c] = s[2 + 2 * c];
+    }
+    row[nsb * 8 + sb] = s[0];
+}
+
+extern "C" __global__ void repack_q6_k_regions(const u8* __restrict__ src, u8* __restrict__ dst, int rows, int nsb) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * nsb) return;
+    size_t r = i / nsb;
+    int sb = (int)(i % nsb);
+    const u8* s = src + i * 210;
+    u8* row = dst + r * nsb * 208;
+    for (int k = 0; k < 4; k++) {
+        int h = k >> 1, l0 = 16 * (k & 1);
+        for (int b = 0; b < 16; b++) {
+            row[sb * 64 + k * 16 + b] = s[64 * h + l0 + b];
+            row[nsb * 64 + sb * 64 + k * 16 + b] = s[64 * h + 32 + l0 + b];
+            row[nsb * 128 + sb * 64 + k * 16 + b] = s[128 + 32 * h + l0 + b];
+        }
+    }
+    for (int b = 0; b < 16; b++) row[nsb * 192 + sb * 16 + b] = s[192 + b];
+    u8* d = dst + (size_t)rows * nsb * 208 + i * 2;
+    d[0] = s[208];
+    d[1] = s[209];
+}
+
 __device__ __forceinline__ uint4 ldg16(const u8* p) { return __ldg((const uint4*)p); }
 __device__ __forceinline__ int4 ldx16(const signed char* p) { return __ldg((const int4*)p); }
 
@@ -67,12 +112,82 @@ __device__ __forceinline__ int dot16(const int* v, int4 x) {
     return dp4a(v[3], x.w, dp4a(v[2], x.z, dp4a(v[1], x.y, dp4a(v[0], x.x, 0))));
 }
 
+// Where a K-quant kernel reads its Q8_K activations: global memory, or the block's shared copy
+// (`stage_q8k`). A lane's 16 quants are named both ways: by their place in the super-block (`piece`,
+// 0..15) for global memory, and by the lane's load step `i` (0..3) and its position `lp` (0..3)
+// among the super-block's four lanes for the shared copy, which is laid out so that each load
+// instruction of a warp reads 512 consecutive bytes (no bank conflicts).
+struct GlobalQ8K {
+    const u8* A;
+    int n_t, cols;
+    __device__ __forceinline__ int4 q(int t, int sb, int piece, int, int) const {
+        return ldx16(act_qs(A, t, cols) + sb * 256 + piece * 16);
+    }
+    __device__ __forceinline__ int4 sums(int t, int sb, int c) const {
+        return __ldg((const int4*)(act_sums(A, n_t, t, cols) + sb * 16 + c * 4));
+    }
+    __device__ __forceinline__ float d(int t, int sb) const { return __ldg(act_d(A, n_t, t, cols, 256) + sb); }
+};
+
+struct SharedQ8K {
+    const int4* qs;
+    const int4* sum4;
+    const float* dq;
+    __device__ __forceinline__ int4 q(int, int sb, int, int i, int lp) const {
+        return qs[(sb >> 3) * 128 + i * 32 + (sb & 7) * 4 + lp];
+    }
+    __device__ __forceinline__ int4 sums(int, int sb, int c) const { return sum4[sb * 4 + c]; }
+    __device__ __forceinline__ float d(int, int sb) const { return dq[sb]; }
+};
+
+// Copies one activation row (Q8_K, n_t = 1) into shared memory for a block's four warps, quants
+// reordered for the reading kernel: L = 0 for Q4_K (lane position c reads pieces 4c + i), L = 1 for
+// Q6_K (lane position 2h + g reads pieces 8h + g + 2i). Bytes: `int8::staged_bytes`.
+template <int L>
+__device__ __forceinline__ SharedQ8K stage_q8k(const u8* __restrict__ A, int cols, int4* smem) {
+    int nsb = cols / 256;
+    int4* qs = smem;
+    int4* sum4 = smem + ((nsb + 7) / 8) * 128;
+    float* dq = (float*)(sum4 + nsb * 4);
+    const int4* gq = (const int4*)A;
+    for (int P = threadIdx.x; P < nsb * 16; P += blockDim.x) {
+        int sb = P >> 4, p = P & 15;
+        int i = L == 0 ? (p & 3) : ((p >> 1) & 3);
+        int lp = L == 0 ? (p >> 2) : 2 * (p >> 3) + (p & 1);
+        qs[(sb >> 3) * 128 + i * 32 + (sb & 7) * 4 + lp] = __ldg(gq + P);
+    }
+    if (L == 0) {
+        const int4* gs = (const int4*)act_sums(A, 1, 0, cols);
+        for (int j = threadIdx.x; j < nsb * 4; j += blockDim.x) sum4[j] = __ldg(gs + j);
+    }
+    const float* gd = act_d(A, 1, 0, cols, 256);
+    for (int j = threadIdx.x; j < nsb; j += blockDim.x) dq[j] = __ldg(gd + j);
+    __syncthreads();
+    return SharedQ8K{qs, sum4, dq};
+}
+
+// The 6-bit scales and mins of sub-blocks 2c and 2c + 1 of a Q4_K super-block whose 16-byte head
+// (d, dmin, 12 scale bytes) is `h`: ggml's `get_scale_min_k4` on whole words, so no byte of the head
+// is addressed by a lane-dependent index (that would put the head in local memory, and make each
+// step wait for it to arrive before issuing its quant loads).
+__device__ __forceinline__ void q4k_lane_scales(uint4 h, int c, int* sc0, int* m0, int* sc1, int* m1) {
+    // Sub-blocks 0..3 are bytes 0..3 of the low six bits; sub-blocks 4..7 take their low four bits
+    // from the last four bytes and their top two from the top bits of the first eight.
+    u32 sc = c < 2 ? h.y & 0x3F3F3F3Fu : (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+    u32 mn = c < 2 ? h.z & 0x3F3F3F3Fu : ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
+    int shift = 16 * (c & 1);
+    *sc0 = (sc >> shift) & 0xFF;
+    *sc1 = (sc >> (shift + 8)) & 0xFF;
+    *m0 = (mn >> shift) & 0xFF;
+    *m1 = (mn >> (shift + 8)) & 0xFF;
+}
+
 // Q4_K: four lanes per super-block, eight super-blocks per step. Lane c = lane % 4 takes chunk c of
 // the quants (32 bytes: low nibbles are sub-block 2c, high nibbles sub-block 2c + 1), so one decode of
 // the packed scales serves 64 weights. A warp takes R consecutive rows: each step's activation loads
 // serve all of them (per weight byte, the activations are most of what a lane loads).
-template <int NB, int U, int R, int S>
-__device__ __forceinline__ void mmvq_q4_k_rows(WarpRow<NB>* m, const u8* W, const u8* A, int rows, int cols, int n_t) {
+template <int NB, int U, int R, int S, class Act>
+__device__ __forceinline__ void mmvq_q4_k_with(WarpRow<NB>* m, const u8* W, const Act& act, int cols) {
     int nsb = cols / 256;
     int lane = m[0].lane, c = lane & 3, part = S == 1 ? 0 : threadIdx.x >> 5;
     const u8* row[R];
@@ -86,10 +201,9 @@ __device__ __forceinline__ void mmvq_q4_k_rows(WarpRow<NB>* m, const u8* W, cons
             if (sb < nsb) {
 #pragma unroll
                 for (int j = 0; j < R; j++) {
-                    const u8* b = row[j] + (size_t)sb * 144;
-                    head[j][u] = ldg16(b);
-                    qa[j][u] = ldg16(b + 16 + c * 32);
-                    qb[j][u] = ldg16(b + 32 + c * 32);
+                    head[j][u] = ldg16(row[j] + nsb * 128 + sb * 16);
+                    qa[j][u] = ldg16(row[j] + sb * 64 + c * 16);
+                    qb[j][u] = ldg16(row[j] + nsb * 64 + sb * 64 + c * 16);
                 }
             }
         }
@@ -101,11 +215,9 @@ __device__ __forceinline__ void mmvq_q4_k_rows(WarpRow<NB>* m, const u8* W, cons
             int sc0[R], m0[R], sc1[R], m1[R], lo[R][8], hi[R][8];
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                const u8* hb = (const u8*)&head[j][u];
-                d[j] = h2f((u16)hb[0] | ((u16)hb[1] << 8));
-                dmin[j] = h2f((u16)hb[2] | ((u16)hb[3] << 8));
-                scale_min_k4(2 * c, hb + 4, &sc0[j], &m0[j]);
-                scale_min_k4(2 * c + 1, hb + 4, &sc1[j], &m1[j]);
+                d[j] = h2f((u16)(head[j][u].x & 0xFFFF));
+                dmin[j] = h2f((u16)(head[j][u].x >> 16));
+                q4k_lane_scales(head[j][u], c, &sc0[j], &m0[j], &sc1[j], &m1[j]);
                 u32 q[8] = {qa[j][u].x, qa[j][u].y, qa[j][u].z, qa[j][u].w,
                             qb[j][u].x, qb[j][u].y, qb[j][u].z, qb[j][u].w};
 #pragma unroll
@@ -114,14 +226,14 @@ __device__ __forceinline__ void mmvq_q4_k_rows(WarpRow<NB>* m, const u8* W, cons
                     hi[j][i] = (int)((q[i] >> 4) & 0x0F0F0F0Fu);
                 }
             }
-            int e = sb * 256 + c * 64;
 #pragma unroll
             for (int t = 0; t < NB; t++) {
                 if (t < m[0].nt) {
-                    const signed char* xq = act_qs(A, m[0].t0 + t, cols) + e;
-                    int4 x0 = ldx16(xq), x1 = ldx16(xq + 16), x2 = ldx16(xq + 32), x3 = ldx16(xq + 48);
-                    int4 bs = __ldg((const int4*)(act_sums(A, n_t, m[0].t0 + t, cols) + e / 16));
-                    float dx = __ldg(act_d(A, n_t, m[0].t0 + t, cols, 256) + sb);
+                    int tt = m[0].t0 + t;
+                    int4 x0 = act.q(tt, sb, 4 * c, 0, c), x1 = act.q(tt, sb, 4 * c + 1, 1, c);
+                    int4 x2 = act.q(tt, sb, 4 * c + 2, 2, c), x3 = act.q(tt, sb, 4 * c + 3, 3, c);
+                    int4 bs = act.sums(tt, sb, c);
+                    float dx = act.d(tt, sb);
 #pragma unroll
                     for (int j = 0; j < R; j++) {
                         int dl = dot16(lo[j] + 4, x1) + dot16(lo[j], x0);
@@ -147,8 +259,8 @@ __device__ __forceinline__ int q6_word(u32 ql, int nib, u32 qh, int hshift) {
 // half h = k / 2 (128 elements) and l0 = 16 * (k % 2): ql[l0..+16] and ql[32 + l0..+16] of the half,
 // and qh[l0..+16], which hold elements {0, 32, 64, 96} + l0 .. + 16 of the half (one 16-element scale
 // group each).
-template <int NB, int U, int R, int S>
-__device__ __forceinline__ void mmvq_q6_k_rows(WarpRow<NB>* ms, const u8* W, const u8* A, int rows, int cols, int n_t) {
+template <int NB, int U, int R, int S, class Act>
+__device__ __forceinline__ void mmvq_q6_k_with(WarpRow<NB>* ms, const u8* W, const Act& act, int rows, int cols) {
     static_assert(R == 1, "one row per warp");
     WarpRow<NB>& m = ms[0];
     int part = S == 1 ? 0 : threadIdx.x >> 5;
@@ -164,11 +276,10 @@ __device__ __forceinline__ void mmvq_q6_k_rows(WarpRow<NB>* ms, const u8* W, con
         for (int u = 0; u < U; u++) {
             int sb = base + 8 * S * u;
             if (sb < nsb) {
-                const u8* b = row + (size_t)sb * 208;
-                qa[u] = ldg16(b + 64 * h + l0);
-                qb[u] = ldg16(b + 64 * h + 32 + l0);
-                qh[u] = ldg16(b + 128 + 32 * h + l0);
-                scw[u] = __ldg((const uint2*)(b + 192 + 8 * h));
+                qa[u] = ldg16(row + sb * 64 + k * 16);
+                qb[u] = ldg16(row + nsb * 64 + sb * 64 + k * 16);
+                qh[u] = ldg16(row + nsb * 128 + sb * 64 + k * 16);
+                scw[u] = __ldg((const uint2*)(row + nsb * 192 + sb * 16 + 8 * h));
                 dh[u] = __ldg(dtab + sb);
             }
         }
@@ -176,8 +287,11 @@ __device__ __forceinline__ void mmvq_q6_k_rows(WarpRow<NB>* ms, const u8* W, con
         for (int u = 0; u < U; u++) {
             int sb = base + 8 * S * u;
             if (sb >= nsb) break;
-            const signed char* sc = (const signed char*)&scw[u];
-            int s1 = sc[g], s2 = sc[g + 2], s3 = sc[g + 4], s4 = sc[g + 6];
+            // Signed scale bytes g, g + 2, g + 4 and g + 6 of the half, taken from the words (a
+            // lane-dependent byte index would put them in local memory).
+            int lo = 24 - 8 * g, hi = 8 - 8 * g;
+            int s1 = (int)(scw[u].x << lo) >> 24, s2 = (int)(scw[u].x << hi) >> 24;
+            int s3 = (int)(scw[u].y << lo) >> 24, s4 = (int)(scw[u].y << hi) >> 24;
             float d = h2f(dh[u]);
             u32 A4[4] = {qa[u].x, qa[u].y, qa[u].z, qa[u].w}, B4[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
             u32 H4[4] = {qh[u].x, qh[u].y, qh[u].z, qh[u].w};
@@ -189,19 +303,30 @@ __device__ __forceinline__ void mmvq_q6_k_rows(WarpRow<NB>* ms, const u8* W, con
                 v3[i] = q6_word(A4[i], 4, H4[i], 0);
                 v4[i] = q6_word(B4[i], 4, H4[i], -2);
             }
-            int e = sb * 256 + h * 128 + l0;
+            int p0 = 8 * h + g;
 #pragma unroll
             for (int t = 0; t < NB; t++) {
                 if (t < m.nt) {
-                    const signed char* xq = act_qs(A, m.t0 + t, cols) + e;
-                    int isum = s1 * dot16(v1, ldx16(xq)) + s2 * dot16(v2, ldx16(xq + 32)) +
-                               s3 * dot16(v3, ldx16(xq + 64)) + s4 * dot16(v4, ldx16(xq + 96));
-                    float dx = __ldg(act_d(A, n_t, m.t0 + t, cols, 256) + sb);
+                    int tt = m.t0 + t;
+                    int isum = s1 * dot16(v1, act.q(tt, sb, p0, 0, k)) + s2 * dot16(v2, act.q(tt, sb, p0 + 2, 1, k)) +
+                               s3 * dot16(v3, act.q(tt, sb, p0 + 4, 2, k)) + s4 * dot16(v4, act.q(tt, sb, p0 + 6, 3, k));
+                    float dx = act.d(tt, sb);
                     m.acc[t] += dx * d * (float)isum;
                 }
             }
         }
     }
+}
+
+// The K-quant kernels reading their activations from global memory.
+template <int NB, int U, int R, int S>
+__device__ __forceinline__ void mmvq_q4_k_rows(WarpRow<NB>* m, const u8* W, const u8* A, int rows, int cols, int n_t) {
+    mmvq_q4_k_with<NB, U, R, S>(m, W, GlobalQ8K{A, n_t, cols}, cols);
+}
+
+template <int NB, int U, int R, int S>
+__device__ __forceinline__ void mmvq_q6_k_rows(WarpRow<NB>* m, const u8* W, const u8* A, int rows, int cols, int n_t) {
+    mmvq_q6_k_with<NB, U, R, S>(m, W, GlobalQ8K{A, n_t, cols}, rows, cols);
 }
 
 // Q8_0 (repacked): two lanes per 32-element block (16 quants each), sixteen blocks per step.
@@ -243,6 +368,29 @@ __device__ __forceinline__ void mmvq_q8_0_rows(WarpRow<NB>* ms, const u8* W, con
     }
 }
 
+// The matrix, output and rows of row group `group` (W, Y and rows hold matrix 0's on entry), and its
+// R rows in m[0..R] (m[0] holds the lane's state on entry).
+template <int NB, int R>
+__device__ __forceinline__ void mmvq_resolve(int group, int rows0, int rows1, const u8** W, float** Y, int* rows,
+                                             WarpRow<NB>* m, const u8* W1, const u8* W2, float* Y1, float* Y2,
+                                             int rows2) {
+    int r = group * R;
+    *rows = rows0;
+    if (r >= rows0) {
+        r -= rows0;
+        *W = W1, *Y = Y1, *rows = rows1;
+        if (r >= rows1) {
+            r -= rows1;
+            *W = W2, *Y = Y2, *rows = rows2;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        m[j] = m[0];
+        m[j].r = r + j;
+    }
+}
+
 // A launch covers up to three matrices of one type and width that read the same activations (q, k
 // and v; gate and up): row groups of W0, then W1, then W2 (rows1 = rows2 = 0 for one matrix), R
 // consecutive rows to a group (every matrix's rows a multiple of R). S = 1: each warp of a block takes
@@ -260,21 +408,7 @@ __device__ __forceinline__ bool mmvq_target(int rows0, int rows1, int rows2, int
     warp_row<NB>(groups, n_t, &m[0]);
     int group = S == 1 ? m[0].r : blockIdx.x;
     if (group >= groups) return false;
-    int r = group * R;
-    *rows = rows0;
-    if (r >= rows0) {
-        r -= rows0;
-        *W = W1, *Y = Y1, *rows = rows1;
-        if (r >= rows1) {
-            r -= rows1;
-            *W = W2, *Y = Y2, *rows = rows2;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        m[j] = m[0];
-        m[j].r = r + j;
-    }
+    mmvq_resolve<NB, R>(group, rows0, rows1, W, Y, rows, m, W1, W2, Y1, Y2, rows2);
     return true;
 }
 
@@ -321,6 +455,42 @@ __device__ __forceinline__ void mmvq_store(WarpRow<NB>* m, float* Y, int rows) {
     MMVQ_KERNEL(mmvq_##T##_u##U##_r##R##_s##S, T, 1, U, R, S)             \
     MMVQ_KERNEL(mmvqb_##T##_u##U##_r##R##_s##S, T, MV_BATCH, U, R, S)
 
+// Staged (one activation row, K-quants): the block first copies the activation row into shared
+// memory (`stage_q8k`), then each warp takes row groups warp, warp + 4 * gridDim.x, ... The host
+// sizes the grid to the blocks that fit on the GPU at once, so the copy is made once per resident
+// block and no second wave of blocks starts late. A row's sums are the S = 1 kernel's: same bits.
+#define MMVQ_STAGED_KERNEL(NAME, T, L, U, R)                                                        \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                        \
+        const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2,           \
+        const u8* __restrict__ A, float* __restrict__ Y0, float* __restrict__ Y1, float* __restrict__ Y2, \
+        int rows0, int rows1, int rows2, int cols, int n_t) {                                      \
+        extern __shared__ int4 staged_act[];                                                       \
+        SharedQ8K act = stage_q8k<L>(A, cols, staged_act);                                         \
+        int groups = (rows0 + rows1 + rows2) / R;                                                  \
+        for (int group = blockIdx.x * 4 + (threadIdx.x >> 5); group < groups; group += gridDim.x * 4) { \
+            WarpRow<1> m[R];                                                                       \
+            m[0].lane = threadIdx.x & 31;                                                          \
+            m[0].t0 = 0;                                                                           \
+            m[0].nt = 1;                                                                           \
+            m[0].acc[0] = 0.f;                                                                     \
+            const u8* W = W0;                                                                      \
+            float* Y = Y0;                                                                         \
+            int rows;                                                                              \
+            mmvq_resolve<1, R>(group, rows0, rows1, &W, &Y, &rows, m, W1, W2, Y1, Y2, rows2);     \
+            mmvq_##T##_staged<U, R>(m, W, act, rows, cols);                                        \
+            mmvq_store<1, R, 1>(m, Y, rows);                                                       \
+        }                                                                                          \
+    }
+template <int U, int R>
+__device__ __forceinline__ void mmvq_q4_k_staged(WarpRow<1>* m, const u8* W, const SharedQ8K& act, int rows, int cols) {
+    mmvq_q4_k_with<1, U, R, 1>(m, W, act, cols);
+}
+template <int U, int R>
+__device__ __forceinline__ void mmvq_q6_k_staged(WarpRow<1>* m, const u8* W, const SharedQ8K& act, int rows, int cols) {
+    mmvq_q6_k_with<1, U, R, 1>(m, W, act, rows, cols);
+}
+#define MMVQ_STAGED(T, L, U, R) MMVQ_STAGED_KERNEL(mmvqp_##T##_u##U##_r##R##_s1, T, L, U, R)
+
 // The variants the load-time timing chooses from (`int8::variants`): U steps of loads in flight per
 // lane (K-quant steps are 8 super-blocks of a row, Q8_0 steps 16 blocks of 32), R rows per group, S
 // warps per group.
@@ -339,3 +509,10 @@ MMVQ(q8_0, 4, 1, 1)
 MMVQ(q8_0, 8, 1, 1)
 MMVQ(q8_0, 1, 1, 4)
 MMVQ(q8_0, 2, 1, 4)
+// Staged variants (`p`): their batched launches take the `mmvqb` kernel of the same U and R above.
+MMVQ_STAGED(q4_k, 0, 1, 1)
+MMVQ_STAGED(q4_k, 0, 2, 1)
+MMVQ_STAGED(q4_k, 0, 1, 2)
+MMVQ_STAGED(q4_k, 0, 2, 2)
+MMVQ_STAGED(q6_k, 1, 1, 1)
+MMVQ_STAGED(q6_k, 1, 2, 1)
