@@ -262,7 +262,15 @@ pub fn variants(suffix: &str) -> Vec<MmvqVariant> {
             p(2, 2),
         ],
         "q8_0" => vec![v(2, 1, 1), v(4, 1, 1), v(8, 1, 1), v(1, 1, 4), v(2, 1, 4)],
-        _ => vec![v(1, 1, 1), v(2, 1, 1), v(4, 1, 1), v(1, 1, 4), v(2, 1, 4), p(1, 1), p(2, 1)],
+        _ => vec![
+            v(1, 1, 1),
+            v(2, 1, 1),
+            v(4, 1, 1),
+            v(1, 1, 4),
+            v(2, 1, 4),
+            p(1, 1),
+            p(2, 1),
+        ],
     }
 }
 
@@ -415,7 +423,11 @@ mod tests {
         assert!(variant(2, 1, 1, false).fits(&[4096], 53248));
         // Only K-quants stage, and only unsplit.
         assert!(variants("q8_0").iter().all(|v| !v.staged));
-        assert!(variants("q4_k").iter().chain(&variants("q6_k")).filter(|v| v.staged).all(|v| v.split == 1));
+        assert!(variants("q4_k")
+            .iter()
+            .chain(&variants("q6_k"))
+            .filter(|v| v.staged)
+            .all(|v| v.split == 1));
     }
 
     #[test]

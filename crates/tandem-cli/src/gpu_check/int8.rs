@@ -168,7 +168,9 @@ pub(super) fn int8_checks(
         }
     }
     table.push(Row {
-        check: format!("int8 activations ({fmt:?}) for {ty}: GPU bits = CPU bits; repacked weights = documented layout"),
+        check: format!(
+            "int8 activations ({fmt:?}) for {ty}: GPU bits = CPU bits; repacked weights = documented layout"
+        ),
         result: format!("{quant_equal}; {layout_equal}"),
         pass: quant_equal && layout_equal,
     });

@@ -18,7 +18,7 @@
 // a warp, eight super-blocks of four lanes, read 512 consecutive bytes where the ggml layout would
 // scatter them over twice the cache lines. Q8_0 blocks (34 bytes) keep their quants in aligned blocks,
 // and every block's f16 scale moves to a table after all rows (Q6_K's too). The layouts are written
-// out in `int8::repacked_offset`, which gpu-check compares with these kernels' output.
+// out in `int8::repacked_source`, which gpu-check compares with the bytes these kernels write.
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 
@@ -182,69 +182,51 @@ __device__ __forceinline__ void q4k_lane_scales(uint4 h, int c, int* sc0, int* m
     *m1 = (mn >> (shift + 8)) & 0xFF;
 }
 
-// Q4_K: four lanes per super-block, eight super-blocks per step. Lane c = lane % 4 takes chunk c of
-// the quants (32 bytes: low nibbles are sub-block 2c, high nibbles sub-block 2c + 1), so one decode of
-// the packed scales serves 64 weights. A warp takes R consecutive rows: each step's activation loads
-// serve all of them (per weight byte, the activations are most of what a lane loads).
-template <int NB, int U, int R, int S, class Act>
-__device__ __forceinline__ void mmvq_q4_k_with(WarpRow<NB>* m, const u8* W, const Act& act, int cols) {
-    int nsb = cols / 256;
-    int lane = m[0].lane, c = lane & 3, part = S == 1 ? 0 : threadIdx.x >> 5;
-    const u8* row[R];
+// One lane's share of a super-block, as loaded and as unpacked, for each K-quant type; the kernels
+// below (one step at a time, or pipelined) share these so that they do the same arithmetic.
+//
+// Q4_K: four lanes per super-block. Lane c = lane % 4 takes chunk c of the quants (32 bytes: low
+// nibbles are sub-block 2c, high nibbles sub-block 2c + 1), so one decode of the packed scales serves
+// 64 weights.
+struct Q4kLoad {
+    uint4 head, qa, qb;
+};
+
+__device__ __forceinline__ Q4kLoad q4k_load(const u8* row, int nsb, int sb, int c) {
+    return Q4kLoad{ldg16(row + nsb * 128 + sb * 16), ldg16(row + sb * 64 + c * 16),
+                   ldg16(row + nsb * 64 + sb * 64 + c * 16)};
+}
+
+struct Q4kLane {
+    float d, dmin;
+    int sc0, m0, sc1, m1, lo[8], hi[8];
+};
+
+__device__ __forceinline__ Q4kLane q4k_unpack(const Q4kLoad& w, int c) {
+    Q4kLane l;
+    l.d = h2f((u16)(w.head.x & 0xFFFF));
+    l.dmin = h2f((u16)(w.head.x >> 16));
+    q4k_lane_scales(w.head, c, &l.sc0, &l.m0, &l.sc1, &l.m1);
+    u32 q[8] = {w.qa.x, w.qa.y, w.qa.z, w.qa.w, w.qb.x, w.qb.y, w.qb.z, w.qb.w};
 #pragma unroll
-    for (int j = 0; j < R; j++) row[j] = W + (size_t)m[j].r * nsb * 144;
-    for (int base = (lane >> 2) + 8 * part; base < nsb; base += 8 * S * U) {
-        uint4 head[R][U], qa[R][U], qb[R][U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int sb = base + 8 * S * u;
-            if (sb < nsb) {
-#pragma unroll
-                for (int j = 0; j < R; j++) {
-                    head[j][u] = ldg16(row[j] + nsb * 128 + sb * 16);
-                    qa[j][u] = ldg16(row[j] + sb * 64 + c * 16);
-                    qb[j][u] = ldg16(row[j] + nsb * 64 + sb * 64 + c * 16);
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int sb = base + 8 * S * u;
-            if (sb >= nsb) break;
-            float d[R], dmin[R];
-            int sc0[R], m0[R], sc1[R], m1[R], lo[R][8], hi[R][8];
-#pragma unroll
-            for (int j = 0; j < R; j++) {
-                d[j] = h2f((u16)(head[j][u].x & 0xFFFF));
-                dmin[j] = h2f((u16)(head[j][u].x >> 16));
-                q4k_lane_scales(head[j][u], c, &sc0[j], &m0[j], &sc1[j], &m1[j]);
-                u32 q[8] = {qa[j][u].x, qa[j][u].y, qa[j][u].z, qa[j][u].w,
-                            qb[j][u].x, qb[j][u].y, qb[j][u].z, qb[j][u].w};
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    lo[j][i] = (int)(q[i] & 0x0F0F0F0Fu);
-                    hi[j][i] = (int)((q[i] >> 4) & 0x0F0F0F0Fu);
-                }
-            }
-#pragma unroll
-            for (int t = 0; t < NB; t++) {
-                if (t < m[0].nt) {
-                    int tt = m[0].t0 + t;
-                    int4 x0 = act.q(tt, sb, 4 * c, 0, c), x1 = act.q(tt, sb, 4 * c + 1, 1, c);
-                    int4 x2 = act.q(tt, sb, 4 * c + 2, 2, c), x3 = act.q(tt, sb, 4 * c + 3, 3, c);
-                    int4 bs = act.sums(tt, sb, c);
-                    float dx = act.d(tt, sb);
-#pragma unroll
-                    for (int j = 0; j < R; j++) {
-                        int dl = dot16(lo[j] + 4, x1) + dot16(lo[j], x0);
-                        int dh = dot16(hi[j] + 4, x3) + dot16(hi[j], x2);
-                        int isum = sc0[j] * dl + sc1[j] * dh, msum = m0[j] * (bs.x + bs.y) + m1[j] * (bs.z + bs.w);
-                        m[j].acc[t] += dx * (d[j] * (float)isum - dmin[j] * (float)msum);
-                    }
-                }
-            }
-        }
+    for (int i = 0; i < 8; i++) {
+        l.lo[i] = (int)(q[i] & 0x0F0F0F0Fu);
+        l.hi[i] = (int)((q[i] >> 4) & 0x0F0F0F0Fu);
     }
+    return l;
+}
+
+// acc += this lane's 64 products with activation row t.
+template <class Act>
+__device__ __forceinline__ void q4k_accumulate(const Q4kLane& l, const Act& act, int t, int sb, int c, float& acc) {
+    int4 x0 = act.q(t, sb, 4 * c, 0, c), x1 = act.q(t, sb, 4 * c + 1, 1, c);
+    int4 x2 = act.q(t, sb, 4 * c + 2, 2, c), x3 = act.q(t, sb, 4 * c + 3, 3, c);
+    int4 bs = act.sums(t, sb, c);
+    float dx = act.d(t, sb);
+    int dl = dot16(l.lo + 4, x1) + dot16(l.lo, x0);
+    int dh = dot16(l.hi + 4, x3) + dot16(l.hi, x2);
+    int isum = l.sc0 * dl + l.sc1 * dh, msum = l.m0 * (bs.x + bs.y) + l.m1 * (bs.z + bs.w);
+    acc += dx * (l.d * (float)isum - l.dmin * (float)msum);
 }
 
 // Six bits per quant from a word of low nibbles (`ql >> nib`) and the matching 2-bit field of `qh`
@@ -255,10 +237,94 @@ __device__ __forceinline__ int q6_word(u32 ql, int nib, u32 qh, int hshift) {
     return (int)__vsubss4(lo | hi, 0x20202020u);
 }
 
-// Q6_K (repacked): four lanes per super-block, eight super-blocks per step. Lane k = lane % 4 takes
-// half h = k / 2 (128 elements) and l0 = 16 * (k % 2): ql[l0..+16] and ql[32 + l0..+16] of the half,
-// and qh[l0..+16], which hold elements {0, 32, 64, 96} + l0 .. + 16 of the half (one 16-element scale
-// group each).
+// Q6_K (repacked): four lanes per super-block. Lane k = lane % 4 takes half h = k / 2 (128 elements)
+// and l0 = 16 * (k % 2): ql[l0..+16] and ql[32 + l0..+16] of the half, and qh[l0..+16], which hold
+// elements {0, 32, 64, 96} + l0 .. + 16 of the half (one 16-element scale group each).
+struct Q6kLoad {
+    uint4 qa, qb, qh;
+    uint2 scw;
+    u16 dh;
+};
+
+// `dtab`: the row's f16 scales (in the table after all rows).
+__device__ __forceinline__ Q6kLoad q6k_load(const u8* row, const u16* dtab, int nsb, int sb, int k) {
+    return Q6kLoad{ldg16(row + sb * 64 + k * 16), ldg16(row + nsb * 64 + sb * 64 + k * 16),
+                   ldg16(row + nsb * 128 + sb * 64 + k * 16),
+                   __ldg((const uint2*)(row + nsb * 192 + sb * 16 + 8 * (k >> 1))), __ldg(dtab + sb)};
+}
+
+struct Q6kLane {
+    float d;
+    int s1, s2, s3, s4, v1[4], v2[4], v3[4], v4[4];
+};
+
+__device__ __forceinline__ Q6kLane q6k_unpack(const Q6kLoad& w, int k) {
+    Q6kLane l;
+    // Signed scale bytes g, g + 2, g + 4 and g + 6 of the half, taken from the words (a lane-dependent
+    // byte index would put them in local memory).
+    int g = k & 1, lo = 24 - 8 * g, hi = 8 - 8 * g;
+    l.s1 = (int)(w.scw.x << lo) >> 24, l.s2 = (int)(w.scw.x << hi) >> 24;
+    l.s3 = (int)(w.scw.y << lo) >> 24, l.s4 = (int)(w.scw.y << hi) >> 24;
+    l.d = h2f(w.dh);
+    u32 A4[4] = {w.qa.x, w.qa.y, w.qa.z, w.qa.w}, B4[4] = {w.qb.x, w.qb.y, w.qb.z, w.qb.w};
+    u32 H4[4] = {w.qh.x, w.qh.y, w.qh.z, w.qh.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        l.v1[i] = q6_word(A4[i], 0, H4[i], 4);
+        l.v2[i] = q6_word(B4[i], 0, H4[i], 2);
+        l.v3[i] = q6_word(A4[i], 4, H4[i], 0);
+        l.v4[i] = q6_word(B4[i], 4, H4[i], -2);
+    }
+    return l;
+}
+
+template <class Act>
+__device__ __forceinline__ void q6k_accumulate(const Q6kLane& l, const Act& act, int t, int sb, int k, float& acc) {
+    int p0 = 8 * (k >> 1) + (k & 1);
+    int isum = l.s1 * dot16(l.v1, act.q(t, sb, p0, 0, k)) + l.s2 * dot16(l.v2, act.q(t, sb, p0 + 2, 1, k)) +
+               l.s3 * dot16(l.v3, act.q(t, sb, p0 + 4, 2, k)) + l.s4 * dot16(l.v4, act.q(t, sb, p0 + 6, 3, k));
+    float dx = act.d(t, sb);
+    acc += dx * l.d * (float)isum;
+}
+
+// One step at a time: eight super-blocks of a row per step (lane l takes super-blocks l / 4, l / 4 +
+// 8, ...), a lane's U steps of loads issued before it computes them. A warp takes R consecutive rows:
+// each step's activation loads serve all of them.
+template <int NB, int U, int R, int S, class Act>
+__device__ __forceinline__ void mmvq_q4_k_with(WarpRow<NB>* m, const u8* W, const Act& act, int cols) {
+    int nsb = cols / 256;
+    int lane = m[0].lane, c = lane & 3, part = S == 1 ? 0 : threadIdx.x >> 5;
+    const u8* row[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) row[j] = W + (size_t)m[j].r * nsb * 144;
+    for (int base = (lane >> 2) + 8 * part; base < nsb; base += 8 * S * U) {
+        Q4kLoad w[R][U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int sb = base + 8 * S * u;
+            if (sb < nsb) {
+#pragma unroll
+                for (int j = 0; j < R; j++) w[j][u] = q4k_load(row[j], nsb, sb, c);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int sb = base + 8 * S * u;
+            if (sb >= nsb) break;
+            Q4kLane l[R];
+#pragma unroll
+            for (int j = 0; j < R; j++) l[j] = q4k_unpack(w[j][u], c);
+#pragma unroll
+            for (int t = 0; t < NB; t++) {
+                if (t < m[0].nt) {
+#pragma unroll
+                    for (int j = 0; j < R; j++) q4k_accumulate(l[j], act, m[0].t0 + t, sb, c, m[j].acc[t]);
+                }
+            }
+        }
+    }
+}
+
 template <int NB, int U, int R, int S, class Act>
 __device__ __forceinline__ void mmvq_q6_k_with(WarpRow<NB>* ms, const u8* W, const Act& act, int rows, int cols) {
     static_assert(R == 1, "one row per warp");
@@ -267,52 +333,22 @@ __device__ __forceinline__ void mmvq_q6_k_with(WarpRow<NB>* ms, const u8* W, con
     int nsb = cols / 256;
     const u8* row = W + (size_t)m.r * nsb * 208;
     const u16* dtab = (const u16*)(W + (size_t)rows * nsb * 208) + (size_t)m.r * nsb;
-    int k = m.lane & 3, h = k >> 1, l0 = (k & 1) * 16, g = l0 >> 4;
+    int k = m.lane & 3;
     for (int base = (m.lane >> 2) + 8 * part; base < nsb; base += 8 * S * U) {
-        uint4 qa[U], qb[U], qh[U];
-        uint2 scw[U];
-        u16 dh[U];
+        Q6kLoad w[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int sb = base + 8 * S * u;
-            if (sb < nsb) {
-                qa[u] = ldg16(row + sb * 64 + k * 16);
-                qb[u] = ldg16(row + nsb * 64 + sb * 64 + k * 16);
-                qh[u] = ldg16(row + nsb * 128 + sb * 64 + k * 16);
-                scw[u] = __ldg((const uint2*)(row + nsb * 192 + sb * 16 + 8 * h));
-                dh[u] = __ldg(dtab + sb);
-            }
+            if (sb < nsb) w[u] = q6k_load(row, dtab, nsb, sb, k);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int sb = base + 8 * S * u;
             if (sb >= nsb) break;
-            // Signed scale bytes g, g + 2, g + 4 and g + 6 of the half, taken from the words (a
-            // lane-dependent byte index would put them in local memory).
-            int lo = 24 - 8 * g, hi = 8 - 8 * g;
-            int s1 = (int)(scw[u].x << lo) >> 24, s2 = (int)(scw[u].x << hi) >> 24;
-            int s3 = (int)(scw[u].y << lo) >> 24, s4 = (int)(scw[u].y << hi) >> 24;
-            float d = h2f(dh[u]);
-            u32 A4[4] = {qa[u].x, qa[u].y, qa[u].z, qa[u].w}, B4[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
-            u32 H4[4] = {qh[u].x, qh[u].y, qh[u].z, qh[u].w};
-            int v1[4], v2[4], v3[4], v4[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                v1[i] = q6_word(A4[i], 0, H4[i], 4);
-                v2[i] = q6_word(B4[i], 0, H4[i], 2);
-                v3[i] = q6_word(A4[i], 4, H4[i], 0);
-                v4[i] = q6_word(B4[i], 4, H4[i], -2);
-            }
-            int p0 = 8 * h + g;
+            Q6kLane l = q6k_unpack(w[u], k);
 #pragma unroll
             for (int t = 0; t < NB; t++) {
-                if (t < m.nt) {
-                    int tt = m.t0 + t;
-                    int isum = s1 * dot16(v1, act.q(tt, sb, p0, 0, k)) + s2 * dot16(v2, act.q(tt, sb, p0 + 2, 1, k)) +
-                               s3 * dot16(v3, act.q(tt, sb, p0 + 4, 2, k)) + s4 * dot16(v4, act.q(tt, sb, p0 + 6, 3, k));
-                    float dx = act.d(tt, sb);
-                    m.acc[t] += dx * d * (float)isum;
-                }
+                if (t < m.nt) q6k_accumulate(l, act, m.t0 + t, sb, k, m.acc[t]);
             }
         }
     }
@@ -459,6 +495,8 @@ __device__ __forceinline__ void mmvq_store(WarpRow<NB>* m, float* Y, int rows) {
 // memory (`stage_q8k`), then each warp takes row groups warp, warp + 4 * gridDim.x, ... The host
 // sizes the grid to the blocks that fit on the GPU at once, so the copy is made once per resident
 // block and no second wave of blocks starts late. A row's sums are the S = 1 kernel's: same bits.
+// (A version that also kept the next step's loads in flight across rows was slower on the 8B
+// shapes: docs/gpu-runs/2026-11-30-decode.)
 #define MMVQ_STAGED_KERNEL(NAME, T, L, U, R)                                                        \
     extern "C" __global__ void __launch_bounds__(128) NAME(                                        \
         const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2,           \
@@ -489,6 +527,7 @@ template <int U, int R>
 __device__ __forceinline__ void mmvq_q6_k_staged(WarpRow<1>* m, const u8* W, const SharedQ8K& act, int rows, int cols) {
     mmvq_q6_k_with<1, U, R, 1>(m, W, act, rows, cols);
 }
+// MMVQ_STAGED(type, shared layout, unroll, rows per group).
 #define MMVQ_STAGED(T, L, U, R) MMVQ_STAGED_KERNEL(mmvqp_##T##_u##U##_r##R##_s1, T, L, U, R)
 
 // The variants the load-time timing chooses from (`int8::variants`): U steps of loads in flight per

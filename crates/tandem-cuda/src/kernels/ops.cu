@@ -40,11 +40,96 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm(float* __restrict__ 
 // share the launch. Quantizing needs `width` a multiple of 256 (Q8_K, at most RN_MAX_Q8K_WIDTH: the
 // row is staged in shared memory, one warp per block of 256) or 32 (Q8).
 #define RN_MAX_Q8K_WIDTH 8192
+
+// `inv_rms`'s reduction of the per-thread sums `s`: the same tree, so the same bits.
+__device__ float block_total(float s) {
+    __shared__ float part[32];
+    s = warp_sum(s);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    return part[0];
+}
+
+// `add_norm_to` for rows of at most RN_IN_REGS elements a thread: each thread loads its elements (x,
+// y, post, weight) once, up front, and keeps them in registers through the sums, so the kernel waits
+// for memory once instead of once per pass. Element i is thread i % blockDim's, summed in the order
+// the passes of `add_norm_to` sum them: the same bits.
+#define RN_IN_REGS 4
+__device__ __forceinline__ void add_norm_in_regs(float* __restrict__ xr, const float* __restrict__ g,
+                                                 const float* __restrict__ post, float* __restrict__ o,
+                                                 const float* __restrict__ weight, int width, float eps, int flags,
+                                                 u8* __restrict__ a, int n_t, int row, float* staged) {
+    float xv[RN_IN_REGS], gv[RN_IN_REGS], pv[RN_IN_REGS], wv[RN_IN_REGS];
+#pragma unroll
+    for (int k = 0; k < RN_IN_REGS; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        bool live = i < width;
+        xv[k] = live ? xr[i] : 0.f;
+        gv[k] = live && (flags & RN_ADD) ? g[i] : 0.f;
+        pv[k] = live && (flags & RN_POST) ? post[i] : 0.f;
+        wv[k] = live && (flags & RN_NORM) ? weight[i] : 0.f;
+    }
+    if (flags & RN_ADD) {
+        float scale = 1.f;
+        if (flags & RN_POST) {
+            float s = 0.f;
+#pragma unroll
+            for (int k = 0; k < RN_IN_REGS; k++)
+                if (threadIdx.x + k * blockDim.x < width) s = fmaf(gv[k], gv[k], s);
+            scale = rsqrtf(block_total(s) / width + eps);
+        }
+#pragma unroll
+        for (int k = 0; k < RN_IN_REGS; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i < width) {
+                xv[k] += (flags & RN_POST) ? gv[k] * scale * pv[k] : gv[k];
+                xr[i] = xv[k];
+            }
+        }
+    }
+    if (!(flags & RN_NORM)) return;
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < RN_IN_REGS; k++)
+        if (threadIdx.x + k * blockDim.x < width) s = fmaf(xv[k], xv[k], s);
+    float scale = rsqrtf(block_total(s) / width + eps);
+#pragma unroll
+    for (int k = 0; k < RN_IN_REGS; k++) {
+        // Whole passes of the block, as `add_norm_to` takes them (q8_block needs whole warps).
+        if (k * (int)blockDim.x >= width) break;
+        int i = threadIdx.x + k * blockDim.x;
+        bool live = i < width;
+        float v = live ? xv[k] * scale * wv[k] : 0.f;
+        if (live) o[i] = v;
+        if ((flags & RN_F16) && live) ((u16*)a)[(size_t)row * width + i] = f2h(v);
+        if ((flags & RN_Q8K) && live) staged[i] = v;
+        if ((flags & RN_Q8) && live) q8_block(v, a, n_t, row, width, i >> 5);
+    }
+    if (flags & RN_Q8K) {
+        __syncthreads();
+        for (int blk = threadIdx.x >> 5; blk < width / 256; blk += blockDim.x >> 5)
+            q8k_block(staged + blk * 256, a, n_t, row, width, blk);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict__ x, const float* __restrict__ y,
                                                                 const float* __restrict__ post, float* __restrict__ out,
                                                                 const float* __restrict__ weight, int width, float eps,
                                                                 int flags, u8* __restrict__ a, int n_t) {
     int row = blockIdx.x;
+    __shared__ __align__(16) float staged[RN_MAX_Q8K_WIDTH];
+    if (width <= RN_IN_REGS * (int)blockDim.x) {
+        add_norm_in_regs(x + (size_t)row * width, y + (size_t)row * width, post, out + (size_t)row * width, weight,
+                         width, eps, flags, a, n_t, row, staged);
+        return;
+    }
     float* xr = x + (size_t)row * width;
     if (flags & RN_ADD) {
         const float* g = y + (size_t)row * width;
@@ -56,7 +141,6 @@ extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict
     // inv_rms reads each element in the thread that just wrote it.
     float scale = inv_rms(xr, width, eps);
     float* o = out + (size_t)row * width;
-    __shared__ __align__(16) float staged[RN_MAX_Q8K_WIDTH];
     for (int base = 0; base < width; base += blockDim.x) {
         int i = base + threadIdx.x;
         bool live = i < width;
@@ -81,32 +165,38 @@ extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict
 extern "C" __global__ void rope(float* __restrict__ x, float* __restrict__ y, const int* __restrict__ pos, int rows,
                                 int nx, int ny, int head_dim, int n_rot, float base, float freq_scale, int neox) {
     int half = n_rot / 2, heads = nx + ny, groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows * groups * half) return;
-    int p = (int)(i % half);
-    size_t rg = i / half;
-    int r = (int)(rg / groups), g = (int)(rg % groups);
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, total = (size_t)rows * groups * half;
+    if (i >= total) return;
+    // 32-bit division where the index fits (a 64-bit one is a long subroutine call).
+    int p, r, g;
+    if (total <= 0xFFFFFFFFu) {
+        u32 k = (u32)i, rg = k / (u32)half;
+        p = (int)(k % (u32)half), r = (int)(rg / (u32)groups), g = (int)(rg % (u32)groups);
+    } else {
+        size_t rg = i / half;
+        p = (int)(i % half), r = (int)(rg / groups), g = (int)(rg % groups);
+    }
     float theta = pos[r] * freq_scale * powf(base, -2.0f * p / n_rot);
     float c = cosf(theta), s = sinf(theta);
     int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+    // Every head's pair is loaded before any is written (the loads overlap); the arrays are indexed
+    // only by unrolled constants, so they stay in registers.
     float* hp[ROPE_HEADS];
     float x0[ROPE_HEADS], x1[ROPE_HEADS];
 #pragma unroll
     for (int j = 0; j < ROPE_HEADS; j++) {
         int hh = g * ROPE_HEADS + j;
-        hp[j] = hh >= heads ? nullptr
-                : hh < nx   ? x + ((size_t)r * nx + hh) * head_dim
-                            : y + ((size_t)r * ny + hh - nx) * head_dim;
-        if (hp[j]) {
-            x0[j] = hp[j][a];
-            x1[j] = hp[j][b];
-        }
+        hp[j] = hh < nx ? x + ((size_t)r * nx + hh) * head_dim : y + ((size_t)r * ny + hh - nx) * head_dim;
+        bool live = hh < heads;
+        x0[j] = live ? hp[j][a] : 0.f;
+        x1[j] = live ? hp[j][b] : 0.f;
     }
 #pragma unroll
     for (int j = 0; j < ROPE_HEADS; j++) {
-        if (!hp[j]) continue;
-        hp[j][a] = x0[j] * c - x1[j] * s;
-        hp[j][b] = x0[j] * s + x1[j] * c;
+        if (g * ROPE_HEADS + j < heads) {
+            hp[j][a] = x0[j] * c - x1[j] * s;
+            hp[j][b] = x0[j] * s + x1[j] * c;
+        }
     }
 }
 

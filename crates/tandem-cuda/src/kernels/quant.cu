@@ -358,6 +358,19 @@ __device__ __forceinline__ void matvec2_16bit(const u8* W, const float* X, float
 #pragma unroll
         for (int k = 0; k < MV2_WIDE_U; k++)
             if (c0 + 32 * k < nc) raw[k] = __ldg(row + c0 + 32 * k);
+        // One activation row: its chunks are loaded up front too, so they arrive while the weights
+        // do (loaded beside their use, each would wait its own round trip to the cache).
+        float4 xs[NB == 1 ? 2 * MV2_WIDE_U : 1];
+        if (NB == 1) {
+#pragma unroll
+            for (int k = 0; k < MV2_WIDE_U; k++) {
+                if (c0 + 32 * k < nc) {
+                    const float4* xc = (const float4*)(x + 8 * (c0 + 32 * k));
+                    xs[2 * k] = xc[0];
+                    xs[2 * k + 1] = xc[1];
+                }
+            }
+        }
 #pragma unroll
         for (int k = 0; k < MV2_WIDE_U; k++) {
             int c = c0 + 32 * k;
@@ -367,7 +380,7 @@ __device__ __forceinline__ void matvec2_16bit(const u8* W, const float* X, float
             for (int t = 0; t < NB; t++) {
                 if (t < m.nt) {
                     const float4* xc = (const float4*)(x + (size_t)t * cols + 8 * c);
-                    float4 a = xc[0], b = xc[1];
+                    float4 a = NB == 1 ? xs[2 * k] : xc[0], b = NB == 1 ? xs[2 * k + 1] : xc[1];
                     float s = m.acc[t];
                     s = fmaf(half_to_f32<BF>(h[0]), a.x, s);
                     s = fmaf(half_to_f32<BF>(h[1]), a.y, s);
