@@ -70,7 +70,7 @@ impl GpuMatrix {
 struct Pending {
     suffix: &'static str,
     original: CudaSlice<u8>,
-    /// `Some(None)`: the integer route reads the ggml layout as it is (Q4_K).
+    /// `Some(None)`: `original` itself holds the integer-route layout (once `settle` moved it there).
     repacked: Option<Option<CudaSlice<u8>>>,
     f16: Option<F16Weights>,
     tuning: Tuning,
