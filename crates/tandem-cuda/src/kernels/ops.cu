@@ -1,11 +1,9 @@
 // Element-wise and per-row kernels of the layer graph. Reductions use a fixed order (per-thread strided
 // partial sums, then a fixed tree), so a row's result does not depend on the rows batched with it.
 
-// 1 / rms of g[0..n), summed per thread in a strided order then over the block in a fixed tree.
-__device__ float inv_rms(const float* g, int n, float eps) {
+// The sum over the block of each thread's `s`: warp butterflies, then the warps' sums in a fixed tree.
+__device__ float block_total(float s) {
     __shared__ float part[32];
-    float s = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(g[i], g[i], s);
     s = warp_sum(s);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
@@ -16,7 +14,14 @@ __device__ float inv_rms(const float* g, int n, float eps) {
         if (threadIdx.x == 0) part[0] = v;
     }
     __syncthreads();
-    return rsqrtf(part[0] / n + eps);
+    return part[0];
+}
+
+// 1 / rms of g[0..n), summed per thread in a strided order then over the block in a fixed tree.
+__device__ float inv_rms(const float* g, int n, float eps) {
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(g[i], g[i], s);
+    return rsqrtf(block_total(s) / n + eps);
 }
 
 // RMS norm of each `group`-wide slice (one block per slice), times `weight`, in place.
@@ -41,20 +46,24 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm(float* __restrict__ 
 // row is staged in shared memory, one warp per block of 256) or 32 (Q8).
 #define RN_MAX_Q8K_WIDTH 8192
 
-// `inv_rms`'s reduction of the per-thread sums `s`: the same tree, so the same bits.
-__device__ float block_total(float s) {
-    __shared__ float part[32];
-    s = warp_sum(s);
+// Element i (`live`: inside the row) of a normed row, `v`, written in every form `flags` asks for:
+// f32 `o`, the f16 operand, the Q8 blocks, or staged for the Q8_K pass (`norm_out_q8k`). Every
+// thread of the block calls it once per pass (q8_block needs whole warps).
+__device__ __forceinline__ void norm_out(float v, bool live, int i, float* __restrict__ o, int flags,
+                                         u8* __restrict__ a, int n_t, int row, int width, float* staged) {
+    if (live) o[i] = v;
+    if ((flags & RN_F16) && live) ((u16*)a)[(size_t)row * width + i] = f2h(v);
+    if ((flags & RN_Q8K) && live) staged[i] = v;
+    if ((flags & RN_Q8) && live) q8_block(v, a, n_t, row, width, i >> 5);
+}
+
+// The Q8_K blocks of the staged row, one warp per block of 256.
+__device__ __forceinline__ void norm_out_q8k(int flags, u8* __restrict__ a, int n_t, int row, int width,
+                                             const float* staged) {
+    if (!(flags & RN_Q8K)) return;
     __syncthreads();
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    return part[0];
+    for (int blk = threadIdx.x >> 5; blk < width / 256; blk += blockDim.x >> 5)
+        q8k_block(staged + blk * 256, a, n_t, row, width, blk);
 }
 
 // `add_norm_to` for rows of at most RN_IN_REGS elements a thread: each thread loads its elements (x,
@@ -106,17 +115,9 @@ __device__ __forceinline__ void add_norm_in_regs(float* __restrict__ xr, const f
         if (k * (int)blockDim.x >= width) break;
         int i = threadIdx.x + k * blockDim.x;
         bool live = i < width;
-        float v = live ? xv[k] * scale * wv[k] : 0.f;
-        if (live) o[i] = v;
-        if ((flags & RN_F16) && live) ((u16*)a)[(size_t)row * width + i] = f2h(v);
-        if ((flags & RN_Q8K) && live) staged[i] = v;
-        if ((flags & RN_Q8) && live) q8_block(v, a, n_t, row, width, i >> 5);
+        norm_out(live ? xv[k] * scale * wv[k] : 0.f, live, i, o, flags, a, n_t, row, width, staged);
     }
-    if (flags & RN_Q8K) {
-        __syncthreads();
-        for (int blk = threadIdx.x >> 5; blk < width / 256; blk += blockDim.x >> 5)
-            q8k_block(staged + blk * 256, a, n_t, row, width, blk);
-    }
+    norm_out_q8k(flags, a, n_t, row, width, staged);
 }
 
 extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict__ x, const float* __restrict__ y,
@@ -144,17 +145,9 @@ extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict
     for (int base = 0; base < width; base += blockDim.x) {
         int i = base + threadIdx.x;
         bool live = i < width;
-        float v = live ? xr[i] * scale * weight[i] : 0.f;
-        if (live) o[i] = v;
-        if ((flags & RN_F16) && live) ((u16*)a)[(size_t)row * width + i] = f2h(v);
-        if ((flags & RN_Q8K) && live) staged[i] = v;
-        if ((flags & RN_Q8) && live) q8_block(v, a, n_t, row, width, i >> 5);
+        norm_out(live ? xr[i] * scale * weight[i] : 0.f, live, i, o, flags, a, n_t, row, width, staged);
     }
-    if (flags & RN_Q8K) {
-        __syncthreads();
-        for (int blk = threadIdx.x >> 5; blk < width / 256; blk += blockDim.x >> 5)
-            q8k_block(staged + blk * 256, a, n_t, row, width, blk);
-    }
+    norm_out_q8k(flags, a, n_t, row, width, staged);
 }
 
 // RoPE on every head of every row of x (nx heads a row) and of y (ny heads; q and k in one launch):
