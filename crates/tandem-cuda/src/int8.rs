@@ -78,10 +78,10 @@ pub fn repack(
     cols: usize,
 ) -> Result<Option<CudaSlice<u8>>, CudaError> {
     let mut out = gpu.alloc_out::<u8>(w.len())?;
-    let nsb = cols / 256;
-    let (r, n) = (i32_of(rows, "rows")?, i32_of(nsb, "super-blocks")?);
     match ty {
         GgmlType::Q4_K | GgmlType::Q6_K => {
+            let nsb = cols / 256;
+            let (r, n) = (i32_of(rows, "rows")?, i32_of(nsb, "super-blocks")?);
             let name = if ty == GgmlType::Q4_K {
                 "repack_q4_k_regions"
             } else {

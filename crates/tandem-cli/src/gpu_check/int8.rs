@@ -60,6 +60,9 @@ fn dequantized_activations(fmt: ActQuant, a: &[u8], t: usize, cols: usize) -> Ve
         .collect()
 }
 
+/// How many times the staged kernels' check stacks the matrix, so every warp loops over row groups.
+const TALL_COPIES: usize = 80;
+
 /// For weight type `ty` (quantized rows `w`, dequantized `deq`): quantization bits, accuracy for 1, 5
 /// and 64 rows, and batched rows bit-equal to rows alone.
 pub(super) fn int8_checks(
@@ -137,8 +140,8 @@ pub(super) fn int8_checks(
         }
         if t == 1 {
             // Staged kernels loop over row groups when the matrix has more of them than the
-            // resident warps: the matrix stacked 80 times must give its rows 80 times.
-            let copies = 80;
+            // resident warps: the matrix stacked TALL_COPIES times must give its rows each time.
+            let copies = TALL_COPIES;
             let tall: Vec<u8> = (0..copies).flat_map(|_| w.iter().copied()).collect();
             let tall_dev = gpu.upload(&tall)?;
             let tall_q = repack(gpu, ty, &tall_dev, rows * copies, cols)?.context("integer type")?;
@@ -178,8 +181,7 @@ pub(super) fn int8_checks(
     table.push(Row {
         check: format!("matvec Int8 {ty} {rows}x{cols}, t=1,5,64, {} variants", variants.len()),
         result: format!(
-            "rel err {worst:.2e} (bound {bound:.0e}); bit-equal: batched rows {batch_equal}, variants {variant_equal}, grouped launch {group_equal}, staged on {}x rows {tall_equal}",
-            80
+            "rel err {worst:.2e} (bound {bound:.0e}); bit-equal: batched rows {batch_equal}, variants {variant_equal}, grouped launch {group_equal}, staged on {TALL_COPIES}x rows {tall_equal}"
         ),
         pass: worst < bound && batch_equal && variant_equal && group_equal && tall_equal,
     });

@@ -40,8 +40,8 @@ extern "C" __global__ void __launch_bounds__(128) quantize_q8(const float* __res
 
 // Repacking for the integer route: each block of `block_bytes` (a 2-byte f16 scale at `scale_off`, its
 // `quant_len` quant bytes at `quant_off`) gives its quants to a run of aligned blocks, in order, and
-// its scale to a table after all of them. Q6_K: 210-byte blocks, quants (ql, qh, scales) at 0..208,
-// d at 208. Q8_0: 34-byte blocks, d at 0, quants at 2..34. One thread per block.
+// its scale to a table after all of them. Used for Q8_0: 34-byte blocks, d at 0, quants at 2..34 (the
+// K-quants take the region kernels below). One thread per block.
 extern "C" __global__ void repack_scales_out(const u8* __restrict__ src, u8* __restrict__ dst, size_t n_blocks,
                                              int block_bytes, int quant_off, int quant_len, int scale_off) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
