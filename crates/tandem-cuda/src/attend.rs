@@ -6,16 +6,17 @@ use std::cell::RefMut;
 use std::ops::Range;
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use tandem_model::backend::AttendRows;
-use tandem_model::ModelError;
+use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+use tandem_model::backend::{AttendRows, QkvRows};
+use tandem_model::{graph, ModelError, Span};
 
 use crate::device::driver;
 use crate::flash::key_range;
 use crate::int8::ActQuant;
 use crate::kv::GpuSequenceKv;
-use crate::launch::{i32_of, launch_cfg};
+use crate::launch::{blocks, i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct, GpuScratch, Mode};
-use crate::routes::{self, AttentionRoute, KvRoute, ATT_TILE};
+use crate::routes::{self, AttentionRoute, KvRoute, ATT_TILE, MATVEC_MAX_ROWS};
 use crate::rows::quant_flag;
 use crate::CudaError;
 
@@ -165,6 +166,120 @@ impl CudaModel {
         Ok(())
     }
 
+    /// What an attention call over `rows` of layer `layer` needs besides its rows: the quantized form
+    /// the merge writes for the output projection, the layer's window, and the tile grid's cap.
+    fn attend_setup(
+        &self,
+        layer: usize,
+        kv: &GpuSequenceKv,
+        out_rows: usize,
+        rows: &Range<usize>,
+    ) -> (Option<ActQuant>, Option<usize>, usize) {
+        let t = rows.len();
+        // When this call writes every row of the output, the attention kernel quantizes it for the
+        // output projection's integer kernel (one launch fewer).
+        let whole = rows.start == 0 && rows.end == out_rows;
+        let quant = whole
+            .then(|| self.int8_input(&self.cpu.weights.layers[layer].wo.name, t))
+            .flatten();
+        let window = kv.layers[layer].window;
+        // One query spans at most `tile_cap` tiles: decode steps keep one grid, so a graph replays.
+        let tile_cap = if t == 1 { self.tile_cap(kv, window) } else { 0 };
+        (quant, window, tile_cap)
+    }
+
+    /// `Backend::rope_store_and_attend`. One span of a few rows (a decode step) whose chunk the cache
+    /// takes in place: `rope_kv_store` rotates q in place and K on its way into the cache, then the
+    /// tile kernel attends. Anything else: `rope_qk`, then each span's `store_and_attend`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rope_store_attend(
+        &self,
+        scratch: &mut GpuScratch,
+        layer: usize,
+        spans: &mut [Span<GpuSequenceKv>],
+        span_rows: &[Range<usize>],
+        qkv: QkvRows<'_, GpuAct>,
+        positions: &[usize],
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        let fused = match (&*spans, span_rows) {
+            ([span], [rows]) => {
+                let lc = &span.kv.layers[layer];
+                rows.len() <= MATVEC_MAX_ROWS
+                    && rows.len() == qkv.q.rows
+                    && rope.n_rot.is_multiple_of(2)
+                    && routes::kv_route(&lc.placement, rows.len(), lc.window) == KvRoute::InPlace
+            }
+            _ => false,
+        };
+        if !fused {
+            return graph::rope_then_attend_each(self, scratch, layer, spans, span_rows, qkv, positions, rope);
+        }
+        let kv = &mut *spans[0].kv;
+        let rows = span_rows[0].clone();
+        let (quant, window, tile_cap) = self.attend_setup(layer, kv, qkv.out.rows, &rows);
+        let lc = &mut kv.layers[layer];
+        let (dst, after) = routes::store_rows(&lc.placement, rows.len());
+        self.rope_kv_store(qkv.q, qkv.k, qkv.v, dst, (&mut lc.k, &mut lc.v), positions, rope)?;
+        lc.placement = after;
+        let p = lc.placement;
+        let source = (p.capacity, p.origin_logical, p.origin_physical);
+        let mut io = AttendRows {
+            q: &*qkv.q,
+            k: &*qkv.k,
+            v: qkv.v,
+            out: qkv.out,
+        };
+        self.attend_from(&mut io, &rows, &lc.k, &lc.v, source, positions, window, tile_cap, quant)?;
+        Ok(())
+    }
+
+    /// The `rope_kv_store` kernel: RoPE on every row of `q` (in place) and of `k`, whose rotated rows
+    /// go with `v`'s to cache rows `dst` (-1: skip) of `cache` (K, V).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv_store(
+        &self,
+        q: &mut GpuAct,
+        k: &GpuAct,
+        v: &GpuAct,
+        dst: Vec<i32>,
+        cache: (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
+        positions: &[usize],
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        let dst = self.param_ints(dst)?;
+        let pos = self.param(positions, "position")?;
+        if self.dry() {
+            return Ok(());
+        }
+        let hd = self.cpu.config.head_dim;
+        let (rows, nq, nkv) = (q.rows, q.width / hd, k.width / hd);
+        let n = rows * (nq + nkv) * (rope.n_rot / 2);
+        let ints = |n: usize, what: &str| i32_of(n, what);
+        let (rows_i, nq_i, nkv_i) = (ints(rows, "rows")?, ints(nq, "heads")?, ints(nkv, "kv heads")?);
+        let (hd_i, nr_i) = (ints(hd, "head dim")?, ints(rope.n_rot, "n_rot")?);
+        let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
+        let (dst_v, pos_v) = (self.view(&dst), self.view(&pos));
+        let (kc, vc) = cache;
+        let f = self.gpu.function("rope_kv_store")?;
+        let mut b = self.gpu.stream.launch_builder(f);
+        b.arg(q.buf_mut()?)
+            .arg(k.buf()?)
+            .arg(v.buf()?)
+            .arg(kc)
+            .arg(vc)
+            .arg(&dst_v)
+            .arg(&pos_v);
+        b.arg(&rows_i).arg(&nq_i).arg(&nkv_i).arg(&hd_i).arg(&nr_i);
+        b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
+        self.profiled("rope + kv_store", || {
+            driver("rope_kv_store", unsafe {
+                b.launch(launch_cfg((blocks(n, 128), 1, 1), 128))
+            })
+        })?;
+        Ok(())
+    }
+
     /// `Backend::store_and_attend`.
     pub(crate) fn store_kv_and_attend(
         &self,
@@ -178,15 +293,7 @@ impl CudaModel {
         {
             let t = rows.len();
             let w = kv.kv_width;
-            // When this call writes every row of the output, the attention kernel quantizes it for
-            // the output projection's integer kernel (one launch fewer).
-            let whole = rows.start == 0 && rows.end == io.out.rows;
-            let quant = whole
-                .then(|| self.int8_input(&self.cpu.weights.layers[layer].wo.name, t))
-                .flatten();
-            let window = kv.layers[layer].window;
-            // One query spans at most `tile_cap` tiles: decode steps keep one grid, so a graph replays.
-            let tile_cap = if t == 1 { self.tile_cap(kv, window) } else { 0 };
+            let (quant, window, tile_cap) = self.attend_setup(layer, kv, io.out.rows, &rows);
             let lc = &mut kv.layers[layer];
             match routes::kv_route(&lc.placement, t, window) {
                 KvRoute::InPlace => {

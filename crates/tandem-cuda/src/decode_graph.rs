@@ -51,7 +51,13 @@ impl CudaModel {
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let decode_step = spans.len() == 1 && spans[0].tokens.len() == 1 && spans[0].logits == LogitRows::Last;
         if !self.graphs_enabled.get() || !decode_step {
-            return graph::forward(self, scratch, spans);
+            let Some(clock) = &self.pass_clock else {
+                return graph::forward(self, scratch, spans);
+            };
+            clock.begin(&self.gpu)?;
+            let out = graph::forward(self, scratch, spans)?;
+            clock.end(spans.iter().map(|s| s.tokens.len()).sum())?;
+            return Ok(out);
         }
         let seq = spans[0].kv.id;
         if let Some(i) = self.graphs.borrow().iter().position(|g| g.seq == seq) {

@@ -158,7 +158,7 @@ pub fn gemm_into(
 }
 
 /// `out[t] = W16 · x16[t]` for activations already in f16.
-pub(crate) fn gemm_f16_into(
+pub fn gemm_f16_into(
     gpu: &Gpu,
     w16: &CudaView<'_, u16>,
     x16: &CudaSlice<u16>,
@@ -167,42 +167,95 @@ pub(crate) fn gemm_f16_into(
     cols: usize,
     out: &mut CudaSlice<f32>,
 ) -> Result<(), CudaError> {
+    let (c, _gc) = out.device_ptr_mut(&gpu.stream);
+    let out = GemmOut {
+        ptr: c,
+        ty: blas::cudaDataType_t::CUDA_R_32F,
+        ld: rows,
+    };
+    // SAFETY: `out` holds `t * rows` f32 values (checked by the callers' pool sizes), row-major.
+    unsafe { gemm_f16_raw(gpu, w16, x16, t, rows, cols, out) }
+}
+
+/// `out[t][offset..offset + rows] = W16 · x16[t]`, rounded to f16, in rows of `ld` values: a product
+/// written beside another in one buffer (gate and up, for the gating kernel that reads both).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f16_out(
+    gpu: &Gpu,
+    w16: &CudaView<'_, u16>,
+    x16: &CudaSlice<u16>,
+    t: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut CudaSlice<u16>,
+    offset: usize,
+    ld: usize,
+) -> Result<(), CudaError> {
+    if offset + rows > ld || out.len() < t * ld {
+        return Err(CudaError::Driver {
+            what: format!("cublasGemmEx {rows}x{cols} by {t}"),
+            err: format!("{} f16 outputs cannot hold rows of {ld} at offset {offset}", out.len()),
+        });
+    }
+    let (c, _gc) = out.device_ptr_mut(&gpu.stream);
+    let out = GemmOut {
+        ptr: c + 2 * offset as u64,
+        ty: blas::cudaDataType_t::CUDA_R_16F,
+        ld,
+    };
+    // SAFETY: checked above: every written element lies inside `out`.
+    unsafe { gemm_f16_raw(gpu, w16, x16, t, rows, cols, out) }
+}
+
+/// Where a GEMM writes: `t` rows of `ld` elements of type `ty` from `ptr`.
+struct GemmOut {
+    ptr: u64,
+    ty: blas::cudaDataType_t,
+    ld: usize,
+}
+
+/// cuBLAS GemmEx: f16 operands, f32 accumulation. Unsafe: `out` must hold `t` rows of `out.ld`.
+unsafe fn gemm_f16_raw(
+    gpu: &Gpu,
+    w16: &CudaView<'_, u16>,
+    x16: &CudaSlice<u16>,
+    t: usize,
+    rows: usize,
+    cols: usize,
+    out: GemmOut,
+) -> Result<(), CudaError> {
     let stream = &gpu.stream;
     let (alpha, beta) = (1f32, 0f32);
-    {
-        let (a, _ga) = w16.device_ptr(stream);
-        let (bx, _gb) = x16.device_ptr(stream);
-        let (c, _gc) = out.device_ptr_mut(stream);
-        // Column-major view: C (rows × t) = Wᵀ (W is cols × rows column-major) · X (cols × t).
-        unsafe {
-            gemm_ex(
-                *gpu.blas.handle(),
-                blas::cublasOperation_t::CUBLAS_OP_T,
-                blas::cublasOperation_t::CUBLAS_OP_N,
-                i32_of(rows, "rows")?,
-                i32_of(t, "t")?,
-                i32_of(cols, "cols")?,
-                &alpha as *const f32 as *const c_void,
-                a as *const c_void,
-                blas::cudaDataType_t::CUDA_R_16F,
-                i32_of(cols, "lda")?,
-                bx as *const c_void,
-                blas::cudaDataType_t::CUDA_R_16F,
-                i32_of(cols, "ldb")?,
-                &beta as *const f32 as *const c_void,
-                c as *mut c_void,
-                blas::cudaDataType_t::CUDA_R_32F,
-                i32_of(rows, "ldc")?,
-                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| CudaError::Blas {
-            what: format!("cublasGemmEx {rows}x{cols} by {t}"),
-            err: format!("{e:?}"),
-        })?;
+    let (a, _ga) = w16.device_ptr(stream);
+    let (bx, _gb) = x16.device_ptr(stream);
+    // Column-major view: C (rows × t) = Wᵀ (W is cols × rows column-major) · X (cols × t).
+    unsafe {
+        gemm_ex(
+            *gpu.blas.handle(),
+            blas::cublasOperation_t::CUBLAS_OP_T,
+            blas::cublasOperation_t::CUBLAS_OP_N,
+            i32_of(rows, "rows")?,
+            i32_of(t, "t")?,
+            i32_of(cols, "cols")?,
+            &alpha as *const f32 as *const c_void,
+            a as *const c_void,
+            blas::cudaDataType_t::CUDA_R_16F,
+            i32_of(cols, "lda")?,
+            bx as *const c_void,
+            blas::cudaDataType_t::CUDA_R_16F,
+            i32_of(cols, "ldb")?,
+            &beta as *const f32 as *const c_void,
+            out.ptr as *mut c_void,
+            out.ty,
+            i32_of(out.ld, "ldc")?,
+            blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
     }
-    Ok(())
+    .map_err(|e| CudaError::Blas {
+        what: format!("cublasGemmEx {rows}x{cols} by {t}"),
+        err: format!("{e:?}"),
+    })
 }
 
 /// The kernel that takes a matrix's matvec route (decode and very short chunks).

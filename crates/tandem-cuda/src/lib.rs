@@ -20,6 +20,7 @@
 mod attend;
 mod decode_graph;
 pub mod device;
+pub mod ffn;
 pub mod flash;
 pub mod int8;
 pub mod kv;
@@ -30,7 +31,7 @@ pub mod nvrtc;
 pub mod pool;
 mod profile;
 pub mod routes;
-mod rows;
+pub mod rows;
 mod upload;
 
 pub use cudarc::driver::CudaSlice;

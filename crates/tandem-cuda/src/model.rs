@@ -12,7 +12,7 @@ use std::rc::Rc;
 
 use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use tandem_backend::cpu::ops::RopeParams;
-use tandem_model::backend::{AttendRows, Backend};
+use tandem_model::backend::{AttendRows, Backend, QkvRows};
 use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm, Weights};
 use tandem_model::{Model, ModelConfig, ModelError, Span};
@@ -23,7 +23,7 @@ use crate::int8::ActQuant;
 use crate::kv::GpuSequenceKv;
 use crate::launch::{blocks, i32_of, launch_cfg};
 use crate::pool::{BufPool, DevBuf};
-use crate::profile::OpProfile;
+use crate::profile::{OpProfile, PassClock};
 use crate::upload::{GpuMatrix, GpuMemory};
 use crate::CudaError;
 
@@ -98,8 +98,9 @@ pub struct CudaModel {
     pub graphs_enabled: Cell<bool>,
     pub(crate) matrices: HashMap<String, GpuMatrix>,
     pub(crate) norms: HashMap<String, CudaSlice<f32>>,
-    /// Pre-norm name to the first matrix reading its output (whose kernel says how to quantize it).
-    pub(crate) norm_readers: HashMap<String, String>,
+    /// Pre-norm name to the matrices reading its output (the first one's kernel says how to quantize
+    /// it; when all take the GEMM route, only their f16 operand is made).
+    pub(crate) norm_readers: HashMap<String, Vec<String>>,
     pub memory: GpuMemory,
     pub(crate) uploads: RefCell<Vec<Uploaded>>,
     /// This pass's flash-attention plans, one per span, window, key range and variant (`flash.rs`).
@@ -117,6 +118,8 @@ pub struct CudaModel {
     pub(crate) arrivals: RefCell<CudaSlice<i32>>,
     /// GPU time per op (`TANDEM_CUDA_PROFILE=1`).
     pub(crate) profile: Option<OpProfile>,
+    /// Enqueue, GPU and wall time per pass (`TANDEM_CUDA_PASS_TIMES=1`).
+    pub(crate) pass_clock: Option<PassClock>,
 }
 
 impl Drop for CudaModel {
@@ -355,8 +358,32 @@ impl Backend for CudaModel {
         self.store_kv_and_attend(scratch, layer, kv, io, rows, positions)
     }
 
+    fn rope_store_and_attend(
+        &self,
+        scratch: &mut GpuScratch,
+        layer: usize,
+        spans: &mut [Span<GpuSequenceKv>],
+        span_rows: &[Range<usize>],
+        qkv: QkvRows<'_, GpuAct>,
+        positions: &[usize],
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        self.rope_store_attend(scratch, layer, spans, span_rows, qkv, positions, rope)
+    }
+
     fn gated(&self, gate: &mut GpuAct, up: &GpuAct, act: Activation, reader: &Matrix) -> Result<(), ModelError> {
         self.gate_rows(gate, up, act, reader)
+    }
+
+    fn gated_products(
+        &self,
+        x: &GpuAct,
+        gate: &Matrix,
+        up: &Matrix,
+        act: Activation,
+        reader: &Matrix,
+    ) -> Result<GpuAct, ModelError> {
+        self.gated_pair_products(x, gate, up, act, reader)
     }
 
     fn gather_rows(&self, x: &GpuAct, rows: &[usize]) -> Result<GpuAct, ModelError> {
@@ -381,6 +408,9 @@ impl Backend for CudaModel {
     fn to_host(&self, x: GpuAct) -> Result<Vec<f32>, ModelError> {
         match self.mode.get() {
             Mode::Normal => {
+                if let Some(clock) = &self.pass_clock {
+                    clock.enqueued(&self.gpu)?;
+                }
                 let host = self.gpu.download(x.buf()?)?;
                 if let Some(p) = &self.profile {
                     p.collect()?;

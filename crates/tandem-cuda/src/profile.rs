@@ -7,6 +7,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::time::Instant;
 
 use cudarc::driver::{sys, CudaEvent, PushKernelArg};
 
@@ -84,5 +85,53 @@ impl OpProfile {
             );
         }
         s
+    }
+}
+
+/// `TANDEM_CUDA_PASS_TIMES=1`: per forward pass taken without a graph, the host's time to enqueue it
+/// (up to the logits' download), the GPU's time from the pass's first op to that point, and the wall
+/// time, on stderr. Where the enqueue time nears the wall time, the host is what the GPU waits for;
+/// where the GPU time exceeds the op profile's sum, the difference is spent between kernels.
+#[derive(Default)]
+pub(crate) struct PassClock {
+    start: RefCell<Option<(Instant, CudaEvent)>>,
+    enqueued: RefCell<Option<(Instant, CudaEvent)>>,
+}
+
+impl PassClock {
+    pub(crate) fn enabled() -> bool {
+        std::env::var("TANDEM_CUDA_PASS_TIMES").as_deref() == Ok("1")
+    }
+
+    fn mark(gpu: &Gpu) -> Result<(Instant, CudaEvent), CudaError> {
+        Ok((Instant::now(), OpProfile::event(gpu)?))
+    }
+
+    pub(crate) fn begin(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        *self.start.borrow_mut() = Some(Self::mark(gpu)?);
+        *self.enqueued.borrow_mut() = None;
+        Ok(())
+    }
+
+    /// The pass has enqueued its last kernel (called before the logits' download).
+    pub(crate) fn enqueued(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        if self.start.borrow().is_some() {
+            *self.enqueued.borrow_mut() = Some(Self::mark(gpu)?);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn end(&self, rows: usize) -> Result<(), CudaError> {
+        let (Some((t0, e0)), Some((t1, e1))) = (self.start.borrow_mut().take(), self.enqueued.borrow_mut().take())
+        else {
+            return Ok(());
+        };
+        let gpu_ms = driver("pass elapsed", e0.elapsed_ms(&e1))?;
+        eprintln!(
+            "pass: {rows} rows, enqueue {:.2} ms, gpu {gpu_ms:.2} ms, wall {:.2} ms",
+            1e3 * (t1 - t0).as_secs_f64(),
+            1e3 * t0.elapsed().as_secs_f64()
+        );
+        Ok(())
     }
 }

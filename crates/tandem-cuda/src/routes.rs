@@ -70,6 +70,17 @@ pub fn matmul_route(t: usize, deterministic: bool, one_row_cublas: bool) -> Matm
     }
 }
 
+/// Rows below which gate and up take one GEMM over their stacked f16 copies rather than two GEMMs
+/// writing side by side. Measured on the H200 (`gpu-check --bench-gemm`, Llama-3-8B shapes, f16
+/// out): one 28672-row GEMM 168 µs against two 14336-row ones 183 µs at 512 rows, but 1,342 against
+/// 1,287 µs at 4096 rows.
+pub const STACKED_GATE_UP_MAX_ROWS: usize = 2048;
+
+/// Whether `t` rows of gate and up take one GEMM (`stacked`: their copies are adjacent in memory).
+pub fn gate_up_in_one_gemm(t: usize, stacked: bool) -> bool {
+    stacked && t < STACKED_GATE_UP_MAX_ROWS
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionRoute {
     Tiles,
@@ -158,6 +169,16 @@ pub fn attention_merge(want: Option<ActQuant>, q_width: usize, head_dim: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gate_and_up_share_a_gemm_only_for_shorter_chunks_of_stacked_copies() {
+        assert!(gate_up_in_one_gemm(512, true));
+        assert!(gate_up_in_one_gemm(STACKED_GATE_UP_MAX_ROWS - 1, true));
+        assert!(!gate_up_in_one_gemm(STACKED_GATE_UP_MAX_ROWS, true));
+        assert!(!gate_up_in_one_gemm(4096, true));
+        // F16 files keep separate weights: always two GEMMs.
+        assert!(!gate_up_in_one_gemm(512, false));
+    }
 
     #[test]
     fn the_attention_merge_groups_heads_into_whole_q8k_blocks() {

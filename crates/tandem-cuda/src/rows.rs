@@ -2,16 +2,17 @@
 //! activation. The norm and gating kernels also write their output in the form its reader takes:
 //! quantized for the integer matvecs, or f16 for the GEMM route.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, PushKernelArg};
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm};
 use tandem_model::ModelError;
 
-use crate::device::driver;
+use crate::device::{driver, Gpu};
 use crate::int8::ActQuant;
 use crate::launch::{blocks, i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct, Mode};
+use crate::CudaError;
 
 /// Threads of a one-block-per-row kernel (norms): a decode step has one row, so the block's width is
 /// the kernel's parallelism. Fixed by the width alone, so a row's sums never depend on the batch.
@@ -31,6 +32,8 @@ const RN_Q8K: i32 = 8;
 const RN_Q8: i32 = 16;
 const RN_F16: i32 = 32;
 const RN_MAX_Q8K_WIDTH: usize = 8192;
+/// float4s an `add_norm_rows` thread holds (rows up to 1024 of them).
+const RNR_VECS: usize = 8;
 /// Heads one `rope` thread rotates (`ROPE_HEADS` in `kernels/ops.cu`).
 const ROPE_HEADS: usize = 8;
 
@@ -40,6 +43,44 @@ pub(crate) fn quant_flag(fmt: ActQuant) -> i32 {
         ActQuant::Q8K => RN_Q8K,
         ActQuant::Q8 => RN_Q8,
     }
+}
+
+/// The `add_norm_rows` kernel: `x += y` (normed by `post` when given; `y` absent: no add), then
+/// `h = f16(norm(x) * weight)` for `rows × width` rows (`shape`: rows, width, eps). Public for
+/// `tandem gpu-check`.
+pub fn add_norm_rows_into(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    y: Option<&CudaSlice<f32>>,
+    post: Option<&CudaSlice<f32>>,
+    weight: &CudaSlice<f32>,
+    shape: (usize, usize, f32),
+    h: &mut CudaSlice<u16>,
+) -> Result<(), CudaError> {
+    let (rows, width, eps) = shape;
+    if !width.is_multiple_of(4) || width > 1024 * RNR_VECS || x.len() < rows * width || h.len() < rows * width {
+        return Err(CudaError::Driver {
+            what: "add_norm_rows".into(),
+            err: format!("{rows} rows of {width} (a multiple of 4, at most {})", 1024 * RNR_VECS),
+        });
+    }
+    let mut flags = RN_NORM;
+    if y.is_some() {
+        flags |= RN_ADD;
+    }
+    if post.is_some() {
+        flags |= RN_POST;
+    }
+    let w = i32_of(width, "width")?;
+    let f = gpu.function("add_norm_rows")?;
+    let mut b = gpu.stream.launch_builder(f);
+    // Pointers the flags leave unread stand in for absent operands.
+    b.arg(x).arg(y.unwrap_or(x)).arg(post.unwrap_or(weight)).arg(weight);
+    b.arg(&w).arg(&eps).arg(&flags).arg(h);
+    driver("add_norm_rows", unsafe {
+        b.launch(launch_cfg((rows as u32, 1, 1), 256))
+    })?;
+    Ok(())
 }
 
 impl CudaModel {
@@ -58,6 +99,15 @@ impl CudaModel {
             (true, false) => "add_normed",
             _ => "normed",
         };
+        let readers = norm.and_then(|n| self.norm_readers.get(&n.name));
+        // Every reader takes the GEMM route: the f16 operand is the only output (`add_norm_rows`).
+        let gemm_only = !self.dry()
+            && readers.is_some_and(|rs| rs.iter().all(|r| self.f16_input(r, x.rows)))
+            && x.width.is_multiple_of(4)
+            && x.width <= 1024 * RNR_VECS;
+        if gemm_only {
+            return self.profiled(name, || self.residual_norm_rows(x, y, post, norm).map(Some));
+        }
         self.profiled(name, || {
             let mut out = match norm {
                 Some(_) => Some(self.act(x.rows, x.width)?),
@@ -66,9 +116,9 @@ impl CudaModel {
             if self.dry() {
                 return Ok(out);
             }
+            let first_reader = readers.and_then(|rs| rs.first());
             // Q8_K rows are staged in the kernel's shared memory (`RN_MAX_Q8K_WIDTH`).
-            let quant = norm
-                .and_then(|n| self.norm_readers.get(&n.name))
+            let quant = first_reader
                 .and_then(|reader| self.int8_input(reader, x.rows))
                 .filter(|&fmt| fmt != ActQuant::Q8K || x.width <= RN_MAX_Q8K_WIDTH);
             let mut flags = 0;
@@ -85,10 +135,7 @@ impl CudaModel {
                 flags |= quant_flag(fmt);
             }
             // Otherwise rounded to f16 here when its readers take the GEMM route.
-            let half = quant.is_none()
-                && norm
-                    .and_then(|n| self.norm_readers.get(&n.name))
-                    .is_some_and(|reader| self.f16_input(reader, x.rows));
+            let half = quant.is_none() && first_reader.is_some_and(|reader| self.f16_input(reader, x.rows));
             if half {
                 flags |= RN_F16;
             }
@@ -137,6 +184,33 @@ impl CudaModel {
             }
             Ok(out)
         })
+    }
+
+    /// `residual_norm` when every reader of the normed rows takes the GEMM route: `add_norm_rows`
+    /// writes them only as the GEMMs' f16 operand. `norm` is given (the caller checked its readers).
+    fn residual_norm_rows(
+        &self,
+        x: &GpuAct,
+        y: Option<&GpuAct>,
+        post: Option<&Norm>,
+        norm: Option<&Norm>,
+    ) -> Result<GpuAct, ModelError> {
+        let norm = norm.ok_or_else(|| ModelError::Kernel("add_norm_rows without a norm".into()))?;
+        let norm_w = self.norm(norm)?;
+        let post_w = post.map(|n| self.norm(n)).transpose()?;
+        let may_allocate = self.mode.get() == Mode::Normal;
+        let mut h = self.u16_pool.take(&self.gpu, x.rows * x.width, may_allocate)?;
+        let y = y.map(|y| y.buf()).transpose()?;
+        let shape = (x.rows, x.width, self.cpu.config.eps);
+        add_norm_rows_into(&self.gpu, x.buf()?, y, post_w, norm_w, shape, &mut h)?;
+        let out = GpuAct {
+            buf: None,
+            rows: x.rows,
+            width: x.width,
+            int8: Default::default(),
+            f16: std::cell::RefCell::new(Some(h)),
+        };
+        Ok(out)
     }
 
     /// RoPE on every head of `x` and, in the same launch, of `y`.
@@ -267,6 +341,7 @@ mod tests {
             ("RN_Q8", RN_Q8),
             ("RN_F16", RN_F16),
             ("RN_MAX_Q8K_WIDTH", RN_MAX_Q8K_WIDTH as i32),
+            ("RNR_VECS", RNR_VECS as i32),
             ("ROPE_HEADS", ROPE_HEADS as i32),
         ] {
             let value = v.to_string();

@@ -5,6 +5,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::Range;
 use std::rc::Rc;
 
 use cudarc::driver::{CudaSlice, CudaView};
@@ -12,11 +13,11 @@ use tandem_gguf::GgmlType;
 use tandem_model::weights::Matrix;
 use tandem_model::Model;
 
-use crate::device::Gpu;
+use crate::device::{driver, Gpu};
 use crate::int8::{self, int8_format};
 use crate::launch::{dequant_f16, tune_decode, tune_group, type_suffix, DecodeKernel, GroupMember, Tuning};
 use crate::model::{CudaModel, Mode, ARENA_INTS};
-use crate::profile::OpProfile;
+use crate::profile::{OpProfile, PassClock};
 use crate::routes;
 use crate::CudaError;
 
@@ -39,6 +40,9 @@ pub(crate) enum F16Weights {
     /// The uploaded weights themselves: an F16 file's ggml layout already is the operand (row-major
     /// f16), so a copy would only double its memory.
     Original,
+    /// Rows `range` (in f16 elements) of a copy shared with another matrix reading the same input:
+    /// gate's copy followed by up's, so that one GEMM makes both products (`stack_gate_up`).
+    Stacked(Rc<CudaSlice<u16>>, Range<usize>),
 }
 
 impl F16Weights {
@@ -46,6 +50,7 @@ impl F16Weights {
     pub(crate) fn view<'a>(&'a self, original: &'a CudaSlice<u8>) -> Result<CudaView<'a, u16>, CudaError> {
         match self {
             F16Weights::Copy(w16) => Ok(w16.as_view()),
+            F16Weights::Stacked(w16, range) => Ok(w16.slice(range.clone())),
             // SAFETY: `Original` is only made for F16 weights, whose bytes are `len / 2` f16 values in
             // a device allocation (aligned for any element type).
             F16Weights::Original => {
@@ -294,6 +299,7 @@ impl CudaModel {
                 },
             );
         }
+        stack_gate_up(&gpu, w, &mut matrices)?;
         let mut norms = HashMap::new();
         for n in w.norms() {
             norms.insert(n.name.clone(), gpu.upload(&n.data)?);
@@ -301,8 +307,9 @@ impl CudaModel {
         }
         let mut norm_readers = HashMap::new();
         for l in &w.layers {
-            norm_readers.insert(l.attn_norm.name.clone(), l.qkv()[0].name.clone());
-            norm_readers.insert(l.ffn_norm.name.clone(), l.gate_up()[0].name.clone());
+            let names = |ms: &[&Matrix]| ms.iter().map(|m| m.name.clone()).collect::<Vec<_>>();
+            norm_readers.insert(l.attn_norm.name.clone(), names(&l.qkv()));
+            norm_readers.insert(l.ffn_norm.name.clone(), names(&l.gate_up()));
         }
         let arena = gpu.alloc::<i32>(ARENA_INTS)?;
         let arrivals = gpu.alloc::<i32>(cpu.config.n_head)?;
@@ -332,8 +339,50 @@ impl CudaModel {
             arrivals: RefCell::new(arrivals),
             warmed: RefCell::new(VecDeque::new()),
             profile,
+            pass_clock: PassClock::enabled().then(PassClock::default),
         })
     }
+}
+
+/// Moves each layer's gate and up f16 copies into one allocation, gate's rows first, so that the
+/// feed-forward GEMM makes both products in one launch (`ffn.rs`). The same memory as two copies
+/// (one pair's worth more while it moves); F16 files keep their weights as the operand, and their
+/// two GEMMs write into one buffer instead.
+fn stack_gate_up(
+    gpu: &Gpu,
+    w: &tandem_model::weights::Weights,
+    matrices: &mut HashMap<String, GpuMatrix>,
+) -> Result<(), CudaError> {
+    for l in &w.layers {
+        let [gate, up] = l.gate_up();
+        if gate.cols != up.cols {
+            continue;
+        }
+        let copies = (matrices.get(&gate.name), matrices.get(&up.name));
+        let (Some(g), Some(u)) = copies else { continue };
+        let (Some(F16Weights::Copy(g16)), Some(F16Weights::Copy(u16))) = (&g.f16, &u.f16) else {
+            continue;
+        };
+        let split = g16.len();
+        let mut both = gpu.alloc_out::<u16>(split + u16.len())?;
+        driver(
+            "cuMemcpyDtoD (stack gate)",
+            gpu.stream.memcpy_dtod(g16, &mut both.slice_mut(0..split)),
+        )?;
+        driver(
+            "cuMemcpyDtoD (stack up)",
+            gpu.stream.memcpy_dtod(u16, &mut both.slice_mut(split..)),
+        )?;
+        let both = Rc::new(both);
+        let end = both.len();
+        for (name, range) in [(&gate.name, 0..split), (&up.name, split..end)] {
+            if let Some(m) = matrices.get_mut(name) {
+                // The separate copy is freed here, once the stream has copied it.
+                m.f16 = Some(F16Weights::Stacked(Rc::clone(&both), range));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

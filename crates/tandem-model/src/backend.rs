@@ -114,9 +114,50 @@ pub trait Backend {
     /// `gate = act(gate) * up`; `reader` is the matrix that multiplies the result next, and its only
     /// reader (so a backend may keep the result only in the input form that kernel reads).
     fn gated(&self, gate: &mut Self::Act, up: &Self::Act, act: Activation, reader: &Matrix) -> Result<(), ModelError>;
+    /// One layer's attention over the batch: `rope_qk`, then `store_and_attend` for each span
+    /// (`span_rows[i]`: span i's rows). A backend may rotate K as it stores it.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_store_and_attend(
+        &self,
+        scratch: &mut Self::Scratch,
+        layer: usize,
+        spans: &mut [Span<Self::Kv>],
+        span_rows: &[Range<usize>],
+        qkv: QkvRows<'_, Self::Act>,
+        positions: &[usize],
+        rope: &RopeParams,
+    ) -> Result<(), ModelError>
+    where
+        Self: Sized,
+    {
+        graph::rope_then_attend_each(self, scratch, layer, spans, span_rows, qkv, positions, rope)
+    }
+    /// `act(x · gateᵀ) * (x · upᵀ)`: the feed-forward block's input to `reader` (its down projection).
+    /// Nothing else reads the two products, so a backend may make them in one launch and keep them in
+    /// a narrower form; the default is `matmuls` then `gated`.
+    fn gated_products(
+        &self,
+        x: &Self::Act,
+        gate: &Matrix,
+        up: &Matrix,
+        act: Activation,
+        reader: &Matrix,
+    ) -> Result<Self::Act, ModelError> {
+        let [mut g, u] = graph::exactly(self.matmuls(&[gate, up], x)?)?;
+        self.gated(&mut g, &u, act, reader)?;
+        Ok(g)
+    }
     /// A new activation of the listed rows, in order.
     fn gather_rows(&self, x: &Self::Act, rows: &[usize]) -> Result<Self::Act, ModelError>;
     fn to_host(&self, x: Self::Act) -> Result<Vec<f32>, ModelError>;
+}
+
+/// A layer's projections before RoPE, and its attention output.
+pub struct QkvRows<'a, A> {
+    pub q: &'a mut A,
+    pub k: &'a mut A,
+    pub v: &'a A,
+    pub out: &'a mut A,
 }
 
 /// The activations one attention call reads and writes.

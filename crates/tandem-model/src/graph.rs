@@ -7,7 +7,11 @@
 //! (QK-norm, sandwich norms, embedding scale, activation, RoPE style and per-layer window), which mirror
 //! llama.cpp's builders.
 
-use crate::backend::{AttendRows, Backend, SequenceCache};
+use std::ops::Range;
+
+use tandem_backend::cpu::ops::RopeParams;
+
+use crate::backend::{AttendRows, Backend, QkvRows, SequenceCache};
 use crate::kv::SequenceKv;
 use crate::ModelError;
 
@@ -67,25 +71,22 @@ pub fn forward<B: Backend>(
             b.rms_norm(&mut q, c.head_dim, qn)?;
             b.rms_norm(&mut k, c.head_dim, kn)?;
         }
-        b.rope_qk(&mut q, &mut k, &positions, &spec.rope)?;
         let mut attn = b.output_rows(t, c.q_width())?;
-        for (span, rows) in spans.iter_mut().zip(&span_rows) {
-            let io = AttendRows {
-                q: &q,
-                k: &k,
-                v: &v,
-                out: &mut attn,
-            };
-            b.store_and_attend(scratch, l, span.kv, io, rows.clone(), &positions[rows.clone()])?;
-        }
+        let qkv = QkvRows {
+            q: &mut q,
+            k: &mut k,
+            v: &v,
+            out: &mut attn,
+        };
+        b.rope_store_and_attend(scratch, l, spans, &span_rows, qkv, &positions, &spec.rope)?;
         let o = b.matmul(&lw.wo, &attn)?;
         let ffn_in = b.add_and_norm(&mut x, o, lw.post_attn_norm.as_ref(), &lw.ffn_norm)?;
 
         // Feed-forward block.
-        let [mut gate, up] = exactly(b.matmuls(&lw.gate_up(), &ffn_in)?)?;
+        let [gate, up] = lw.gate_up();
+        let gated = b.gated_products(&ffn_in, gate, up, c.activation, &lw.down)?;
         drop(ffn_in);
-        b.gated(&mut gate, &up, c.activation, &lw.down)?;
-        let f = b.matmul(&lw.down, &gate)?;
+        let f = b.matmul(&lw.down, &gated)?;
         match w.layers.get(l + 1) {
             Some(next) => h = Some(b.add_and_norm(&mut x, f, lw.post_ffn_norm.as_ref(), &next.attn_norm)?),
             None => b.add_normed(&mut x, f, lw.post_ffn_norm.as_ref())?,
@@ -111,8 +112,34 @@ pub fn forward<B: Backend>(
     Ok(out)
 }
 
+/// `Backend::rope_store_and_attend`'s default: RoPE on every row of q and k, then each span's
+/// `store_and_attend`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_then_attend_each<B: Backend>(
+    b: &B,
+    scratch: &mut B::Scratch,
+    layer: usize,
+    spans: &mut [Span<B::Kv>],
+    span_rows: &[Range<usize>],
+    qkv: QkvRows<'_, B::Act>,
+    positions: &[usize],
+    rope: &RopeParams,
+) -> Result<(), ModelError> {
+    b.rope_qk(qkv.q, qkv.k, positions, rope)?;
+    for (span, rows) in spans.iter_mut().zip(span_rows) {
+        let io = AttendRows {
+            q: &*qkv.q,
+            k: &*qkv.k,
+            v: qkv.v,
+            out: &mut *qkv.out,
+        };
+        b.store_and_attend(scratch, layer, span.kv, io, rows.clone(), &positions[rows.clone()])?;
+    }
+    Ok(())
+}
+
 /// The `N` products a backend's `matmuls` returned for `N` matrices.
-fn exactly<A, const N: usize>(v: Vec<A>) -> Result<[A; N], ModelError> {
+pub(crate) fn exactly<A, const N: usize>(v: Vec<A>) -> Result<[A; N], ModelError> {
     v.try_into()
         .map_err(|v: Vec<A>| ModelError::Kernel(format!("a backend returned {} products for {N} matrices", v.len())))
 }

@@ -5,14 +5,16 @@
 //!    dequantized weights, outputs poisoned with NaN first so an unwritten element fails; the matvec
 //!    must also give every row the same bits alone and batched. The integer route (`int8.rs`) must
 //!    also quantize activations to the CPU backend's bits. The prefill attention kernel (`flash.rs`)
-//!    against an f64 softmax.
+//!    against an f64 softmax. The GEMM route's norm and gating kernels (`rows.rs`) against f64.
 //! 2. Models: a prompt prefilled and then greedy decoding on both backends; tokens must agree up to the
 //!    first step whose CPU top-2 margin is below 0.1; the largest relative logit error is reported.
 //! 3. Deterministic mode (the model loaded again as `--deterministic` loads it): `logits_sha256` of
 //!    teacher-forced scoring must match across chunk sizes.
 
 mod flash;
+mod gemm;
 mod int8;
+mod rows;
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -50,6 +52,12 @@ pub struct GpuCheckArgs {
     /// Also time the decode matvec per weight type (GB/s against the bytes it must read).
     #[arg(long)]
     pub bench_kernels: bool,
+    /// Time only the prefill attention variants (a part of `--bench-kernels`).
+    #[arg(long)]
+    pub bench_flash: bool,
+    /// Time the prefill GEMM shapes through cuBLAS (a part of `--bench-kernels`).
+    #[arg(long)]
+    pub bench_gemm: bool,
 }
 
 /// A small xorshift generator: fresh seeds each run (printed), reproducible given the seed.
@@ -98,7 +106,12 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     kernel_checks(&gpu, &mut table)?;
     if args.bench_kernels {
         kernel_bench(&gpu, &mut table)?;
+    }
+    if args.bench_kernels || args.bench_flash {
         flash::flash_bench(&gpu, &mut table)?;
+    }
+    if args.bench_kernels || args.bench_gemm {
+        gemm::gemm_bench(&gpu, &mut table)?;
     }
     for m in &args.models {
         model_checks(args, m, threads, &mut table)?;
@@ -226,6 +239,8 @@ fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
         });
     }
     flash::flash_checks(gpu, &mut rng, table)?;
+    rows::row_checks(gpu, &mut rng, table)?;
+    gemm::pair_checks(gpu, &mut rng, table)?;
     Ok(())
 }
 

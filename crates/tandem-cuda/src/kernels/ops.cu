@@ -150,11 +150,87 @@ extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict
     norm_out_q8k(flags, a, n_t, row, width, staged);
 }
 
+// `add_norm_to` for the GEMM route's rows (`residual_norm` in rows.rs): flags RN_ADD, RN_POST and
+// RN_NORM as there, and the normed row written only as the GEMMs' f16 operand `h` (their one reader).
+// 256 threads a row with 16-byte loads, each thread's float4s held in registers through the sums:
+// eight rows share an SM where `add_norm_to` fits two, so one row's sums overlap another's loads. Its
+// sums run in its own order: the GEMM route's bits are not the matvec route's anyway. `width` a
+// multiple of 4, at most 1024 * RNR_VECS.
+#define RNR_VECS 8
+extern "C" __global__ void __launch_bounds__(256) add_norm_rows(float* __restrict__ x, const float* __restrict__ y,
+                                                                 const float* __restrict__ post,
+                                                                 const float* __restrict__ weight, int width,
+                                                                 float eps, int flags, u16* __restrict__ h) {
+    size_t row = blockIdx.x;
+    float4* xr = (float4*)(x + row * width);
+    const float4* yr = (const float4*)(y + row * width);
+    int n4 = width / 4;
+    float4 xv[RNR_VECS], yv[RNR_VECS];
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < RNR_VECS; k++) {
+        int i = threadIdx.x + k * 256;
+        xv[k] = i < n4 ? xr[i] : zero;
+        yv[k] = i < n4 && (flags & RN_ADD) ? yr[i] : zero;
+    }
+    if (flags & RN_ADD) {
+        float scale = 1.f;
+        if (flags & RN_POST) {
+            float s = 0.f;
+#pragma unroll
+            for (int k = 0; k < RNR_VECS; k++)
+                s += yv[k].x * yv[k].x + yv[k].y * yv[k].y + yv[k].z * yv[k].z + yv[k].w * yv[k].w;
+            scale = rsqrtf(block_total(s) / width + eps);
+        }
+#pragma unroll
+        for (int k = 0; k < RNR_VECS; k++) {
+            int i = threadIdx.x + k * 256;
+            if (i >= n4) continue;
+            float4 p = (flags & RN_POST) ? ((const float4*)post)[i] : make_float4(1.f, 1.f, 1.f, 1.f);
+            float c = (flags & RN_POST) ? scale : 1.f;
+            xv[k].x += yv[k].x * c * p.x;
+            xv[k].y += yv[k].y * c * p.y;
+            xv[k].z += yv[k].z * c * p.z;
+            xv[k].w += yv[k].w * c * p.w;
+            xr[i] = xv[k];
+        }
+    }
+    if (!(flags & RN_NORM)) return;
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < RNR_VECS; k++)
+        s += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+    float scale = rsqrtf(block_total(s) / width + eps);
+    u16* hr = h + row * width;
+#pragma unroll
+    for (int k = 0; k < RNR_VECS; k++) {
+        int i = threadIdx.x + k * 256;
+        if (i >= n4) continue;
+        float4 w = ((const float4*)weight)[i];
+        u32 lo = (u32)f2h(xv[k].x * scale * w.x) | ((u32)f2h(xv[k].y * scale * w.y) << 16);
+        u32 hi = (u32)f2h(xv[k].z * scale * w.z) | ((u32)f2h(xv[k].w * scale * w.w) << 16);
+        ((uint2*)hr)[i] = make_uint2(lo, hi);
+    }
+}
+
 // RoPE on every head of every row of x (nx heads a row) and of y (ny heads; q and k in one launch):
 // one thread per (row, group of ROPE_HEADS heads, rotated pair), so the angle's sine and cosine are
 // computed once for the group (prefill spends its time there, not in the loads). `neox` pairs i with
 // i + n_rot/2, otherwise 2i with 2i+1. Angles as ggml forms them: pos * freq_scale * base^(-2i/n_rot).
 #define ROPE_HEADS 8
+
+// The angle of rotated pair p at position `pos` (cosine, sine), and a pair rotated by it: shared by
+// `rope` and `rope_kv_store`, so K rotated on its way into the cache has the bits of `rope` then
+// `kv_store`.
+__device__ __forceinline__ float2 rope_angle(int pos, int p, int n_rot, float base, float freq_scale) {
+    float theta = pos * freq_scale * powf(base, -2.0f * p / n_rot);
+    return make_float2(cosf(theta), sinf(theta));
+}
+
+__device__ __forceinline__ float2 rope_rotate(float x0, float x1, float2 cs) {
+    return make_float2(x0 * cs.x - x1 * cs.y, x0 * cs.y + x1 * cs.x);
+}
+
 extern "C" __global__ void rope(float* __restrict__ x, float* __restrict__ y, const int* __restrict__ pos, int rows,
                                 int nx, int ny, int head_dim, int n_rot, float base, float freq_scale, int neox) {
     int half = n_rot / 2, heads = nx + ny, groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
@@ -169,8 +245,7 @@ extern "C" __global__ void rope(float* __restrict__ x, float* __restrict__ y, co
         size_t rg = i / half;
         p = (int)(i % half), r = (int)(rg / groups), g = (int)(rg % groups);
     }
-    float theta = pos[r] * freq_scale * powf(base, -2.0f * p / n_rot);
-    float c = cosf(theta), s = sinf(theta);
+    float2 cs = rope_angle(pos[r], p, n_rot, base, freq_scale);
     int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
     // Every head's pair is loaded before any is written (the loads overlap); the arrays are indexed
     // only by unrolled constants, so they stay in registers.
@@ -187,9 +262,50 @@ extern "C" __global__ void rope(float* __restrict__ x, float* __restrict__ y, co
 #pragma unroll
     for (int j = 0; j < ROPE_HEADS; j++) {
         if (g * ROPE_HEADS + j < heads) {
-            hp[j][a] = x0[j] * c - x1[j] * s;
-            hp[j][b] = x0[j] * s + x1[j] * c;
+            float2 y = rope_rotate(x0[j], x1[j], cs);
+            hp[j][a] = y.x;
+            hp[j][b] = y.y;
         }
+    }
+}
+
+// RoPE of q in place (nq heads a row) and of K on its way into the f16 cache, with V: row r's K and V
+// go to cache row dst[r] (-1: skipped). The decode step's `rope` and `kv_store` in one launch (one
+// dependent kernel fewer a layer). One thread per (row, head of q or of K, rotated pair); dimensions
+// past n_rot are copied as they are. Rows and heads are few here, so plain 32-bit indices.
+extern "C" __global__ void rope_kv_store(float* __restrict__ q, const float* __restrict__ k,
+                                         const float* __restrict__ v, u16* __restrict__ kc, u16* __restrict__ vc,
+                                         const int* __restrict__ dst, const int* __restrict__ pos, int rows,
+                                         int nq, int nkv, int head_dim, int n_rot, float base, float freq_scale,
+                                         int neox) {
+    int half = n_rot / 2, heads = nq + nkv;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * heads * half) return;
+    int p = i % half, rh = i / half, h = rh % heads, r = rh / heads;
+    float2 cs = rope_angle(pos[r], p, n_rot, base, freq_scale);
+    int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+    if (h < nq) {
+        float* x = q + ((size_t)r * nq + h) * head_dim;
+        float2 y = rope_rotate(x[a], x[b], cs);
+        x[a] = y.x;
+        x[b] = y.y;
+        return;
+    }
+    int d = dst[r];
+    if (d < 0) return;
+    size_t kvw = (size_t)nkv * head_dim, head = (size_t)(h - nq) * head_dim;
+    const float* kx = k + r * kvw + head;
+    const float* vx = v + r * kvw + head;
+    u16* kd = kc + d * kvw + head;
+    u16* vd = vc + d * kvw + head;
+    float2 y = rope_rotate(kx[a], kx[b], cs);
+    kd[a] = f2h(y.x);
+    kd[b] = f2h(y.y);
+    vd[a] = f2h(vx[a]);
+    vd[b] = f2h(vx[b]);
+    for (int j = n_rot + p; j < head_dim; j += half) {
+        kd[j] = f2h(kx[j]);
+        vd[j] = f2h(vx[j]);
     }
 }
 
@@ -231,6 +347,26 @@ extern "C" __global__ void gated(float* __restrict__ gate, const float* __restri
     } else {
         *(float4*)(gate + i) = make_float4(v0, v1, v2, v3);
     }
+}
+
+// The gating of the GEMM route (`ffn.rs`): row t of `pair` holds gate's `width` products then up's, in
+// f16; h[t] = f16(act(gate) * up). PAIR_VECTOR elements of each half a thread (16-byte loads); grid
+// (columns / (256 * PAIR_VECTOR), rows). `width` a multiple of PAIR_VECTOR.
+#define PAIR_VECTOR 8
+extern "C" __global__ void __launch_bounds__(256) gated_pair(const u16* __restrict__ pair, int width, int act,
+                                                              u16* __restrict__ h) {
+    int col = (blockIdx.x * blockDim.x + threadIdx.x) * PAIR_VECTOR;
+    if (col >= width) return;
+    size_t row = blockIdx.y;
+    const u16* g = pair + row * 2 * width + col;
+    uint4 gv = *(const uint4*)g, uv = *(const uint4*)(g + width);
+    const u16* gs = (const u16*)&gv;
+    const u16* us = (const u16*)&uv;
+    uint4 ov;
+    u16* os = (u16*)&ov;
+#pragma unroll
+    for (int j = 0; j < PAIR_VECTOR; j++) os[j] = f2h(gate_value(h2f(gs[j]), h2f(us[j]), act));
+    *(uint4*)(h + row * width + col) = ov;
 }
 
 // `gated`, and the result quantized for the integer kernels (qfmt RN_Q8K or RN_Q8): one block of 256

@@ -1,0 +1,166 @@
+//! `--bench-gemm`: the prefill GEMM shapes of the Llama-3-8B layer through cuBLAS (f16 operands, f32
+//! accumulation), timed at 512 and 4096 rows: each projection with f32 output as the GEMM route
+//! writes it, and gate and up three ways (two GEMMs with f32 outputs; two GEMMs writing f16 side by
+//! side into one buffer; one GEMM over the stacked weights), which is how `ffn.rs` chose its form.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use tandem_cuda::launch::{gemm_f16_into, gemm_f16_out};
+use tandem_cuda::Gpu;
+
+use super::{rel_err, Rng, Row};
+
+/// `n` f16 values spread over (-1, 1), from a fixed generator.
+fn random_f16(n: usize, seed: u64) -> Vec<u16> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            half::f16::from_f32(((state >> 40) as f32 / (1u64 << 23) as f32) - 1.0).to_bits()
+        })
+        .collect()
+}
+
+/// Times `f` (which enqueues one GEMM set) over `iters` runs after two warm-up runs.
+fn time(gpu: &Gpu, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    f()?;
+    gpu.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        f()?;
+    }
+    gpu.synchronize()?;
+    Ok(t0.elapsed().as_secs_f64() / iters as f64)
+}
+
+pub(super) fn gemm_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
+    let (d, ff) = (4096usize, 14336usize);
+    // Random values: the tensor cores draw more power on them than on zeros, and clocks follow power.
+    let w_gate_up = gpu.upload(&random_f16(2 * ff * d, 1))?;
+    let w_down = gpu.upload(&random_f16(d * ff, 2))?;
+    for t in [512usize, 4096] {
+        let x = gpu.upload(&random_f16(t * ff, 3))?;
+        let mut out32 = gpu.alloc::<f32>(t * 2 * ff)?;
+        let mut out32b = gpu.alloc::<f32>(t * ff)?;
+        let mut pair = gpu.alloc::<u16>(t * 2 * ff)?;
+        let iters = if t == 512 { 40 } else { 10 };
+        let mut report = |what: String, flops: f64, secs: f64| {
+            table.push(Row {
+                check: format!("gemm timing {what}, t={t}"),
+                result: format!("{:.1} us, {:.0} TFLOP/s", secs * 1e6, flops / secs / 1e12),
+                pass: true,
+            });
+        };
+        for (rows, cols) in [(d, d), (1024, d), (ff, d), (d, ff), (6144, d)] {
+            let w = if cols == ff {
+                w_down.slice(0..rows * cols)
+            } else {
+                w_gate_up.slice(0..rows * cols)
+            };
+            let secs = time(gpu, iters, || {
+                Ok(gemm_f16_into(gpu, &w, &x, t, rows, cols, &mut out32)?)
+            })?;
+            report(format!("{rows}x{cols} f32 out"), 2.0 * (t * rows * cols) as f64, secs);
+        }
+        let flops = 4.0 * (t * ff * d) as f64;
+        let (wg, wu) = (w_gate_up.slice(0..ff * d), w_gate_up.slice(ff * d..));
+        let secs = time(gpu, iters, || {
+            gemm_f16_into(gpu, &wg, &x, t, ff, d, &mut out32)?;
+            Ok(gemm_f16_into(gpu, &wu, &x, t, ff, d, &mut out32b)?)
+        })?;
+        report("gate, up: two GEMMs, f32 out".into(), flops, secs);
+        let secs = time(gpu, iters, || {
+            gemm_f16_out(gpu, &wg, &x, t, ff, d, &mut pair, 0, 2 * ff)?;
+            Ok(gemm_f16_out(gpu, &wu, &x, t, ff, d, &mut pair, ff, 2 * ff)?)
+        })?;
+        report("gate, up: two GEMMs, f16 side by side".into(), flops, secs);
+        let all = w_gate_up.slice(..);
+        let secs = time(gpu, iters, || {
+            Ok(gemm_f16_out(gpu, &all, &x, t, 2 * ff, d, &mut pair, 0, 2 * ff)?)
+        })?;
+        report("gate+up: one stacked GEMM, f16".into(), flops, secs);
+    }
+    Ok(())
+}
+
+/// Gate's and up's products written side by side in one f16 buffer, by two GEMMs (each at its offset,
+/// rows of twice the width) and by one GEMM over the stacked weights, against an f64 product of the
+/// same f16 operands; the buffer poisoned with NaN first.
+pub(super) fn pair_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+    let (t, width, cols) = (24usize, 384usize, 256usize);
+    let mut f16s = |n: usize| -> Vec<u16> { (0..n).map(|_| half::f16::from_f32(rng.normal()).to_bits()).collect() };
+    let (w, x) = (f16s(2 * width * cols), f16s(t * cols));
+    let val = |b: u16| half::f16::from_bits(b).to_f32() as f64;
+    let mut want = vec![0f64; t * 2 * width];
+    for r in 0..t {
+        for o in 0..2 * width {
+            want[r * 2 * width + o] = (0..cols).map(|c| val(w[o * cols + c]) * val(x[r * cols + c])).sum();
+        }
+    }
+    let (w_dev, x_dev) = (gpu.upload(&w)?, gpu.upload(&x)?);
+    let split = width * cols;
+    for one_gemm in [false, true] {
+        let mut pair = gpu.upload(&vec![0x7e00u16; t * 2 * width])?;
+        if one_gemm {
+            gemm_f16_out(
+                gpu,
+                &w_dev.slice(..),
+                &x_dev,
+                t,
+                2 * width,
+                cols,
+                &mut pair,
+                0,
+                2 * width,
+            )?;
+        } else {
+            gemm_f16_out(
+                gpu,
+                &w_dev.slice(..split),
+                &x_dev,
+                t,
+                width,
+                cols,
+                &mut pair,
+                0,
+                2 * width,
+            )?;
+            gemm_f16_out(
+                gpu,
+                &w_dev.slice(split..),
+                &x_dev,
+                t,
+                width,
+                cols,
+                &mut pair,
+                width,
+                2 * width,
+            )?;
+        }
+        let got: Vec<f32> = gpu
+            .download(&pair)?
+            .into_iter()
+            .map(|b| half::f16::from_bits(b).to_f32())
+            .collect();
+        let err = rel_err(&got, &want);
+        // f16 operands are exact here; the f16 output costs about 2^-12 relative.
+        let bound = 2e-3;
+        table.push(Row {
+            check: format!(
+                "gemm gate+up into one f16 buffer ({}), t={t}",
+                if one_gemm {
+                    "one stacked GEMM"
+                } else {
+                    "two GEMMs side by side"
+                }
+            ),
+            result: format!("rel err {err:.2e} (bound {bound:.0e})"),
+            pass: err < bound,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! The feed-forward block's input to its down projection on the GEMM route: gate's and up's products
+//! written side by side in one f16 buffer, by one GEMM over their stacked copies for chunks under
+//! `routes::STACKED_GATE_UP_MAX_ROWS` rows, else by two GEMMs (always two for F16 files, whose weights
+//! are their own operand), then the gating kernel reads both halves of each row
+//! and writes the down GEMM's f16 operand. The products are only read there, so they never exist in
+//! f32: that halves the GEMMs' output and the gating kernel's input. Other routes take the
+//! `Backend::gated_products` default (matmuls, then `gated`).
+
+use cudarc::driver::{CudaSlice, PushKernelArg};
+use tandem_model::backend::Backend;
+use tandem_model::config::Activation;
+use tandem_model::weights::Matrix;
+use tandem_model::ModelError;
+
+use crate::device::{driver, Gpu};
+use crate::launch::{gemm_f16_out, i32_of, launch_cfg, to_f16_into};
+use crate::model::{CudaModel, GpuAct, Mode};
+use crate::routes;
+use crate::upload::F16Weights;
+use crate::CudaError;
+
+/// Elements one `gated_pair` thread reads from each half (one 16-byte load).
+const PAIR_VECTOR: usize = 8;
+
+/// The `gated_pair` kernel: row r of `pair` holds gate's `width` products then up's (f16);
+/// `h[r] = f16(act(gate) * up)`. Public for `tandem gpu-check`.
+pub fn gated_pair_into(
+    gpu: &Gpu,
+    pair: &CudaSlice<u16>,
+    rows: usize,
+    width: usize,
+    act: Activation,
+    h: &mut CudaSlice<u16>,
+) -> Result<(), CudaError> {
+    if !width.is_multiple_of(PAIR_VECTOR) || pair.len() < rows * 2 * width || h.len() < rows * width {
+        return Err(CudaError::Driver {
+            what: "gated_pair".into(),
+            err: format!("{rows} rows of {width} (a multiple of {PAIR_VECTOR})"),
+        });
+    }
+    let a: i32 = match act {
+        Activation::Silu => 0,
+        Activation::GeluTanh => 1,
+    };
+    let wi = i32_of(width, "width")?;
+    let f = gpu.function("gated_pair")?;
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(pair).arg(&wi).arg(&a).arg(h);
+    let grid = ((width / PAIR_VECTOR).div_ceil(256) as u32, rows as u32, 1);
+    driver("gated_pair", unsafe { b.launch(launch_cfg(grid, 256)) })?;
+    Ok(())
+}
+
+impl CudaModel {
+    /// `Backend::gated_products`.
+    pub(crate) fn gated_pair_products(
+        &self,
+        x: &GpuAct,
+        gate: &Matrix,
+        up: &Matrix,
+        act: Activation,
+        reader: &Matrix,
+    ) -> Result<GpuAct, ModelError> {
+        let t = x.rows;
+        let paired = !self.dry()
+            && gate.rows == up.rows
+            && gate.rows.is_multiple_of(PAIR_VECTOR)
+            && [gate, up, reader]
+                .iter()
+                .all(|m| self.matrices.get(&m.name).is_some_and(|g| !self.takes_matvec(g, t)));
+        if !paired {
+            let [mut g, u] = exactly_two(self.matmuls(&[gate, up], x)?)?;
+            self.gated(&mut g, &u, act, reader)?;
+            return Ok(g);
+        }
+        let (gg, ug) = (self.matrix(gate)?, self.matrix(up)?);
+        let width = gate.rows;
+        let may_allocate = self.mode.get() == Mode::Normal;
+        let mut pair = self.u16_pool.take(&self.gpu, t * 2 * width, may_allocate)?;
+        let x16 = {
+            let mut cached = x.f16.borrow_mut();
+            match cached.take() {
+                Some(x16) => x16,
+                None => {
+                    let mut x16 = self.u16_pool.take(&self.gpu, t * x.width, may_allocate)?;
+                    to_f16_into(&self.gpu, &x.buf()?.as_view(), &mut x16, t * x.width)?;
+                    x16
+                }
+            }
+        };
+        let stacked = match (&gg.f16, &ug.f16) {
+            (Some(F16Weights::Stacked(a, ra)), Some(F16Weights::Stacked(b, rb))) => {
+                std::rc::Rc::ptr_eq(a, b) && ra.end == rb.start
+            }
+            _ => false,
+        };
+        let one_gemm = routes::gate_up_in_one_gemm(t, stacked);
+        let cols = gate.cols;
+        self.profiled(
+            format_args!(
+                "gemm gate+up {}x{cols} {} ({}), t={t}",
+                2 * width,
+                gg.suffix,
+                if one_gemm { "one GEMM" } else { "two GEMMs" }
+            ),
+            || -> Result<(), ModelError> {
+                if one_gemm {
+                    let Some(F16Weights::Stacked(both, ra)) = &gg.f16 else {
+                        unreachable!("checked above")
+                    };
+                    let w16 = both.slice(ra.start..ra.start + 2 * (ra.end - ra.start));
+                    gemm_f16_out(&self.gpu, &w16, &x16, t, 2 * width, cols, &mut pair, 0, 2 * width)?;
+                } else {
+                    for (g, offset) in [(gg, 0), (ug, width)] {
+                        let w16 = g
+                            .f16_view()?
+                            .ok_or_else(|| ModelError::Kernel("no f16 operand".into()))?;
+                        gemm_f16_out(&self.gpu, &w16, &x16, t, width, cols, &mut pair, offset, 2 * width)?;
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        *x.f16.borrow_mut() = Some(x16);
+        let mut out = GpuAct {
+            buf: None,
+            rows: t,
+            width,
+            int8: Default::default(),
+            f16: Default::default(),
+        };
+        let mut h = self.u16_pool.take(&self.gpu, t * width, may_allocate)?;
+        self.profiled("gated (f16 pair)", || {
+            gated_pair_into(&self.gpu, &pair, t, width, act, &mut h)
+        })?;
+        *out.f16.get_mut() = Some(h);
+        Ok(out)
+    }
+}
+
+fn exactly_two(v: Vec<GpuAct>) -> Result<[GpuAct; 2], ModelError> {
+    v.try_into()
+        .map_err(|v: Vec<GpuAct>| ModelError::Kernel(format!("{} products for gate and up", v.len())))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pair_vector_matches_the_kernel() {
+        let src = crate::nvrtc::assemble(&crate::nvrtc::OPS);
+        assert!(src.contains("#define PAIR_VECTOR 8"), "PAIR_VECTOR in ops.cu");
+    }
+}
