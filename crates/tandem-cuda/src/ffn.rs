@@ -6,14 +6,16 @@
 //! f32: that halves the GEMMs' output and the gating kernel's input. Other routes take the
 //! `Backend::gated_products` default (matmuls, then `gated`).
 
+use std::rc::Rc;
+
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use tandem_model::backend::Backend;
 use tandem_model::config::Activation;
 use tandem_model::weights::Matrix;
-use tandem_model::ModelError;
+use tandem_model::{graph, ModelError};
 
 use crate::device::{driver, Gpu};
-use crate::launch::{gemm_f16_out, i32_of, launch_cfg, to_f16_into};
+use crate::launch::{gemm_f16_out, i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct, Mode};
 use crate::routes;
 use crate::upload::F16Weights;
@@ -69,7 +71,7 @@ impl CudaModel {
                 .iter()
                 .all(|m| self.matrices.get(&m.name).is_some_and(|g| !self.takes_matvec(g, t)));
         if !paired {
-            let [mut g, u] = exactly_two(self.matmuls(&[gate, up], x)?)?;
+            let [mut g, u] = graph::exactly(self.matmuls(&[gate, up], x)?)?;
             self.gated(&mut g, &u, act, reader)?;
             return Ok(g);
         }
@@ -77,24 +79,17 @@ impl CudaModel {
         let width = gate.rows;
         let may_allocate = self.mode.get() == Mode::Normal;
         let mut pair = self.u16_pool.take(&self.gpu, t * 2 * width, may_allocate)?;
-        let x16 = {
-            let mut cached = x.f16.borrow_mut();
-            match cached.take() {
-                Some(x16) => x16,
-                None => {
-                    let mut x16 = self.u16_pool.take(&self.gpu, t * x.width, may_allocate)?;
-                    to_f16_into(&self.gpu, &x.buf()?.as_view(), &mut x16, t * x.width)?;
-                    x16
-                }
-            }
-        };
+        let x16 = self.f16_operand(x)?;
+        // Both halves of one stacked copy: one GEMM can make both products.
         let stacked = match (&gg.f16, &ug.f16) {
-            (Some(F16Weights::Stacked(a, ra)), Some(F16Weights::Stacked(b, rb))) => {
-                std::rc::Rc::ptr_eq(a, b) && ra.end == rb.start
+            (Some(F16Weights::Stacked(a, ra)), Some(F16Weights::Stacked(b, rb)))
+                if Rc::ptr_eq(a, b) && ra.end == rb.start =>
+            {
+                Some(a.slice(ra.start..rb.end))
             }
-            _ => false,
+            _ => None,
         };
-        let one_gemm = routes::gate_up_in_one_gemm(t, stacked);
+        let one_gemm = routes::gate_up_in_one_gemm(t, stacked.is_some());
         let cols = gate.cols;
         self.profiled(
             format_args!(
@@ -104,12 +99,8 @@ impl CudaModel {
                 if one_gemm { "one GEMM" } else { "two GEMMs" }
             ),
             || -> Result<(), ModelError> {
-                if one_gemm {
-                    let Some(F16Weights::Stacked(both, ra)) = &gg.f16 else {
-                        unreachable!("checked above")
-                    };
-                    let w16 = both.slice(ra.start..ra.start + 2 * (ra.end - ra.start));
-                    gemm_f16_out(&self.gpu, &w16, &x16, t, 2 * width, cols, &mut pair, 0, 2 * width)?;
+                if let (true, Some(w16)) = (one_gemm, &stacked) {
+                    gemm_f16_out(&self.gpu, w16, &x16, t, 2 * width, cols, &mut pair, 0, 2 * width)?;
                 } else {
                     for (g, offset) in [(gg, 0), (ug, width)] {
                         let w16 = g
@@ -136,11 +127,6 @@ impl CudaModel {
         *out.f16.get_mut() = Some(h);
         Ok(out)
     }
-}
-
-fn exactly_two(v: Vec<GpuAct>) -> Result<[GpuAct; 2], ModelError> {
-    v.try_into()
-        .map_err(|v: Vec<GpuAct>| ModelError::Kernel(format!("{} products for gate and up", v.len())))
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@
 //!   checkpoints and byte ledger, and the serving engine's `ServingBackend` for `CudaModel`.
 //! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM) and load-time tuning;
 //!   `int8`: the integer decode route (int8 activations, `dp4a` matvecs).
-//! - `model`: the `Backend` implementation; `upload`: weights onto the device and the decode kernel
+//! - `model`: the `Backend` implementation; `rows`: norms, RoPE and gating; `attend`: KV store and
+//!   the tile attention kernel (RoPE fused into the store for decode steps); `ffn`: gate and up side
+//!   by side in f16 on the GEMM route; `upload`: weights onto the device and the decode kernel
 //!   chosen per shape; `pool`: recycled device buffers;
 //!   `decode_graph`: decode steps captured once as CUDA graphs and replayed.
 //!

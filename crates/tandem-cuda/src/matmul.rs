@@ -9,6 +9,7 @@ use tandem_model::ModelError;
 use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, ActQuant, MmvqTarget};
 use crate::launch::{gemm_f16_into, matvec_into, to_f16_into, DecodeKernel};
 use crate::model::{CudaModel, GpuAct, Mode};
+use crate::pool::DevBuf;
 use crate::routes::{self, MatmulRoute};
 use crate::upload::GpuMatrix;
 use crate::CudaError;
@@ -33,19 +34,22 @@ impl CudaModel {
     pub(crate) fn gemm(&self, w16: &CudaView<'_, u16>, x: &GpuAct, rows: usize) -> Result<GpuAct, CudaError> {
         let (t, cols) = (x.rows, x.width);
         let mut out = self.act(t, rows)?;
-        let mut cached = x.f16.borrow_mut();
-        let x16 = match cached.take() {
-            Some(x16) => x16,
-            None => {
-                let may_allocate = self.mode.get() == Mode::Normal;
-                let mut x16 = self.u16_pool.take(&self.gpu, t * cols, may_allocate)?;
-                to_f16_into(&self.gpu, &x.buf()?.as_view(), &mut x16, t * cols)?;
-                x16
-            }
-        };
+        let x16 = self.f16_operand(x)?;
         let done = gemm_f16_into(&self.gpu, w16, &x16, t, rows, cols, out.buf_mut()?);
-        *cached = Some(x16);
+        *x.f16.borrow_mut() = Some(x16);
         done.map(|()| out)
+    }
+
+    /// `x` rounded to f16, the GEMMs' operand: the form an earlier GEMM (or the kernel that made `x`)
+    /// left in `x.f16`, else converted now. The caller puts it back for the next GEMM reading `x`.
+    pub(crate) fn f16_operand(&self, x: &GpuAct) -> Result<DevBuf<u16>, CudaError> {
+        if let Some(x16) = x.f16.borrow_mut().take() {
+            return Ok(x16);
+        }
+        let n = x.rows * x.width;
+        let mut x16 = self.u16_pool.take(&self.gpu, n, self.mode.get() == Mode::Normal)?;
+        to_f16_into(&self.gpu, &x.buf()?.as_view(), &mut x16, n)?;
+        Ok(x16)
     }
 
     /// Quantizes `x` for integer kernels reading `fmt`, unless an earlier matmul already did.

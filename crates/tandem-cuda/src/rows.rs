@@ -32,7 +32,7 @@ const RN_Q8K: i32 = 8;
 const RN_Q8: i32 = 16;
 const RN_F16: i32 = 32;
 const RN_MAX_Q8K_WIDTH: usize = 8192;
-/// float4s an `add_norm_rows` thread holds (rows up to 1024 of them).
+/// float4s an `add_norm_rows` thread holds: rows of up to 1024 × RNR_VECS values.
 const RNR_VECS: usize = 8;
 /// Heads one `rope` thread rotates (`ROPE_HEADS` in `kernels/ops.cu`).
 const ROPE_HEADS: usize = 8;

@@ -139,7 +139,7 @@ pub fn rope_then_attend_each<B: Backend>(
 }
 
 /// The `N` products a backend's `matmuls` returned for `N` matrices.
-pub(crate) fn exactly<A, const N: usize>(v: Vec<A>) -> Result<[A; N], ModelError> {
+pub fn exactly<A, const N: usize>(v: Vec<A>) -> Result<[A; N], ModelError> {
     v.try_into()
         .map_err(|v: Vec<A>| ModelError::Kernel(format!("a backend returned {} products for {N} matrices", v.len())))
 }
