@@ -35,6 +35,9 @@ pub struct GpuCheckArgs {
     /// Prompt length for the model comparison.
     #[arg(long, default_value_t = 1500)]
     pub prompt: usize,
+    /// Rows per prefill chunk of the greedy comparison (both backends).
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
     /// Greedy steps after the prompt.
     #[arg(long, default_value_t = 64)]
     pub gen: usize,
@@ -372,10 +375,10 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
     let mut kv_c = cpu.new_sequence(n_ctx);
     let mut kv_g = gpu.try_new_sequence(n_ctx)?;
     let t0 = Instant::now();
-    let mut lc = cpu.prefill(&mut kv_c, &prompt, 512)?;
+    let mut lc = cpu.prefill(&mut kv_c, &prompt, args.prefill_chunk)?;
     let cpu_prefill = t0.elapsed().as_secs_f64();
     let t0 = Instant::now();
-    let mut lg = gpu.prefill(&mut kv_g, &prompt, 512)?;
+    let mut lg = gpu.prefill(&mut kv_g, &prompt, args.prefill_chunk)?;
     let gpu_prefill = t0.elapsed().as_secs_f64();
     let mut max_rel = 0f64;
     let mut agreed = 0;
@@ -404,7 +407,10 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
         _ => "all steps".into(),
     };
     table.push(Row {
-        check: format!("{short}: greedy CPU vs GPU, {}-token prompt", args.prompt),
+        check: format!(
+            "{short}: greedy CPU vs GPU, {}-token prompt in chunks of {}",
+            args.prompt, args.prefill_chunk
+        ),
         result: format!(
             "{agreed} of {} steps equal ({how}); max rel logit err {max_rel:.2e}; prefill CPU {cpu_prefill:.1}s, GPU {gpu_prefill:.2}s",
             args.gen
