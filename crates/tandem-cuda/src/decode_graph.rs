@@ -91,6 +91,11 @@ impl CudaModel {
         spans: &mut [Span<GpuSequenceKv>],
         i: usize,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        // Timed (`TANDEM_CUDA_PASS_TIMES=1`): the host's part (the dry pass, the parameters, the
+        // launch) is the enqueue time; the GPU is idle until it ends.
+        if let Some(clock) = &self.pass_clock {
+            clock.begin(&self.gpu)?;
+        }
         self.staging.borrow_mut().clear();
         self.mode.set(Mode::Dry);
         let dry = graph::forward(self, scratch, spans);
@@ -100,7 +105,14 @@ impl CudaModel {
         let graphs = self.graphs.borrow();
         let g = &graphs[i];
         driver("cuGraphLaunch", g.graph.launch())?;
-        Ok(vec![self.gpu.download(&g.out)?])
+        if let Some(clock) = &self.pass_clock {
+            clock.enqueued(&self.gpu)?;
+        }
+        let logits = self.gpu.download(&g.out)?;
+        if let Some(clock) = &self.pass_clock {
+            clock.end(1)?;
+        }
+        Ok(vec![logits])
     }
 
     fn capture(

@@ -88,10 +88,11 @@ impl OpProfile {
     }
 }
 
-/// `TANDEM_CUDA_PASS_TIMES=1`: per forward pass taken without a graph, the host's time to enqueue it
-/// (up to the logits' download), the GPU's time from the pass's first op to that point, and the wall
-/// time, on stderr. Where the enqueue time nears the wall time, the host is what the GPU waits for;
-/// where the GPU time exceeds the op profile's sum, the difference is spent between kernels.
+/// `TANDEM_CUDA_PASS_TIMES=1`: per forward pass, the host's time to enqueue it (up to the logits'
+/// download), the GPU's time from the pass's start to that point, and the wall time, on stderr.
+/// Where the enqueue time nears the wall time, the host is what the GPU waits for; where the GPU time
+/// exceeds the op profile's sum, the difference is spent between kernels. For a decode step replayed
+/// from a graph, the enqueue time is the host's preparation, during which the GPU idles.
 #[derive(Default)]
 pub(crate) struct PassClock {
     start: RefCell<Option<(Instant, CudaEvent)>>,
