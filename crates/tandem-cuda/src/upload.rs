@@ -360,18 +360,18 @@ fn stack_gate_up(
         }
         let copies = (matrices.get(&gate.name), matrices.get(&up.name));
         let (Some(g), Some(u)) = copies else { continue };
-        let (Some(F16Weights::Copy(g16)), Some(F16Weights::Copy(u16))) = (&g.f16, &u.f16) else {
+        let (Some(F16Weights::Copy(gate16)), Some(F16Weights::Copy(up16))) = (&g.f16, &u.f16) else {
             continue;
         };
-        let split = g16.len();
-        let mut both = gpu.alloc_out::<u16>(split + u16.len())?;
+        let split = gate16.len();
+        let mut both = gpu.alloc_out::<u16>(split + up16.len())?;
         driver(
             "cuMemcpyDtoD (stack gate)",
-            gpu.stream.memcpy_dtod(g16, &mut both.slice_mut(0..split)),
+            gpu.stream.memcpy_dtod(gate16, &mut both.slice_mut(0..split)),
         )?;
         driver(
             "cuMemcpyDtoD (stack up)",
-            gpu.stream.memcpy_dtod(u16, &mut both.slice_mut(split..)),
+            gpu.stream.memcpy_dtod(up16, &mut both.slice_mut(split..)),
         )?;
         let both = Rc::new(both);
         let end = both.len();
