@@ -113,19 +113,11 @@ impl CudaModel {
             },
         )?;
         *x.f16.borrow_mut() = Some(x16);
-        let mut out = GpuAct {
-            buf: None,
-            rows: t,
-            width,
-            int8: Default::default(),
-            f16: Default::default(),
-        };
         let mut h = self.u16_pool.take(&self.gpu, t * width, may_allocate)?;
         self.profiled("gated (f16 pair)", || {
             gated_pair_into(&self.gpu, &pair, t, width, act, &mut h)
         })?;
-        *out.f16.get_mut() = Some(h);
-        Ok(out)
+        Ok(GpuAct::f16_only(t, width, h))
     }
 }
 

@@ -41,6 +41,18 @@ pub struct GpuAct {
 }
 
 impl GpuAct {
+    /// Rows kept only as their GEMM readers' f16 operand `h` (no f32 rows): what a kernel makes when
+    /// every reader of its output takes the GEMM route.
+    pub(crate) fn f16_only(rows: usize, width: usize, h: DevBuf<u16>) -> Self {
+        GpuAct {
+            buf: None,
+            rows,
+            width,
+            int8: RefCell::new(Vec::new()),
+            f16: RefCell::new(Some(h)),
+        }
+    }
+
     pub fn buf(&self) -> Result<&CudaSlice<f32>, CudaError> {
         self.buf.as_deref().ok_or_else(dry_buffer)
     }

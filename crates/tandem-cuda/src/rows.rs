@@ -203,14 +203,7 @@ impl CudaModel {
         let y = y.map(|y| y.buf()).transpose()?;
         let shape = (x.rows, x.width, self.cpu.config.eps);
         add_norm_rows_into(&self.gpu, x.buf()?, y, post_w, norm_w, shape, &mut h)?;
-        let out = GpuAct {
-            buf: None,
-            rows: x.rows,
-            width: x.width,
-            int8: Default::default(),
-            f16: std::cell::RefCell::new(Some(h)),
-        };
-        Ok(out)
+        Ok(GpuAct::f16_only(x.rows, x.width, h))
     }
 
     /// RoPE on every head of `x` and, in the same launch, of `y`.
