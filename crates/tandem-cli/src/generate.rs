@@ -235,6 +235,9 @@ pub fn load_cuda(model: Model, gpu: usize, deterministic: bool, verbose: bool) -
             },
             m.norms as f64 / 1e6
         );
+        for choice in cuda.decode_choices() {
+            eprintln!("gpu: decode kernel {choice}");
+        }
     }
     Ok(cuda)
 }

@@ -111,7 +111,9 @@ impl CudaModel {
             };
             b.arg(&n_t);
             let grid = (tile_cap as u32, c.n_head as u32, t as u32);
-            driver("attend_tiles", unsafe { b.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
+            if !self.skips("attend_tiles") {
+                driver("attend_tiles", unsafe { b.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
+            }
             Ok(())
         })?;
         if let (Some(fmt), Some(a)) = (quant, a) {
@@ -272,6 +274,9 @@ impl CudaModel {
             .arg(&pos_v);
         b.arg(&rows_i).arg(&nq_i).arg(&nkv_i).arg(&hd_i).arg(&nr_i);
         b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
+        if self.skips("rope_kv_store") {
+            return Ok(());
+        }
         self.profiled("rope + kv_store", || {
             driver("rope_kv_store", unsafe {
                 b.launch(launch_cfg((blocks(n, 128), 1, 1), 128))

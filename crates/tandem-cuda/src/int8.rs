@@ -260,6 +260,7 @@ pub fn variants(suffix: &str) -> Vec<MmvqVariant> {
             p(2, 1),
             p(1, 2),
             p(2, 2),
+            p(4, 1),
         ],
         "q8_0" => vec![v(2, 1, 1), v(4, 1, 1), v(8, 1, 1), v(1, 1, 4), v(2, 1, 4)],
         _ => vec![
@@ -270,6 +271,7 @@ pub fn variants(suffix: &str) -> Vec<MmvqVariant> {
             v(2, 1, 4),
             p(1, 1),
             p(2, 1),
+            p(4, 1),
         ],
     }
 }

@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 
 use cudarc::cublas::{result::gemm_ex, sys as blas};
-use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use tandem_gguf::GgmlType;
 
 use crate::device::{driver, Gpu};
@@ -275,18 +275,65 @@ pub(crate) struct Tuning {
     pub(crate) cublas: bool,
 }
 
-/// Runs `f` once, then `TUNE_ITERS` times between two synchronizations; returns the seconds of those.
+/// Runs `f` once, then `TUNE_ITERS` times, each after `flush` was read through; returns the GPU
+/// seconds of those runs alone (CUDA events around each). A decode step streams every layer's
+/// weights, so a matrix is never in L2 when its product starts: reading a buffer larger than L2 first
+/// makes the timing read the weights from memory as the step does, where back-to-back launches would
+/// find a small matrix (the 4096×4096 projections of an 8B model are 9 MB, L2 holds 50 MB) in L2 and
+/// reward the kernel that is fastest from there. `TANDEM_CUDA_TUNE_FLUSH=0` times back to back.
 const TUNE_ITERS: usize = 20;
 
-fn time_launches(gpu: &Gpu, f: &mut dyn FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+/// Bytes read before each timed launch: more than any Hopper L2 (50-60 MB).
+const L2_FLUSH_BYTES: usize = 128 << 20;
+
+/// What `time_launches` reads between launches (`None`: back to back), and where `l2_flush` would
+/// write (never does).
+pub(crate) struct L2Flush {
+    buf: Option<CudaSlice<u8>>,
+    sink: CudaSlice<u32>,
+}
+
+pub(crate) fn l2_flush_buffer(gpu: &Gpu) -> Result<L2Flush, CudaError> {
+    let on = std::env::var("TANDEM_CUDA_TUNE_FLUSH").map_or(true, |v| v != "0");
+    Ok(L2Flush {
+        buf: on.then(|| gpu.alloc_out::<u8>(L2_FLUSH_BYTES)).transpose()?,
+        sink: gpu.alloc::<u32>(1)?,
+    })
+}
+
+fn time_launches(
+    gpu: &Gpu,
+    flush: &mut L2Flush,
+    f: &mut dyn FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
     f()?;
-    gpu.synchronize()?;
-    let start = std::time::Instant::now();
+    let event = || {
+        driver(
+            "tuning event",
+            gpu.stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
+        )
+    };
+    let kernel = gpu.function("l2_flush")?;
+    let words = (L2_FLUSH_BYTES / 16) as u64;
+    let mut marks = Vec::with_capacity(TUNE_ITERS);
     for _ in 0..TUNE_ITERS {
+        if let Some(buf) = &flush.buf {
+            let mut b = gpu.stream.launch_builder(kernel);
+            b.arg(buf).arg(&words).arg(&mut flush.sink);
+            driver("l2_flush", unsafe {
+                b.launch(launch_cfg((gpu.sm_count * 4, 1, 1), 512))
+            })?;
+        }
+        let start = event()?;
         f()?;
+        marks.push((start, event()?));
     }
     gpu.synchronize()?;
-    Ok(start.elapsed().as_secs_f64())
+    let mut ms = 0.0;
+    for (start, end) in &marks {
+        ms += driver("tuning elapsed", start.elapsed_ms(end))? as f64;
+    }
+    Ok(ms / 1e3)
 }
 
 /// A fixed, non-zero input: timings on zeros can flatter a kernel.
@@ -323,6 +370,7 @@ pub(crate) fn tune_decode(
     deterministic: bool,
 ) -> Result<Tuning, CudaError> {
     let x = tuning_input(gpu, cols)?;
+    let mut flush = l2_flush_buffer(gpu)?;
     let mut out = gpu.alloc::<f32>(rows)?;
     let mut best = (f64::INFINITY, DecodeKernel::Float(MatvecFamily::WarpPerRow));
     let families: &[MatvecFamily] = match (deterministic, int8.is_some()) {
@@ -335,7 +383,7 @@ pub(crate) fn tune_decode(
         ],
     };
     for &family in families {
-        let secs = time_launches(gpu, &mut || {
+        let secs = time_launches(gpu, &mut flush, &mut || {
             matvec_into(gpu, family, suffix, w, &x, 1, rows, cols, &mut out)
         })?;
         if secs < best.0 {
@@ -345,7 +393,7 @@ pub(crate) fn tune_decode(
     if let Some((fmt, wq)) = int8 {
         let mut a = gpu.alloc_out::<u8>(fmt.bytes(1, cols))?;
         for variant in offered(suffix, &[rows], cols, deterministic) {
-            let secs = time_launches(gpu, &mut || {
+            let secs = time_launches(gpu, &mut flush, &mut || {
                 quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
                 mmvq_into(gpu, suffix, variant, wq, &a, 1, rows, cols, &mut out)
             })?;
@@ -357,7 +405,9 @@ pub(crate) fn tune_decode(
     let cublas = match w16 {
         Some(w16) => {
             let mut x16 = gpu.alloc_out::<u16>(cols)?;
-            time_launches(gpu, &mut || gemm_into(gpu, w16, &x, &mut x16, 1, rows, cols, &mut out))? < best.0
+            time_launches(gpu, &mut flush, &mut || {
+                gemm_into(gpu, w16, &x, &mut x16, 1, rows, cols, &mut out)
+            })? < best.0
         }
         None => false,
     };
@@ -395,12 +445,13 @@ pub(crate) fn tune_group(
     deterministic: bool,
 ) -> Result<Option<DecodeKernel>, CudaError> {
     let x = tuning_input(gpu, cols)?;
+    let mut flush = l2_flush_buffer(gpu)?;
     let mut a = gpu.alloc_out::<u8>(fmt.bytes(1, cols))?;
     let mut outs = members
         .iter()
         .map(|m| gpu.alloc::<f32>(m.rows))
         .collect::<Result<Vec<_>, _>>()?;
-    let alone = time_launches(gpu, &mut || {
+    let alone = time_launches(gpu, &mut flush, &mut || {
         if members.iter().any(|m| matches!(m.kernel, DecodeKernel::Int8 { .. })) {
             quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
         }
@@ -417,7 +468,7 @@ pub(crate) fn tune_group(
     let mut best = (alone, None);
     let rows: Vec<usize> = members.iter().map(|m| m.rows).collect();
     for variant in offered(suffix, &rows, cols, deterministic) {
-        let secs = time_launches(gpu, &mut || {
+        let secs = time_launches(gpu, &mut flush, &mut || {
             quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
             let mut targets = members
                 .iter()

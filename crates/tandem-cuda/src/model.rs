@@ -132,6 +132,11 @@ pub struct CudaModel {
     pub(crate) profile: Option<OpProfile>,
     /// Enqueue, GPU and wall time per pass (`TANDEM_CUDA_PASS_TIMES=1`).
     pub(crate) pass_clock: Option<PassClock>,
+    /// Kernels left out of every pass (`TANDEM_CUDA_SKIP=add_norm_to,gated_quant,...`, names from
+    /// `upload::SKIPPABLE_KERNELS`): a timing
+    /// experiment only, which measures what those launches cost inside a decode step's graph. The
+    /// logits are wrong while it is set, and the CLI says so.
+    pub(crate) skipped_kernels: Vec<String>,
 }
 
 impl Drop for CudaModel {
@@ -153,6 +158,33 @@ impl CudaModel {
 
     pub(crate) fn dry(&self) -> bool {
         self.mode.get() == Mode::Dry
+    }
+
+    /// Each distinct decode-route choice made at load: `rows×cols type: kernel` (integer variants by
+    /// label; a group's members show the group launch's variant), sorted; for `--verbose`.
+    pub fn decode_choices(&self) -> Vec<String> {
+        let mut seen = std::collections::BTreeSet::new();
+        for m in self.cpu.weights.matrices() {
+            let Some(g) = self.matrices.get(&m.name) else {
+                continue;
+            };
+            let kernel = match g.decode {
+                crate::launch::DecodeKernel::Float(family) => format!("{family:?}"),
+                crate::launch::DecodeKernel::Int8 { variant, .. } => format!("int8 {}", variant.label()),
+            };
+            let cublas = if g.decode_cublas {
+                ", cuBLAS timed faster for one row"
+            } else {
+                ""
+            };
+            seen.insert(format!("{}x{} {}: {kernel}{cublas}", m.rows, m.cols, g.suffix));
+        }
+        seen.into_iter().collect()
+    }
+
+    /// Whether `kernel` is left out (`skipped_kernels`); a skipped launch leaves its outputs unwritten.
+    pub(crate) fn skips(&self, kernel: &str) -> bool {
+        self.skipped_kernels.iter().any(|k| k == kernel)
     }
 
     pub(crate) fn matrix(&self, m: &Matrix) -> Result<&GpuMatrix, CudaError> {

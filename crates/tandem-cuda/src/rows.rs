@@ -173,9 +173,11 @@ impl CudaModel {
                 (None, None) => b.arg(&no_quants),
             };
             b.arg(&n_t);
-            driver("add_norm_to", unsafe {
-                b.launch(launch_cfg((x.rows as u32, 1, 1), row_threads(x.width)))
-            })?;
+            if !self.skips("add_norm_to") {
+                driver("add_norm_to", unsafe {
+                    b.launch(launch_cfg((x.rows as u32, 1, 1), row_threads(x.width)))
+                })?;
+            }
             if let (Some(o), Some(fmt), Some(a)) = (out.as_ref(), quant, a) {
                 o.int8.borrow_mut().push((fmt, a));
             }
@@ -311,7 +313,9 @@ impl CudaModel {
                 .arg(&qfmt)
                 .arg(&mut *q)
                 .arg(&n_t);
-            driver("gated_quant", unsafe { b.launch(launch_cfg(grid, 256)) })?;
+            if !self.skips("gated_quant") {
+                driver("gated_quant", unsafe { b.launch(launch_cfg(grid, 256)) })?;
+            }
             gate.int8.get_mut().push((fmt, q));
             Ok(())
         })

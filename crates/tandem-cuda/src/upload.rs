@@ -313,6 +313,10 @@ impl CudaModel {
         }
         let arena = gpu.alloc::<i32>(ARENA_INTS)?;
         let arrivals = gpu.alloc::<i32>(cpu.config.n_head)?;
+        let skipped_kernels = skipped_kernels(std::env::var("TANDEM_CUDA_SKIP").ok().as_deref())?;
+        if !skipped_kernels.is_empty() {
+            eprintln!("TANDEM_CUDA_SKIP: leaving out {skipped_kernels:?}; a timing experiment, the logits are wrong");
+        }
         let profile = (std::env::var("TANDEM_CUDA_PROFILE").as_deref() == Ok("1")).then(OpProfile::default);
         gpu.synchronize()?;
         Ok(CudaModel {
@@ -340,6 +344,7 @@ impl CudaModel {
             warmed: RefCell::new(VecDeque::new()),
             profile,
             pass_clock: PassClock::enabled().then(PassClock::default),
+            skipped_kernels,
         })
     }
 }
@@ -385,9 +390,41 @@ fn stack_gate_up(
     Ok(())
 }
 
+/// The kernels `TANDEM_CUDA_SKIP` may leave out: the row kernels between a decode step's matvecs.
+pub const SKIPPABLE_KERNELS: [&str; 4] = ["add_norm_to", "gated_quant", "rope_kv_store", "attend_tiles"];
+
+/// `TANDEM_CUDA_SKIP`'s comma-separated list, each name one of `SKIPPABLE_KERNELS`.
+fn skipped_kernels(list: Option<&str>) -> Result<Vec<String>, CudaError> {
+    let names: Vec<String> = list
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(str::to_string)
+        .collect();
+    match names.iter().find(|k| !SKIPPABLE_KERNELS.contains(&k.as_str())) {
+        Some(unknown) => Err(CudaError::Driver {
+            what: "TANDEM_CUDA_SKIP".into(),
+            err: format!("no kernel {unknown:?} to leave out (one of {SKIPPABLE_KERNELS:?})"),
+        }),
+        None => Ok(names),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn skipped_kernels_are_known_names() {
+        assert!(skipped_kernels(None).unwrap().is_empty());
+        assert_eq!(
+            skipped_kernels(Some("add_norm_to, attend_tiles,")).unwrap(),
+            vec!["add_norm_to".to_string(), "attend_tiles".to_string()]
+        );
+        let err = skipped_kernels(Some("add_norm")).unwrap_err().to_string();
+        assert!(err.contains("add_norm") && err.contains("attend_tiles"), "{err}");
+    }
 
     #[test]
     fn runs_join_members_of_one_integer_type_and_width() {

@@ -41,21 +41,39 @@ __device__ void tile_partial(const float* __restrict__ q, const u16* __restrict_
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][MAX_HEAD_DIM];
     float* qs = (float*)qs4;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = h2f(f2h(qr[d]));
-    __syncthreads();
     int key = tile * ATT_TILE + 32 * w + lane;
     bool valid = key >= lo && key <= hi;
     int phys = valid ? (origin_physical + (key - origin_logical)) % capacity : 0;
     int n8 = head_dim / 8;
+    // The first batch of K and of V loads is issued before q is staged: none of them depends on q,
+    // so their memory latencies overlap instead of following one another.
+    const uint4* kr = (const uint4*)(kc + (size_t)phys * kv_width + kvh * head_dim);
+    uint4 k_first[ATT_BATCH];
+    if (valid) {
+#pragma unroll
+        for (int i = 0; i < ATT_BATCH; i++)
+            if (i < n8) k_first[i] = kr[i];
+    }
+    int n_chunks = n8, share = 32 / n_chunks, per_lane = 32 / share;
+    int c = lane % n_chunks, first_key = lane / n_chunks;
+    uint4 v_first[ATT_BATCH];
+#pragma unroll
+    for (int j = 0; j < ATT_BATCH; j++) {
+        if (j < per_lane) {
+            int pk = __shfl_sync(0xffffffffu, phys, first_key + share * j);
+            v_first[j] = ((const uint4*)(vc + (size_t)pk * kv_width + kvh * head_dim))[c];
+        }
+    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = h2f(f2h(qr[d]));
+    __syncthreads();
     float s = -INFINITY;
     if (valid) {
-        const uint4* kr = (const uint4*)(kc + (size_t)phys * kv_width + kvh * head_dim);
         float dot = 0.f;
         for (int b = 0; b < n8; b += ATT_BATCH) {
             uint4 kv[ATT_BATCH];
 #pragma unroll
             for (int i = 0; i < ATT_BATCH; i++)
-                if (b + i < n8) kv[i] = kr[b + i];
+                if (b + i < n8) kv[i] = b == 0 ? k_first[i] : kr[b + i];
 #pragma unroll
             for (int i = 0; i < ATT_BATCH; i++) {
                 if (b + i < n8) {
@@ -79,8 +97,6 @@ __device__ void tile_partial(const float* __restrict__ q, const u16* __restrict_
     float l = warp_sum(e);
     // Keys out of range have e = 0 and read row 0 (always allocated) without a branch; a zero weight
     // leaves the sum as it was (select, not 0 * v).
-    int n_chunks = n8, share = 32 / n_chunks, per_lane = 32 / share;
-    int c = lane % n_chunks, first_key = lane / n_chunks;
     float acc[8];
 #pragma unroll
     for (int d = 0; d < 8; d++) acc[d] = 0.f;
@@ -92,8 +108,12 @@ __device__ void tile_partial(const float* __restrict__ q, const u16* __restrict_
             if (i0 + j < per_lane) {
                 int k = first_key + share * (i0 + j);
                 ek[j] = __shfl_sync(0xffffffffu, e, k);
-                int pk = __shfl_sync(0xffffffffu, phys, k);
-                vv[j] = ((const uint4*)(vc + (size_t)pk * kv_width + kvh * head_dim))[c];
+                if (i0 == 0) {
+                    vv[j] = v_first[j];
+                } else {
+                    int pk = __shfl_sync(0xffffffffu, phys, k);
+                    vv[j] = ((const uint4*)(vc + (size_t)pk * kv_width + kvh * head_dim))[c];
+                }
             }
         }
 #pragma unroll

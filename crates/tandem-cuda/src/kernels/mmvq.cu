@@ -289,16 +289,27 @@ __device__ __forceinline__ void q6k_accumulate(const Q6kLane& l, const Act& act,
 
 // One step at a time: eight super-blocks of a row per step (lane l takes super-blocks l / 4, l / 4 +
 // 8, ...), a lane's U steps of loads issued before it computes them. A warp takes R consecutive rows:
-// each step's activation loads serve all of them.
-template <int NB, int U, int R, int S, class Act>
-__device__ __forceinline__ void mmvq_q4_k_with(WarpRow<NB>* m, const u8* W, const Act& act, int cols) {
-    int nsb = cols / 256;
-    int lane = m[0].lane, c = lane & 3, part = S == 1 ? 0 : threadIdx.x >> 5;
+// each step's activation loads serve all of them. A step is two calls, `issue` (the loads) and
+// `consume` (the products), so that a staged kernel can issue its first step before it stages the
+// activations; the products and their order are the same either way.
+template <int U, int R, int S>
+struct Q4kStep {
+    Q4kLoad w[R][U];
     const u8* row[R];
+    int nsb, c;
+
+    template <int NB>
+    __device__ __forceinline__ void at_rows(const WarpRow<NB>* m, const u8* W, int cols) {
+        nsb = cols / 256;
+        c = m[0].lane & 3;
 #pragma unroll
-    for (int j = 0; j < R; j++) row[j] = W + (size_t)m[j].r * nsb * 144;
-    for (int base = (lane >> 2) + 8 * part; base < nsb; base += 8 * S * U) {
-        Q4kLoad w[R][U];
+        for (int j = 0; j < R; j++) row[j] = W + (size_t)m[j].r * nsb * 144;
+    }
+    // The first step of this lane (warp `part` of S splitting the row).
+    __device__ __forceinline__ int first(int lane, int part) const { return (lane >> 2) + 8 * part; }
+    __device__ __forceinline__ int next(int base) const { return base + 8 * S * U; }
+    __device__ __forceinline__ bool live(int base) const { return base < nsb; }
+    __device__ __forceinline__ void issue(int base) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int sb = base + 8 * S * u;
@@ -307,6 +318,9 @@ __device__ __forceinline__ void mmvq_q4_k_with(WarpRow<NB>* m, const u8* W, cons
                 for (int j = 0; j < R; j++) w[j][u] = q4k_load(row[j], nsb, sb, c);
             }
         }
+    }
+    template <int NB, class Act>
+    __device__ __forceinline__ void consume(WarpRow<NB>* m, const Act& act, int base) const {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int sb = base + 8 * S * u;
@@ -323,24 +337,35 @@ __device__ __forceinline__ void mmvq_q4_k_with(WarpRow<NB>* m, const u8* W, cons
             }
         }
     }
-}
+};
 
-template <int NB, int U, int R, int S, class Act>
-__device__ __forceinline__ void mmvq_q6_k_with(WarpRow<NB>* ms, const u8* W, const Act& act, int rows, int cols) {
+template <int U, int R, int S>
+struct Q6kStep {
     static_assert(R == 1, "one row per warp");
-    WarpRow<NB>& m = ms[0];
-    int part = S == 1 ? 0 : threadIdx.x >> 5;
-    int nsb = cols / 256;
-    const u8* row = W + (size_t)m.r * nsb * 208;
-    const u16* dtab = (const u16*)(W + (size_t)rows * nsb * 208) + (size_t)m.r * nsb;
-    int k = m.lane & 3;
-    for (int base = (m.lane >> 2) + 8 * part; base < nsb; base += 8 * S * U) {
-        Q6kLoad w[U];
+    Q6kLoad w[U];
+    const u8* row;
+    const u16* dtab;
+    int nsb, k;
+
+    template <int NB>
+    __device__ __forceinline__ void at_rows(const WarpRow<NB>* m, const u8* W, int rows, int cols) {
+        nsb = cols / 256;
+        k = m[0].lane & 3;
+        row = W + (size_t)m[0].r * nsb * 208;
+        dtab = (const u16*)(W + (size_t)rows * nsb * 208) + (size_t)m[0].r * nsb;
+    }
+    __device__ __forceinline__ int first(int lane, int part) const { return (lane >> 2) + 8 * part; }
+    __device__ __forceinline__ int next(int base) const { return base + 8 * S * U; }
+    __device__ __forceinline__ bool live(int base) const { return base < nsb; }
+    __device__ __forceinline__ void issue(int base) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int sb = base + 8 * S * u;
             if (sb < nsb) w[u] = q6k_load(row, dtab, nsb, sb, k);
         }
+    }
+    template <int NB, class Act>
+    __device__ __forceinline__ void consume(WarpRow<NB>* m, const Act& act, int base) const {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int sb = base + 8 * S * u;
@@ -348,10 +373,33 @@ __device__ __forceinline__ void mmvq_q6_k_with(WarpRow<NB>* ms, const u8* W, con
             Q6kLane l = q6k_unpack(w[u], k);
 #pragma unroll
             for (int t = 0; t < NB; t++) {
-                if (t < m.nt) q6k_accumulate(l, act, m.t0 + t, sb, k, m.acc[t]);
+                if (t < m[0].nt) q6k_accumulate(l, act, m[0].t0 + t, sb, k, m[0].acc[t]);
             }
         }
     }
+};
+
+// A row group's steps from `base` on: issue, then consume, one step at a time.
+template <int NB, class Step, class Act>
+__device__ __forceinline__ void steps_from(Step& st, WarpRow<NB>* m, const Act& act, int base) {
+    for (; st.live(base); base = st.next(base)) {
+        st.issue(base);
+        st.template consume<NB>(m, act, base);
+    }
+}
+
+template <int NB, int U, int R, int S, class Act>
+__device__ __forceinline__ void mmvq_q4_k_with(WarpRow<NB>* m, const u8* W, const Act& act, int cols) {
+    Q4kStep<U, R, S> st;
+    st.template at_rows<NB>(m, W, cols);
+    steps_from<NB>(st, m, act, st.first(m[0].lane, S == 1 ? 0 : threadIdx.x >> 5));
+}
+
+template <int NB, int U, int R, int S, class Act>
+__device__ __forceinline__ void mmvq_q6_k_with(WarpRow<NB>* m, const u8* W, const Act& act, int rows, int cols) {
+    Q6kStep<U, R, S> st;
+    st.template at_rows<NB>(m, W, rows, cols);
+    steps_from<NB>(st, m, act, st.first(m[0].lane, S == 1 ? 0 : threadIdx.x >> 5));
 }
 
 // The K-quant kernels reading their activations from global memory.
@@ -491,44 +539,73 @@ __device__ __forceinline__ void mmvq_store(WarpRow<NB>* m, float* Y, int rows) {
     MMVQ_KERNEL(mmvq_##T##_u##U##_r##R##_s##S, T, 1, U, R, S)             \
     MMVQ_KERNEL(mmvqb_##T##_u##U##_r##R##_s##S, T, MV_BATCH, U, R, S)
 
-// Staged (one activation row, K-quants): the block first copies the activation row into shared
-// memory (`stage_q8k`), then each warp takes row groups warp, warp + 4 * gridDim.x, ... The host
-// sizes the grid to the blocks that fit on the GPU at once, so the copy is made once per resident
-// block and no second wave of blocks starts late. A row's sums are the S = 1 kernel's: same bits.
-// (A version that also kept the next step's loads in flight across rows was slower on the 8B
-// shapes: docs/gpu-runs/2026-11-30-decode.)
-#define MMVQ_STAGED_KERNEL(NAME, T, L, U, R)                                                        \
+// Staged (one activation row, K-quants): the block copies the activation row into shared memory
+// (`stage_q8k`), then each warp takes row groups warp, warp + 4 * gridDim.x, ... The host sizes the
+// grid to the blocks that fit on the GPU at once, so the copy is made once per resident block and no
+// second wave of blocks starts late. Each warp issues its first group's first step of weight loads
+// before the copy: the copy waits on the previous kernel's output (in L2) and the weights come from
+// memory, so the two latencies overlap instead of adding up. A row's sums are the S = 1 kernel's:
+// same bits. (A version that also kept the next step's loads in flight across rows was slower on the
+// 8B shapes: docs/gpu-runs/2026-11-30-decode.)
+template <int U, int R>
+__device__ __forceinline__ void step_at(Q4kStep<U, R, 1>& st, const WarpRow<1>* m, const u8* W, int, int cols) {
+    st.template at_rows<1>(m, W, cols);
+}
+template <int U, int R>
+__device__ __forceinline__ void step_at(Q6kStep<U, R, 1>& st, const WarpRow<1>* m, const u8* W, int rows, int cols) {
+    st.template at_rows<1>(m, W, rows, cols);
+}
+
+template <class Step, int L, int R>
+__device__ __forceinline__ void mmvq_staged(const u8* __restrict__ W0, const u8* __restrict__ W1,
+                                            const u8* __restrict__ W2, const u8* __restrict__ A,
+                                            float* __restrict__ Y0, float* __restrict__ Y1, float* __restrict__ Y2,
+                                            int rows0, int rows1, int rows2, int cols) {
+    extern __shared__ int4 staged_act[];
+    int groups = (rows0 + rows1 + rows2) / R, lane = threadIdx.x & 31;
+    int group = blockIdx.x * 4 + (threadIdx.x >> 5);
+    WarpRow<1> m[R];
+    m[0].lane = lane;
+    m[0].t0 = 0;
+    m[0].nt = 1;
+    m[0].acc[0] = 0.f;
+    const u8* W = W0;
+    float* Y = Y0;
+    int rows = rows0;
+    Step st;
+    int base = lane >> 2;
+    if (group < groups) {
+        mmvq_resolve<1, R>(group, rows0, rows1, &W, &Y, &rows, m, W1, W2, Y1, Y2, rows2);
+        step_at(st, m, W, rows, cols);
+        st.issue(base);
+    }
+    SharedQ8K act = stage_q8k<L>(A, cols, staged_act);
+    if (group >= groups) return;
+    st.template consume<1>(m, act, base);
+    steps_from<1>(st, m, act, st.next(base));
+    mmvq_store<1, R, 1>(m, Y, rows);
+    for (group += gridDim.x * 4; group < groups; group += gridDim.x * 4) {
+        m[0].acc[0] = 0.f;
+        W = W0, Y = Y0;
+        mmvq_resolve<1, R>(group, rows0, rows1, &W, &Y, &rows, m, W1, W2, Y1, Y2, rows2);
+        step_at(st, m, W, rows, cols);
+        steps_from<1>(st, m, act, base);
+        mmvq_store<1, R, 1>(m, Y, rows);
+    }
+}
+
+#define MMVQ_STAGED_KERNEL(NAME, STEP, L, R)                                                        \
     extern "C" __global__ void __launch_bounds__(128) NAME(                                        \
         const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2,           \
         const u8* __restrict__ A, float* __restrict__ Y0, float* __restrict__ Y1, float* __restrict__ Y2, \
         int rows0, int rows1, int rows2, int cols, int n_t) {                                      \
-        extern __shared__ int4 staged_act[];                                                       \
-        SharedQ8K act = stage_q8k<L>(A, cols, staged_act);                                         \
-        int groups = (rows0 + rows1 + rows2) / R;                                                  \
-        for (int group = blockIdx.x * 4 + (threadIdx.x >> 5); group < groups; group += gridDim.x * 4) { \
-            WarpRow<1> m[R];                                                                       \
-            m[0].lane = threadIdx.x & 31;                                                          \
-            m[0].t0 = 0;                                                                           \
-            m[0].nt = 1;                                                                           \
-            m[0].acc[0] = 0.f;                                                                     \
-            const u8* W = W0;                                                                      \
-            float* Y = Y0;                                                                         \
-            int rows;                                                                              \
-            mmvq_resolve<1, R>(group, rows0, rows1, &W, &Y, &rows, m, W1, W2, Y1, Y2, rows2);     \
-            mmvq_##T##_staged<U, R>(m, W, act, rows, cols);                                        \
-            mmvq_store<1, R, 1>(m, Y, rows);                                                       \
-        }                                                                                          \
+        mmvq_staged<STEP, L, R>(W0, W1, W2, A, Y0, Y1, Y2, rows0, rows1, rows2, cols);             \
     }
-template <int U, int R>
-__device__ __forceinline__ void mmvq_q4_k_staged(WarpRow<1>* m, const u8* W, const SharedQ8K& act, int rows, int cols) {
-    mmvq_q4_k_with<1, U, R, 1>(m, W, act, cols);
-}
-template <int U, int R>
-__device__ __forceinline__ void mmvq_q6_k_staged(WarpRow<1>* m, const u8* W, const SharedQ8K& act, int rows, int cols) {
-    mmvq_q6_k_with<1, U, R, 1>(m, W, act, rows, cols);
-}
+#define COMMA ,
+#define MMVQ_STAGED_q4_k(U, R) MMVQ_STAGED_KERNEL(mmvqp_q4_k_u##U##_r##R##_s1, Q4kStep<U COMMA R COMMA 1>, 0, R)
+#define MMVQ_STAGED_q6_k(U, R) MMVQ_STAGED_KERNEL(mmvqp_q6_k_u##U##_r##R##_s1, Q6kStep<U COMMA R COMMA 1>, 1, R)
 // MMVQ_STAGED(type, shared layout, unroll, rows per group).
-#define MMVQ_STAGED(T, L, U, R) MMVQ_STAGED_KERNEL(mmvqp_##T##_u##U##_r##R##_s1, T, L, U, R)
+#define MMVQ_STAGED(T, L, U, R) MMVQ_STAGED_##T(U, R)
 
 // The variants the load-time timing chooses from (`int8::variants`): U steps of loads in flight per
 // lane (K-quant steps are 8 super-blocks of a row, Q8_0 steps 16 blocks of 32), R rows per group, S
@@ -553,5 +630,7 @@ MMVQ_STAGED(q4_k, 0, 1, 1)
 MMVQ_STAGED(q4_k, 0, 2, 1)
 MMVQ_STAGED(q4_k, 0, 1, 2)
 MMVQ_STAGED(q4_k, 0, 2, 2)
+MMVQ_STAGED(q4_k, 0, 4, 1)
 MMVQ_STAGED(q6_k, 1, 1, 1)
 MMVQ_STAGED(q6_k, 1, 2, 1)
+MMVQ_STAGED(q6_k, 1, 4, 1)
