@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Call 3: g3 = prefetch before staging (matvec, attention), cold-L2 tuning, staged U=4, mixed q/k/v
+# launch. Checks, decode choices, then tg128 A B B A against llama-bench and f1 (6d4d4c9).
+source scripts/gpu_env.sh >/dev/null; W=/tmp/t; mkdir -p $W/lcb/bin; export TANDEM_KERNEL_CACHE=$W/k
+N=.gpu/tandem-g3; B=.gpu/tandem-f1
+cat .gpu/llama-build/llama-build.tgz.part-* | tar -xzf - -C $W/lcb/bin; LB=$W/lcb/bin/llama-bench
+$N synth --arch gemma3 --shape gemma3-270m --seed 1 -o $W/g.gguf 2>&1 | tail -1
+$N synth --arch llama --shape llama3-8b --quant q4_k_m --seed 1 -o $W/q4.gguf 2>&1 | tail -1
+( $N synth --arch llama --shape llama3-8b --quant q8_0 --seed 1 -o $W/q8.gguf 2>&1 | tail -1
+  $N synth --arch llama --shape llama3-8b --quant f16 --seed 1 -o $W/f16.gguf 2>&1 | tail -1 ) &
+echo "synth q4 done $(date +%T)"
+timeout 200 $N gpu-check -m $W/g.gguf -m $W/q4.gguf --hash-prompt 600 > $OUT/check.md 2>$OUT/check.err; echo "check exit $? $(date +%T)"
+wait; echo "synth done $(date +%T)"
+for f in q4 q8 f16; do $N bench -v -m $W/$f.gguf --device cuda -p 0 -n 1 -r 1 2>&1 | grep "decode kernel" > $OUT/choices-$f.txt; done
+export LD_LIBRARY_PATH=$W/lcb/bin:$LD_LIBRARY_PATH
+tg() { local l=$1 bin=$2 f=$3; shift 3; echo "$l $f $(env "$@" $bin bench -m $W/$f.gguf --device cuda -p 0 -n 128 -r 3 2>>$OUT/bench.err | grep tg128 | cut -d'|' -f5)"; }
+lt() { echo "llama $1 $($LB -m $W/$1.gguf -ngl 99 -fa 1 -p 0 -n 128 -r 3 -o csv 2>>$OUT/llama.err | tail -1 | awk -F, '{print $(NF-1), $NF}')"; }
+{
+tg g3 $N q4 X=1; tg g3-nomixed $N q4 TANDEM_CUDA_MIXED=0; tg f1 $B q4 X=1; lt q4
+lt q4; tg f1 $B q4 X=1; tg g3-nomixed $N q4 TANDEM_CUDA_MIXED=0; tg g3 $N q4 X=1
+tg g3 $N q4 X=1; tg f1 $B q4 X=1; tg f1 $B q4 X=1; tg g3 $N q4 X=1
+for f in q8 f16; do tg g3 $N $f X=1; tg f1 $B $f X=1; lt $f; lt $f; tg f1 $B $f X=1; tg g3 $N $f X=1; done
+} > $OUT/tg.txt 2>&1
+echo "tg done $(date +%T)"
+grep -v "^| matvec Seg\|^| matvec Warp\|^| matvec Lane\|^| gemm\|^| int8\|^| add_norm\|^| gated_pair\|flash" $OUT/check.md | tail -12 | cut -c1-200
+cat $OUT/tg.txt
