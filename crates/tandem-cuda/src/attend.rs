@@ -85,7 +85,7 @@ impl CudaModel {
         let mut out_view = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
         self.profiled("attend (tiles)", || {
             let f = self.gpu.function("attend_tiles")?;
-            let mut b = self.gpu.stream.launch_builder(f);
+            let mut b = self.gpu.launch_builder(f)?;
             b.arg(&q_view)
                 .arg(kc)
                 .arg(vc)
@@ -158,7 +158,7 @@ impl CudaModel {
         let wi = i32_of(w, "kv width")?;
         let dst_v = self.view(&dst);
         let f = self.gpu.function("kv_store")?;
-        let mut b = self.gpu.stream.launch_builder(f);
+        let mut b = self.gpu.launch_builder(f)?;
         b.arg(&kv).arg(&vv).arg(kc).arg(vc).arg(&dst_v).arg(&wi);
         self.profiled("kv_store", || {
             driver("kv_store", unsafe {
@@ -264,7 +264,7 @@ impl CudaModel {
         let (dst_v, pos_v) = (self.view(&dst), self.view(&pos));
         let (kc, vc) = cache;
         let f = self.gpu.function("rope_kv_store")?;
-        let mut b = self.gpu.stream.launch_builder(f);
+        let mut b = self.gpu.launch_builder(f)?;
         b.arg(q.buf_mut()?)
             .arg(k.buf()?)
             .arg(v.buf()?)
@@ -318,7 +318,7 @@ impl CudaModel {
                         let src_v = self.view(&src);
                         let wi = i32_of(w, "kv width")?;
                         let f = self.gpu.function("kv_gather")?;
-                        let mut b = self.gpu.stream.launch_builder(f);
+                        let mut b = self.gpu.launch_builder(f)?;
                         b.arg(&lc.k).arg(&lc.v).arg(&src_v).arg(&mut ks).arg(&mut vs).arg(&wi);
                         self.profiled("kv_gather", || {
                             driver("kv_gather", unsafe {

@@ -17,6 +17,7 @@ use crate::device::driver;
 use crate::kv::GpuSequenceKv;
 use crate::model::{CudaModel, GpuScratch, Mode};
 use crate::pool::DevBuf;
+use crate::programmatic;
 
 /// Graphs kept at once (one per sequence being decoded; the oldest goes first).
 const MAX_GRAPHS: usize = 8;
@@ -130,7 +131,10 @@ impl CudaModel {
             stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
         )?;
         self.mode.set(Mode::Capture);
+        // Kernels launched during the capture get programmatic edges from the kernel before (sm_90+).
+        self.gpu.set_programmatic_capture(programmatic::wanted(self.gpu.major));
         let recorded = graph::forward(self, scratch, spans);
+        self.gpu.set_programmatic_capture(false);
         self.mode.set(Mode::Normal);
         let ended = stream.end_capture(CUgraphInstantiate_flags(0));
         let out = self.captured_out.borrow_mut().take();

@@ -2,14 +2,18 @@
 //! `CudaError` naming what failed; nothing here panics on a missing driver or device.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchArgs, ValidAsZeroBits,
+};
 use cudarc::nvrtc::Ptx;
 
 use crate::kv::KvLedger;
 use crate::nvrtc;
+use crate::programmatic;
 use crate::CudaError;
 
 pub struct Gpu {
@@ -18,12 +22,16 @@ pub struct Gpu {
     pub blas: CudaBlas,
     pub name: String,
     pub arch: String,
+    /// Compute capability major version (9 on Hopper).
+    pub major: i32,
     pub total_mem: usize,
     /// Streaming multiprocessors: persistent kernels size their grids by it.
     pub sm_count: u32,
     /// Device bytes of KV caches and checkpoints, and the serving budget that caps them.
     pub kv_ledger: Arc<KvLedger>,
     functions: HashMap<String, CudaFunction>,
+    /// Set while a decode graph is captured with programmatic edges (`programmatic`).
+    programmatic_capture: AtomicBool,
     _modules: Vec<Arc<CudaModule>>,
 }
 
@@ -92,10 +100,12 @@ impl Gpu {
             blas,
             name,
             arch,
+            major,
             total_mem,
             sm_count,
             kv_ledger: Arc::default(),
             functions,
+            programmatic_capture: AtomicBool::new(false),
             _modules: modules,
         })
     }
@@ -105,6 +115,20 @@ impl Gpu {
             what: format!("kernel {name}"),
             err: "not in any compiled module".into(),
         })
+    }
+
+    /// A launch builder for our kernel `f` on the stream. During a programmatic capture the kernel
+    /// it launches gets a programmatic edge from the kernel captured before it (`programmatic`);
+    /// only our kernels start with WAIT_PRIOR_GRID(), so every launch of ours comes through here.
+    pub(crate) fn launch_builder<'a>(&'a self, f: &'a CudaFunction) -> Result<LaunchArgs<'a>, CudaError> {
+        if self.programmatic_capture.load(Ordering::Relaxed) {
+            programmatic::link_next_launch(self.stream.cu_stream())?;
+        }
+        Ok(self.stream.launch_builder(f))
+    }
+
+    pub(crate) fn set_programmatic_capture(&self, on: bool) {
+        self.programmatic_capture.store(on, Ordering::Relaxed);
     }
 
     pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {

@@ -46,7 +46,7 @@ pub fn gated_pair_into(
     };
     let wi = i32_of(width, "width")?;
     let f = gpu.function("gated_pair")?;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = gpu.launch_builder(f)?;
     b.arg(pair).arg(&wi).arg(&a).arg(h);
     let grid = ((width / PAIR_VECTOR).div_ceil(256) as u32, rows as u32, 1);
     driver("gated_pair", unsafe { b.launch(launch_cfg(grid, 256)) })?;

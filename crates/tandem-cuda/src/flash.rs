@@ -226,7 +226,7 @@ pub fn flash_attention_into(
     );
     let group = ints(s.n_head / s.n_kv_head, "kv group")?;
     let scale_log2 = s.scale * std::f32::consts::LOG2_E;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = gpu.launch_builder(f)?;
     b.arg(q)
         .arg(kc)
         .arg(vc)

@@ -61,7 +61,7 @@ pub fn quantize_act_into(
         ActQuant::Q8 => ("quantize_q8", launch_cfg((blocks(cols / 32, 4), t as u32, 1), 128)),
     };
     let f = gpu.function(name)?;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = gpu.launch_builder(f)?;
     b.arg(x).arg(out).arg(&n).arg(&c);
     driver(name, unsafe { b.launch(cfg) })?;
     Ok(())
@@ -87,7 +87,7 @@ pub fn repack(
             } else {
                 "repack_q6_k_regions"
             };
-            let mut b = gpu.stream.launch_builder(gpu.function(name)?);
+            let mut b = gpu.launch_builder(gpu.function(name)?)?;
             b.arg(w).arg(&mut out).arg(&r).arg(&n);
             driver(name, unsafe {
                 b.launch(launch_cfg((blocks(rows * nsb, 128), 1, 1), 128))
@@ -98,7 +98,7 @@ pub fn repack(
             let n_blocks = rows * (cols / 32);
             let (block_bytes, quant_off, quant_len, scale_off) = (34i32, 2i32, 32i32, 0i32);
             let n = n_blocks as u64;
-            let mut b = gpu.stream.launch_builder(gpu.function("repack_scales_out")?);
+            let mut b = gpu.launch_builder(gpu.function("repack_scales_out")?)?;
             b.arg(w).arg(&mut out).arg(&n);
             b.arg(&block_bytes).arg(&quant_off).arg(&quant_len).arg(&scale_off);
             driver("repack_scales_out", unsafe {
@@ -354,7 +354,7 @@ pub fn mmvq_group_into(
     for i in n_targets..3 {
         (w_ptrs[i], y_ptrs[i]) = (w_ptrs[0], y_ptrs[0]);
     }
-    let mut b = stream.launch_builder(f);
+    let mut b = gpu.launch_builder(f)?;
     b.arg(&w_ptrs[0]).arg(&w_ptrs[1]).arg(&w_ptrs[2]).arg(a);
     b.arg(&y_ptrs[0]).arg(&y_ptrs[1]).arg(&y_ptrs[2]);
     b.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]).arg(&c).arg(&n);

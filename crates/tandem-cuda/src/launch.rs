@@ -93,7 +93,7 @@ pub fn matvec_into(
     let per_block = if batched { MV_BATCH } else { 1 };
     let f = gpu.function(&name)?;
     let (r, c, n) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, i32_of(t, "t")?);
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = gpu.launch_builder(f)?;
     b.arg(w).arg(x).arg(out).arg(&r).arg(&c).arg(&n);
     let row_blocks = match family {
         MatvecFamily::Segmented => rows as u32,
@@ -117,7 +117,7 @@ pub fn dequant_f16(
     let f = gpu.function(&format!("dequant_f16_{suffix}"))?;
     let units = rows * (cols / 32);
     let (r, c) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?);
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = gpu.launch_builder(f)?;
     b.arg(w).arg(&mut out).arg(&r).arg(&c);
     driver(&format!("dequant_f16_{suffix}"), unsafe {
         b.launch(launch_cfg((blocks(units, 256), 1, 1), 256))
@@ -133,7 +133,7 @@ pub(crate) fn to_f16_into(
     n: usize,
 ) -> Result<(), CudaError> {
     let f = gpu.function("to_f16")?;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = gpu.launch_builder(f)?;
     let n64 = n as u64;
     b.arg(x).arg(out).arg(&n64);
     driver("to_f16", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
@@ -318,7 +318,7 @@ fn time_launches(
     let mut marks = Vec::with_capacity(TUNE_ITERS);
     for _ in 0..TUNE_ITERS {
         if let Some(buf) = &flush.buf {
-            let mut b = gpu.stream.launch_builder(kernel);
+            let mut b = gpu.launch_builder(kernel)?;
             b.arg(buf).arg(&words).arg(&mut flush.sink);
             driver("l2_flush", unsafe {
                 b.launch(launch_cfg((gpu.sm_count * 4, 1, 1), 512))

@@ -13,7 +13,8 @@
 //!   the tile attention kernel (RoPE fused into the store for decode steps); `ffn`: gate and up side
 //!   by side in f16 on the GEMM route; `upload`: weights onto the device and the decode kernel
 //!   chosen per shape; `pool`: recycled device buffers;
-//!   `decode_graph`: decode steps captured once as CUDA graphs and replayed.
+//!   `decode_graph`: decode steps captured once as CUDA graphs and replayed; `programmatic`: their
+//!   kernel-to-kernel edges made programmatic while capturing (sm_90+), so launches overlap.
 //!
 //! The CUDA libraries are loaded at run time (`cudarc` with dynamic loading), so this crate builds and
 //! its GPU-free parts test on machines with no CUDA at all; on such a machine `Gpu::new` returns
@@ -32,6 +33,7 @@ pub mod model;
 pub mod nvrtc;
 pub mod pool;
 mod profile;
+mod programmatic;
 pub mod routes;
 pub mod rows;
 mod upload;

@@ -313,7 +313,7 @@ impl Backend for CudaModel {
             let scale = c.embed_scale.unwrap_or(1.0);
             let ids_v = self.view(&ids);
             let f = self.gpu.function(&format!("embed_{}", g.suffix))?;
-            let mut b = self.gpu.stream.launch_builder(f);
+            let mut b = self.gpu.launch_builder(f)?;
             b.arg(&g.quantized)
                 .arg(&ids_v)
                 .arg(out.buf_mut()?)
@@ -341,7 +341,7 @@ impl Backend for CudaModel {
             let groups = x.rows * x.width / group;
             let (g, eps) = (i32_of(group, "group")?, self.cpu.config.eps);
             let f = self.gpu.function("rms_norm")?;
-            let mut b = self.gpu.stream.launch_builder(f);
+            let mut b = self.gpu.launch_builder(f)?;
             b.arg(x.buf_mut()?).arg(w).arg(&g).arg(&eps);
             let threads = if group >= 1024 { 256 } else { 128 };
             driver("rms_norm", unsafe {
@@ -440,7 +440,7 @@ impl Backend for CudaModel {
             let wi = i32_of(x.width, "width")?;
             let idx_v = self.view(&idx);
             let f = self.gpu.function("gather_rows")?;
-            let mut b = self.gpu.stream.launch_builder(f);
+            let mut b = self.gpu.launch_builder(f)?;
             b.arg(x.buf()?).arg(&idx_v).arg(out.buf_mut()?).arg(&wi);
             driver("gather_rows", unsafe {
                 b.launch(launch_cfg((rows.len() as u32, 1, 1), 256))

@@ -35,7 +35,7 @@ impl OpProfile {
 
     fn hold(gpu: &Gpu) -> Result<(), CudaError> {
         let f = gpu.function("gpu_hold")?;
-        let mut b = gpu.stream.launch_builder(f);
+        let mut b = gpu.launch_builder(f)?;
         b.arg(&HOLD_NS);
         driver("gpu_hold", unsafe { b.launch(launch_cfg((1, 1, 1), 1)) })?;
         Ok(())

@@ -73,7 +73,7 @@ pub fn add_norm_rows_into(
     }
     let w = i32_of(width, "width")?;
     let f = gpu.function("add_norm_rows")?;
-    let mut b = gpu.stream.launch_builder(f);
+    let mut b = gpu.launch_builder(f)?;
     // Pointers the flags leave unread stand in for absent operands.
     b.arg(x).arg(y.unwrap_or(x)).arg(post.unwrap_or(weight)).arg(weight);
     b.arg(&w).arg(&eps).arg(&flags).arg(h);
@@ -156,7 +156,7 @@ impl CudaModel {
             let (width, eps) = (i32_of(x.width, "width")?, self.cpu.config.eps);
             let n_t = i32_of(x.rows, "rows")?;
             let f = self.gpu.function("add_norm_to")?;
-            let mut b = self.gpu.stream.launch_builder(f);
+            let mut b = self.gpu.launch_builder(f)?;
             let x_buf = x.buf()?;
             b.arg(x_buf)
                 .arg(y.map(|y| y.buf()).transpose()?.unwrap_or(x_buf))
@@ -235,7 +235,7 @@ impl CudaModel {
             let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
             let pos_v = self.view(&pos);
             let f = self.gpu.function("rope")?;
-            let mut b = self.gpu.stream.launch_builder(f);
+            let mut b = self.gpu.launch_builder(f)?;
             let no_heads = 0u64;
             b.arg(x.buf_mut()?);
             match y.as_mut() {
@@ -281,7 +281,7 @@ impl CudaModel {
                 };
                 let n64 = n as u64;
                 let f = self.gpu.function("gated")?;
-                let mut b = self.gpu.stream.launch_builder(f);
+                let mut b = self.gpu.launch_builder(f)?;
                 b.arg(gate.buf_mut()?).arg(up.buf()?).arg(&n64).arg(&a);
                 let no_half = 0u64;
                 match h.as_deref_mut() {
@@ -305,7 +305,7 @@ impl CudaModel {
             let (width, n_t) = (i32_of(gate.width, "width")?, i32_of(gate.rows, "rows")?);
             let grid = ((gate.width / 256) as u32, gate.rows as u32, 1);
             let f = self.gpu.function("gated_quant")?;
-            let mut b = self.gpu.stream.launch_builder(f);
+            let mut b = self.gpu.launch_builder(f)?;
             b.arg(gate.buf_mut()?)
                 .arg(up.buf()?)
                 .arg(&width)

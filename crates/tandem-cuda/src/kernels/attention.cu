@@ -203,6 +203,7 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles(
     int kv_width, const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head,
     int head_dim, float scale, int window, int tile_cap, float* partial, int* __restrict__ arrivals,
     float* __restrict__ dst, int group, int quant, u8* __restrict__ a, int n_t) {
+    WAIT_PRIOR_GRID();
     int origin_logical = meta[0], origin_physical = meta[1], tile_lo = meta[2], n_tiles = meta[3];
     if ((int)blockIdx.x >= n_tiles) return;
     int tile = tile_lo + blockIdx.x, h = blockIdx.y, qi = blockIdx.z;

@@ -5,6 +5,17 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 #define INFINITY __int_as_float(0x7f800000)
 
+// Every kernel waits here before it reads anything an earlier kernel wrote. In a decode graph,
+// kernel-to-kernel edges are programmatic (sm_90+, `programmatic.rs`): a kernel may be launched once
+// all blocks of its predecessor have started, and this waits until the predecessor has finished and
+// its writes are visible. Before it, a kernel may only compute and read what no kernel writes (the
+// matvecs issue their first weight loads there). Launched the ordinary way, it returns at once.
+#if __CUDA_ARCH__ >= 900
+#define WAIT_PRIOR_GRID() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define WAIT_PRIOR_GRID()
+#endif
+
 // The int8 form a kernel writes its output in for the integer matvecs: a flag of `add_norm_to`, and
 // the format argument of `gated_quant` and `attend_tiles` (`quant_flag` in rows.rs; 0: none).
 #define RN_Q8K 8    // Q8_K blocks of 256

@@ -303,6 +303,7 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ q, const
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                  \
         float* __restrict__ out, const int* __restrict__ pos, const int* __restrict__ plan, int t, int nk,    \
         int key_lo, int window, int q_width, int kv_width, int group, float scale_log2) {                     \
+        WAIT_PRIOR_GRID();                                                                                     \
         flash_prefill<D, BC, MT, FLASH_Q_##Q>(q, kc, vc, out, pos, plan, t, nk, key_lo, window, q_width,      \
                                               kv_width, group, scale_log2);                                   \
     }

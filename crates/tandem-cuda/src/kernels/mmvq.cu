@@ -25,6 +25,7 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c
 // One warp per (row, Q8_K block of 256), four per block.
 extern "C" __global__ void __launch_bounds__(128) quantize_q8k(const float* __restrict__ x, u8* __restrict__ a,
                                                                int n_t, int cols) {
+    WAIT_PRIOR_GRID();
     int blk = blockIdx.x * 4 + (threadIdx.x >> 5), t = blockIdx.y;
     if (blk >= cols / 256) return;
     q8k_block(x + (size_t)t * cols + blk * 256, a, n_t, t, cols, blk);
@@ -33,6 +34,7 @@ extern "C" __global__ void __launch_bounds__(128) quantize_q8k(const float* __re
 // One warp per (row, Q8 block of 32): lane i quantizes element i.
 extern "C" __global__ void __launch_bounds__(128) quantize_q8(const float* __restrict__ x, u8* __restrict__ a,
                                                               int n_t, int cols) {
+    WAIT_PRIOR_GRID();
     int blk = blockIdx.x * 4 + (threadIdx.x >> 5), t = blockIdx.y;
     if (blk >= cols / 32) return;
     q8_block(x[(size_t)t * cols + blk * 32 + (threadIdx.x & 31)], a, n_t, t, cols, blk);
@@ -44,6 +46,7 @@ extern "C" __global__ void __launch_bounds__(128) quantize_q8(const float* __res
 // K-quants take the region kernels below). One thread per block.
 extern "C" __global__ void repack_scales_out(const u8* __restrict__ src, u8* __restrict__ dst, size_t n_blocks,
                                              int block_bytes, int quant_off, int quant_len, int scale_off) {
+    WAIT_PRIOR_GRID();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_blocks) return;
     const u8* s = src + i * block_bytes;
@@ -61,6 +64,7 @@ extern "C" __global__ void repack_scales_out(const u8* __restrict__ src, u8* __r
 // 64h + 16g (A) and 64h + 32 + 16g (B), qh at 128 + 32h + 16g (H); a row is A | B | H | scales, and the
 // f16 d of every super-block goes to a table after all rows.
 extern "C" __global__ void repack_q4_k_regions(const u8* __restrict__ src, u8* __restrict__ dst, int rows, int nsb) {
+    WAIT_PRIOR_GRID();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * nsb) return;
     size_t r = i / nsb;
@@ -76,6 +80,7 @@ extern "C" __global__ void repack_q4_k_regions(const u8* __restrict__ src, u8* _
 }
 
 extern "C" __global__ void repack_q6_k_regions(const u8* __restrict__ src, u8* __restrict__ dst, int rows, int nsb) {
+    WAIT_PRIOR_GRID();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * nsb) return;
     size_t r = i / nsb;
@@ -299,7 +304,7 @@ struct Q4kStep {
     int nsb, c;
 
     template <int NB>
-    __device__ __forceinline__ void at_rows(const WarpRow<NB>* m, const u8* W, int cols) {
+    __device__ __forceinline__ void at_rows(const WarpRow<NB>* m, const u8* W, int, int cols) {
         nsb = cols / 256;
         c = m[0].lane & 3;
 #pragma unroll
@@ -388,44 +393,33 @@ __device__ __forceinline__ void steps_from(Step& st, WarpRow<NB>* m, const Act& 
     }
 }
 
-template <int NB, int U, int R, int S, class Act>
-__device__ __forceinline__ void mmvq_q4_k_with(WarpRow<NB>* m, const u8* W, const Act& act, int cols) {
-    Q4kStep<U, R, S> st;
-    st.template at_rows<NB>(m, W, cols);
-    steps_from<NB>(st, m, act, st.first(m[0].lane, S == 1 ? 0 : threadIdx.x >> 5));
-}
-
-template <int NB, int U, int R, int S, class Act>
-__device__ __forceinline__ void mmvq_q6_k_with(WarpRow<NB>* m, const u8* W, const Act& act, int rows, int cols) {
-    Q6kStep<U, R, S> st;
-    st.template at_rows<NB>(m, W, rows, cols);
-    steps_from<NB>(st, m, act, st.first(m[0].lane, S == 1 ? 0 : threadIdx.x >> 5));
-}
-
-// The K-quant kernels reading their activations from global memory.
-template <int NB, int U, int R, int S>
-__device__ __forceinline__ void mmvq_q4_k_rows(WarpRow<NB>* m, const u8* W, const u8* A, int rows, int cols, int n_t) {
-    mmvq_q4_k_with<NB, U, R, S>(m, W, GlobalQ8K{A, n_t, cols}, cols);
-}
-
-template <int NB, int U, int R, int S>
-__device__ __forceinline__ void mmvq_q6_k_rows(WarpRow<NB>* m, const u8* W, const u8* A, int rows, int cols, int n_t) {
-    mmvq_q6_k_with<NB, U, R, S>(m, W, GlobalQ8K{A, n_t, cols}, rows, cols);
-}
+// Q8_0 activations (Q8 blocks of 32) read from global memory.
+struct GlobalQ8 {
+    const u8* A;
+    int n_t, cols;
+};
 
 // Q8_0 (repacked): two lanes per 32-element block (16 quants each), sixteen blocks per step.
-template <int NB, int U, int R, int S>
-__device__ __forceinline__ void mmvq_q8_0_rows(WarpRow<NB>* ms, const u8* W, const u8* A, int rows, int cols, int n_t) {
+template <int U, int R, int S>
+struct Q8Step {
     static_assert(R == 1, "one row per warp");
-    WarpRow<NB>& m = ms[0];
-    int part = S == 1 ? 0 : threadIdx.x >> 5;
-    int nb = cols / 32;
-    const u8* row = W + (size_t)m.r * cols;
-    const u16* dtab = (const u16*)(W + (size_t)rows * cols) + (size_t)m.r * nb;
-    int half = m.lane & 1;
-    for (int base = (m.lane >> 1) + 16 * part; base < nb; base += 16 * S * U) {
-        int4 w[U];
-        u16 dw[U];
+    int4 w[U];
+    u16 dw[U];
+    const u8* row;
+    const u16* dtab;
+    int nb, half;
+
+    template <int NB>
+    __device__ __forceinline__ void at_rows(const WarpRow<NB>* m, const u8* W, int rows, int cols) {
+        nb = cols / 32;
+        half = m[0].lane & 1;
+        row = W + (size_t)m[0].r * cols;
+        dtab = (const u16*)(W + (size_t)rows * cols) + (size_t)m[0].r * nb;
+    }
+    __device__ __forceinline__ int first(int lane, int part) const { return (lane >> 1) + 16 * part; }
+    __device__ __forceinline__ int next(int base) const { return base + 16 * S * U; }
+    __device__ __forceinline__ bool live(int base) const { return base < nb; }
+    __device__ __forceinline__ void issue(int base) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int ib = base + 16 * S * u;
@@ -434,6 +428,9 @@ __device__ __forceinline__ void mmvq_q8_0_rows(WarpRow<NB>* ms, const u8* W, con
                 dw[u] = __ldg(dtab + ib);
             }
         }
+    }
+    template <int NB>
+    __device__ __forceinline__ void consume(WarpRow<NB>* m, const GlobalQ8& act, int base) const {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int ib = base + 16 * S * u;
@@ -442,15 +439,15 @@ __device__ __forceinline__ void mmvq_q8_0_rows(WarpRow<NB>* ms, const u8* W, con
             float d = h2f(dw[u]);
 #pragma unroll
             for (int t = 0; t < NB; t++) {
-                if (t < m.nt) {
-                    int s = dot16(wv, ldx16(act_qs(A, m.t0 + t, cols) + ib * 32 + half * 16));
-                    float dx = __ldg(act_d(A, n_t, m.t0 + t, cols, 32) + ib);
-                    m.acc[t] += d * dx * (float)s;
+                if (t < m[0].nt) {
+                    int s = dot16(wv, ldx16(act_qs(act.A, m[0].t0 + t, act.cols) + ib * 32 + half * 16));
+                    float dx = __ldg(act_d(act.A, act.n_t, m[0].t0 + t, act.cols, 32) + ib);
+                    m[0].acc[t] += d * dx * (float)s;
                 }
             }
         }
     }
-}
+};
 
 // The matrix, output and rows of row group `group` (W, Y and rows hold matrix 0's on entry), and its
 // R rows in m[0..R] (m[0] holds the lane's state on entry).
@@ -522,22 +519,53 @@ __device__ __forceinline__ void mmvq_store(WarpRow<NB>* m, float* Y, int rows) {
     }
 }
 
-#define MMVQ_KERNEL(NAME, T, NB, U, R, S)                                                           \
+// The unstaged kernels (activations read from global memory). The row group and its first step's
+// weight loads come before WAIT_PRIOR_GRID(): no kernel writes weights, so under a programmatic
+// edge in a decode graph those loads overlap the kernel before, which the activations then wait for.
+template <int NB, int R, int S, class Step, class Act>
+__device__ __forceinline__ void mmvq_unstaged(const u8* __restrict__ W0, const u8* __restrict__ W1,
+                                              const u8* __restrict__ W2, const u8* __restrict__ A,
+                                              float* __restrict__ Y0, float* __restrict__ Y1, float* __restrict__ Y2,
+                                              int rows0, int rows1, int rows2, int cols, int n_t) {
+    WarpRow<NB> m[R];
+    const u8* W = W0;
+    float* Y = Y0;
+    int rows;
+    bool mine = mmvq_target<NB, R, S>(rows0, rows1, rows2, n_t, &W, &Y, &rows, m, W1, W2, Y1, Y2);
+    Step st;
+    int base = 0;
+    if (mine) {
+        st.template at_rows<NB>(m, W, rows, cols);
+        base = st.first(m[0].lane, S == 1 ? 0 : threadIdx.x >> 5);
+        if (st.live(base)) st.issue(base);
+    }
+    WAIT_PRIOR_GRID();
+    if (!mine) return;
+    Act act{A, n_t, cols};
+    if (st.live(base)) {
+        st.template consume<NB>(m, act, base);
+        steps_from<NB>(st, m, act, st.next(base));
+    }
+    mmvq_store<NB, R, S>(m, Y, rows);
+}
+
+#define MMVQ_KERNEL(NAME, STEP, ACT, NB, R, S)                                                      \
     extern "C" __global__ void __launch_bounds__(128) NAME(                                        \
         const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2,           \
         const u8* __restrict__ A, float* __restrict__ Y0, float* __restrict__ Y1, float* __restrict__ Y2, \
         int rows0, int rows1, int rows2, int cols, int n_t) {                                      \
-        WarpRow<NB> m[R];                                                                          \
-        const u8* W = W0;                                                                          \
-        float* Y = Y0;                                                                             \
-        int rows;                                                                                  \
-        if (!mmvq_target<NB, R, S>(rows0, rows1, rows2, n_t, &W, &Y, &rows, m, W1, W2, Y1, Y2)) return; \
-        mmvq_##T##_rows<NB, U, R, S>(m, W, A, rows, cols, n_t);                                    \
-        mmvq_store<NB, R, S>(m, Y, rows);                                                          \
+        mmvq_unstaged<NB, R, S, STEP, ACT>(W0, W1, W2, A, Y0, Y1, Y2, rows0, rows1, rows2, cols, n_t); \
     }
-#define MMVQ(T, U, R, S)                                                  \
-    MMVQ_KERNEL(mmvq_##T##_u##U##_r##R##_s##S, T, 1, U, R, S)             \
-    MMVQ_KERNEL(mmvqb_##T##_u##U##_r##R##_s##S, T, MV_BATCH, U, R, S)
+#define COMMA ,
+#define STEP_q4_k(U, R, S) Q4kStep<U COMMA R COMMA S>
+#define STEP_q6_k(U, R, S) Q6kStep<U COMMA R COMMA S>
+#define STEP_q8_0(U, R, S) Q8Step<U COMMA R COMMA S>
+#define ACT_q4_k GlobalQ8K
+#define ACT_q6_k GlobalQ8K
+#define ACT_q8_0 GlobalQ8
+#define MMVQ(T, U, R, S)                                                                          \
+    MMVQ_KERNEL(mmvq_##T##_u##U##_r##R##_s##S, STEP_##T(U, R, S), ACT_##T, 1, R, S)               \
+    MMVQ_KERNEL(mmvqb_##T##_u##U##_r##R##_s##S, STEP_##T(U, R, S), ACT_##T, MV_BATCH, R, S)
 
 // Staged (one activation row, K-quants): the block copies the activation row into shared memory
 // (`stage_q8k`), then each warp takes row groups warp, warp + 4 * gridDim.x, ... The host sizes the
@@ -547,15 +575,6 @@ __device__ __forceinline__ void mmvq_store(WarpRow<NB>* m, float* Y, int rows) {
 // memory, so the two latencies overlap instead of adding up. A row's sums are the S = 1 kernel's:
 // same bits. (A version that also kept the next step's loads in flight across rows was slower on the
 // 8B shapes: docs/gpu-runs/2026-11-30-decode.)
-template <int U, int R>
-__device__ __forceinline__ void step_at(Q4kStep<U, R, 1>& st, const WarpRow<1>* m, const u8* W, int, int cols) {
-    st.template at_rows<1>(m, W, cols);
-}
-template <int U, int R>
-__device__ __forceinline__ void step_at(Q6kStep<U, R, 1>& st, const WarpRow<1>* m, const u8* W, int rows, int cols) {
-    st.template at_rows<1>(m, W, rows, cols);
-}
-
 template <class Step, int L, int R>
 __device__ __forceinline__ void mmvq_staged(const u8* __restrict__ W0, const u8* __restrict__ W1,
                                             const u8* __restrict__ W2, const u8* __restrict__ A,
@@ -576,9 +595,10 @@ __device__ __forceinline__ void mmvq_staged(const u8* __restrict__ W0, const u8*
     int base = lane >> 2;
     if (group < groups) {
         mmvq_resolve<1, R>(group, rows0, rows1, &W, &Y, &rows, m, W1, W2, Y1, Y2, rows2);
-        step_at(st, m, W, rows, cols);
+        st.template at_rows<1>(m, W, rows, cols);
         st.issue(base);
     }
+    WAIT_PRIOR_GRID();
     SharedQ8K act = stage_q8k<L>(A, cols, staged_act);
     if (group >= groups) return;
     st.template consume<1>(m, act, base);
@@ -588,7 +608,7 @@ __device__ __forceinline__ void mmvq_staged(const u8* __restrict__ W0, const u8*
         m[0].acc[0] = 0.f;
         W = W0, Y = Y0;
         mmvq_resolve<1, R>(group, rows0, rows1, &W, &Y, &rows, m, W1, W2, Y1, Y2, rows2);
-        step_at(st, m, W, rows, cols);
+        st.template at_rows<1>(m, W, rows, cols);
         steps_from<1>(st, m, act, base);
         mmvq_store<1, R, 1>(m, Y, rows);
     }
@@ -601,7 +621,6 @@ __device__ __forceinline__ void mmvq_staged(const u8* __restrict__ W0, const u8*
         int rows0, int rows1, int rows2, int cols, int n_t) {                                      \
         mmvq_staged<STEP, L, R>(W0, W1, W2, A, Y0, Y1, Y2, rows0, rows1, rows2, cols);             \
     }
-#define COMMA ,
 #define MMVQ_STAGED_q4_k(U, R) MMVQ_STAGED_KERNEL(mmvqp_q4_k_u##U##_r##R##_s1, Q4kStep<U COMMA R COMMA 1>, 0, R)
 #define MMVQ_STAGED_q6_k(U, R) MMVQ_STAGED_KERNEL(mmvqp_q6_k_u##U##_r##R##_s1, Q6kStep<U COMMA R COMMA 1>, 1, R)
 // MMVQ_STAGED(type, shared layout, unroll, rows per group).

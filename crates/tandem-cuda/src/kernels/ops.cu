@@ -27,6 +27,7 @@ __device__ float inv_rms(const float* g, int n, float eps) {
 // RMS norm of each `group`-wide slice (one block per slice), times `weight`, in place.
 extern "C" __global__ void __launch_bounds__(1024) rms_norm(float* __restrict__ x, const float* __restrict__ weight, int group,
                                     float eps) {
+    WAIT_PRIOR_GRID();
     float* g = x + (size_t)blockIdx.x * group;
     float scale = inv_rms(g, group, eps);
     for (int i = threadIdx.x; i < group; i += blockDim.x) g[i] = g[i] * scale * weight[i];
@@ -124,6 +125,7 @@ extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict
                                                                 const float* __restrict__ post, float* __restrict__ out,
                                                                 const float* __restrict__ weight, int width, float eps,
                                                                 int flags, u8* __restrict__ a, int n_t) {
+    WAIT_PRIOR_GRID();
     int row = blockIdx.x;
     __shared__ __align__(16) float staged[RN_MAX_Q8K_WIDTH];
     if (width <= RN_IN_REGS * (int)blockDim.x) {
@@ -161,6 +163,7 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_rows(float* __restric
                                                                  const float* __restrict__ post,
                                                                  const float* __restrict__ weight, int width,
                                                                  float eps, int flags, u16* __restrict__ h) {
+    WAIT_PRIOR_GRID();
     size_t row = blockIdx.x;
     float4* xr = (float4*)(x + row * width);
     const float4* yr = (const float4*)(y + row * width);
@@ -233,6 +236,7 @@ __device__ __forceinline__ float2 rope_rotate(float x0, float x1, float2 cs) {
 
 extern "C" __global__ void rope(float* __restrict__ x, float* __restrict__ y, const int* __restrict__ pos, int rows,
                                 int nx, int ny, int head_dim, int n_rot, float base, float freq_scale, int neox) {
+    WAIT_PRIOR_GRID();
     int half = n_rot / 2, heads = nx + ny, groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, total = (size_t)rows * groups * half;
     if (i >= total) return;
@@ -278,6 +282,7 @@ extern "C" __global__ void rope_kv_store(float* __restrict__ q, const float* __r
                                          const int* __restrict__ dst, const int* __restrict__ pos, int rows,
                                          int nq, int nkv, int head_dim, int n_rot, float base, float freq_scale,
                                          int neox) {
+    WAIT_PRIOR_GRID();
     int half = n_rot / 2, heads = nq + nkv;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * heads * half) return;
@@ -328,6 +333,7 @@ __device__ __forceinline__ float gate_value(float g, float u, int act) {
 // a thread (vector loads; the same arithmetic per element as one a thread).
 extern "C" __global__ void gated(float* __restrict__ gate, const float* __restrict__ up, size_t n, int act,
                                  u16* __restrict__ h) {
+    WAIT_PRIOR_GRID();
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (i >= n) return;
     if (i + 4 > n) {
@@ -355,6 +361,7 @@ extern "C" __global__ void gated(float* __restrict__ gate, const float* __restri
 #define PAIR_VECTOR 8
 extern "C" __global__ void __launch_bounds__(256) gated_pair(const u16* __restrict__ pair, int width, int act,
                                                               u16* __restrict__ h) {
+    WAIT_PRIOR_GRID();
     int col = (blockIdx.x * blockDim.x + threadIdx.x) * PAIR_VECTOR;
     if (col >= width) return;
     size_t row = blockIdx.y;
@@ -374,6 +381,7 @@ extern "C" __global__ void __launch_bounds__(256) gated_pair(const u16* __restri
 extern "C" __global__ void __launch_bounds__(256) gated_quant(float* __restrict__ gate, const float* __restrict__ up,
                                                                int width, int act, int qfmt, u8* __restrict__ a,
                                                                int n_t) {
+    WAIT_PRIOR_GRID();
     int t = blockIdx.y, blk = blockIdx.x;
     size_t i = (size_t)t * width + blk * 256 + threadIdx.x;
     float v = gate_value(gate[i], up[i], act);
@@ -389,6 +397,7 @@ extern "C" __global__ void __launch_bounds__(256) gated_quant(float* __restrict_
 }
 
 extern "C" __global__ void to_f16(const float* __restrict__ x, u16* __restrict__ out, size_t n) {
+    WAIT_PRIOR_GRID();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f2h(x[i]);
 }
@@ -396,6 +405,7 @@ extern "C" __global__ void to_f16(const float* __restrict__ x, u16* __restrict__
 // out[j] = x[rows[j]]: one block per output row.
 extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* __restrict__ rows,
                                        float* __restrict__ out, int width) {
+    WAIT_PRIOR_GRID();
     const float* src = x + (size_t)rows[blockIdx.x] * width;
     float* dst = out + (size_t)blockIdx.x * width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
@@ -406,6 +416,7 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* _
 extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
                                     u16* __restrict__ kc, u16* __restrict__ vc, const int* __restrict__ dst,
                                     int width) {
+    WAIT_PRIOR_GRID();
     int d = dst[blockIdx.x];
     if (d < 0) return;
     const float* ks = k + (size_t)blockIdx.x * width;
@@ -420,6 +431,7 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
 extern "C" __global__ void kv_gather(const u16* __restrict__ kc, const u16* __restrict__ vc,
                                      const int* __restrict__ src, u16* __restrict__ ks, u16* __restrict__ vs,
                                      int width) {
+    WAIT_PRIOR_GRID();
     size_t s = (size_t)src[blockIdx.x] * width, d = (size_t)blockIdx.x * width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         ks[d + i] = kc[s + i];
@@ -432,6 +444,7 @@ extern "C" __global__ void kv_gather(const u16* __restrict__ kc, const u16* __re
 // of another buffer, as it does after a decode step's earlier kernels, rather than dirty ones a
 // memset would leave (their write-back would slow the timed kernel's reads).
 extern "C" __global__ void l2_flush(const uint4* __restrict__ p, size_t n, u32* __restrict__ sink) {
+    WAIT_PRIOR_GRID();
     u32 acc = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint4 v = p[i];
@@ -444,6 +457,7 @@ extern "C" __global__ void l2_flush(const uint4* __restrict__ p, size_t n, u32* 
 // start event, so the host has enqueued the whole op by the time the GPU reaches it: the events then
 // time the GPU's work, not the host's launch overhead.
 extern "C" __global__ void gpu_hold(long long ns) {
+    WAIT_PRIOR_GRID();
     long long t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     do {

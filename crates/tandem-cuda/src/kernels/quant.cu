@@ -172,6 +172,7 @@ __device__ __forceinline__ void warp_copy(u8* dst, const u8* src, int bytes, int
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32) NAME(                               \
         const u8* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y, int rows,     \
         int cols, int n_t) {                                                                        \
+        WAIT_PRIOR_GRID();                                                                           \
         __shared__ uint4 seg_buf[MV_WARPS][(ROW_BYTES(T, MV_SEG) + 15) / 16];                       \
         __shared__ float red[NB][MV_WARPS];                                                         \
         int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;                                        \
@@ -212,6 +213,7 @@ __device__ __forceinline__ void warp_copy(u8* dst, const u8* src, int bytes, int
     /* The whole matrix as f16 (the prefill route's GEMM operand): one thread per unit. */          \
     extern "C" __global__ void dequant_f16_##T(const u8* __restrict__ W, u16* __restrict__ out,     \
                                                int rows, int cols) {                                \
+        WAIT_PRIOR_GRID();                                                                           \
         size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;                                   \
         size_t units = (size_t)rows * (cols / 32);                                                  \
         if (i >= units) return;                                                                     \
@@ -225,6 +227,7 @@ __device__ __forceinline__ void warp_copy(u8* dst, const u8* src, int bytes, int
     /* Rows `ids` of an embedding table, times `scale`, as f32. One thread per (token, unit). */     \
     extern "C" __global__ void embed_##T(const u8* __restrict__ W, const int* __restrict__ ids,     \
                                          float* __restrict__ out, int n, int cols, float scale) {   \
+        WAIT_PRIOR_GRID();                                                                           \
         int i = blockIdx.x * blockDim.x + threadIdx.x;                                              \
         int per = cols / 32;                                                                        \
         if (i >= n * per) return;                                                                   \
@@ -319,6 +322,7 @@ __device__ __forceinline__ void gunit_q5_k(const u8* row, int u, float* w) {
                                                            const float* __restrict__ X,             \
                                                            float* __restrict__ Y, int rows, int cols, \
                                                            int n_t) {                               \
+        WAIT_PRIOR_GRID();                                                                           \
         WarpRow<NB> m;                                                                              \
         if (!warp_row<NB>(rows, n_t, &m)) return;                                                   \
         const u8* row = W + (size_t)m.r * ROW_BYTES(T, cols);                                       \
@@ -402,12 +406,14 @@ __device__ __forceinline__ void matvec2_16bit(const u8* W, const float* X, float
                                                                   const float* __restrict__ X,      \
                                                                   float* __restrict__ Y, int rows,  \
                                                                   int cols, int n_t) {              \
+        WAIT_PRIOR_GRID();                                                                           \
         matvec2_16bit<1, BF>(W, X, Y, rows, cols, n_t);                                              \
     }                                                                                               \
     extern "C" __global__ void __launch_bounds__(128) matvec2b_##T(const u8* __restrict__ W,        \
                                                                    const float* __restrict__ X,     \
                                                                    float* __restrict__ Y, int rows, \
                                                                    int cols, int n_t) {             \
+        WAIT_PRIOR_GRID();                                                                           \
         matvec2_16bit<MV_BATCH, BF>(W, X, Y, rows, cols, n_t);                                       \
     }
 MATVEC2_16(f16, false)
@@ -487,6 +493,7 @@ __device__ __forceinline__ float elem_q6_k(const u8* row, int u, int l) {
                                                            const float* __restrict__ X,             \
                                                            float* __restrict__ Y, int rows, int cols, \
                                                            int n_t) {                               \
+        WAIT_PRIOR_GRID();                                                                           \
         WarpRow<NB> m;                                                                              \
         if (!warp_row<NB>(rows, n_t, &m)) return;                                                   \
         const u8* row = W + (size_t)m.r * ROW_BYTES(T, cols);                                       \

@@ -1,0 +1,222 @@
+//! Programmatic dependent launch for captured decode graphs (sm_90+).
+//!
+//! A decode step is a chain of about 400 small kernels. Between two of them the GPU drains the first
+//! grid, then launches and ramps up the second: a few microseconds each time, with the weights idle.
+//! A programmatic edge lets the second grid launch as soon as every block of the first has started
+//! (the kernel node's launch-order port); its blocks then sit in `WAIT_PRIOR_GRID()` (`common.cuh`,
+//! the first memory-touching statement of every Tandem kernel) until the first grid has finished and
+//! its writes are visible. So the work and its order are unchanged, and only the launch overlaps.
+//!
+//! The edges are made while capturing: just before each of our launches (`Gpu::launch_builder`), the
+//! capture's one pending dependency, when it is a kernel, is re-declared as programmatic. A cuBLAS
+//! kernel does not wait, so edges into it stay full dependencies. `TANDEM_CUDA_PDL=0` turns it off.
+
+use std::ptr;
+
+use cudarc::driver::sys::{
+    self, CUgraphDependencyType, CUgraphEdgeData, CUgraphNode, CUgraphNodeType, CUresult, CUstream,
+    CUstreamCaptureStatus, CUstreamUpdateCaptureDependencies_flags,
+};
+
+use crate::CudaError;
+
+/// Whether decode graphs get programmatic edges on a GPU of compute capability `major`.
+pub(crate) fn wanted(major: i32) -> bool {
+    major >= 9 && std::env::var("TANDEM_CUDA_PDL").map_or(true, |v| v != "0")
+}
+
+fn check(what: &str, r: CUresult) -> Result<(), CudaError> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Driver {
+            what: what.into(),
+            err: format!("{r:?}"),
+        })
+    }
+}
+
+/// The edge data of a programmatic edge leaving a kernel's launch-order port.
+fn programmatic_edge() -> CUgraphEdgeData {
+    CUgraphEdgeData {
+        from_port: sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8,
+        to_port: 0,
+        type_: CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
+        reserved: [0; 5],
+    }
+}
+
+/// Whether the next launch may hang off the capture's pending dependencies programmatically: one
+/// dependency, a kernel, joined by a full edge (a memcpy, a memset or a fork stays as captured).
+pub(crate) fn may_link(deps: usize, dep_is_kernel: bool, edge: CUgraphEdgeData) -> bool {
+    deps == 1 && dep_is_kernel && edge.type_ == CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_DEFAULT as u8
+}
+
+/// Makes the edge into the next node captured on `stream` (one of our kernels) programmatic, where
+/// `may_link` allows; outside a capture it does nothing.
+pub(crate) fn link_next_launch(stream: CUstream) -> Result<(), CudaError> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut deps: *const CUgraphNode = ptr::null();
+    let mut data: *const CUgraphEdgeData = ptr::null();
+    let mut n = 0usize;
+    // SAFETY: out-pointers to locals; the arrays returned stay valid until the next capture call on
+    // this stream, and are read before it.
+    unsafe {
+        check(
+            "cuStreamGetCaptureInfo",
+            sys::cuStreamGetCaptureInfo_v3(
+                stream,
+                &mut status,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                &mut deps,
+                &mut data,
+                &mut n,
+            ),
+        )?;
+        if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || n != 1 || deps.is_null() {
+            return Ok(());
+        }
+        let mut dep = *deps;
+        let edge = if data.is_null() { std::mem::zeroed() } else { *data };
+        let mut ty = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        check("cuGraphNodeGetType", sys::cuGraphNodeGetType(dep, &mut ty))?;
+        if !may_link(n, ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL, edge) {
+            return Ok(());
+        }
+        let linked = programmatic_edge();
+        check(
+            "cuStreamUpdateCaptureDependencies (programmatic)",
+            sys::cuStreamUpdateCaptureDependencies_v2(
+                stream,
+                &mut dep,
+                &linked,
+                1,
+                CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES as u32,
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_lone_kernel_dependency_joined_by_a_full_edge_is_linked() {
+        let full: CUgraphEdgeData = unsafe { std::mem::zeroed() };
+        assert!(may_link(1, true, full));
+        assert!(!may_link(1, false, full), "a memcpy or memset before");
+        assert!(!may_link(2, true, full), "a join of two branches");
+        assert!(!may_link(0, true, full), "the capture's first node");
+        assert!(!may_link(1, true, programmatic_edge()), "already linked");
+    }
+
+    #[test]
+    fn the_linked_edge_leaves_the_launch_order_port() {
+        let e = programmatic_edge();
+        assert_eq!(e.from_port as u32, sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER);
+        assert_eq!(
+            e.type_,
+            CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8
+        );
+    }
+
+    /// Device functions that are a whole kernel's body and wait inside, after their row target and
+    /// first weight loads; the statements allowed before their WAIT_PRIOR_GRID(): declarations,
+    /// register arithmetic, and loads of weights (which no kernel writes).
+    const WAITING_BODIES: [(&str, &[&str]); 2] = [
+        (
+            "void mmvq_unstaged(",
+            &[
+                "WarpRow<NB> m[R];",
+                "const u8* W = W0;",
+                "float* Y = Y0;",
+                "int rows;",
+                "bool mine = mmvq_target<NB, R, S>(",
+                "Step st;",
+                "int base = 0;",
+                "if (mine) {",
+                "st.template at_rows<NB>(m, W, rows, cols);",
+                "base = st.first(",
+                "if (st.live(base)) st.issue(base);",
+                "}",
+            ],
+        ),
+        (
+            "void mmvq_staged(",
+            &[
+                "extern __shared__ int4 staged_act[];",
+                "int groups = ",
+                "int group = ",
+                "WarpRow<1> m[R];",
+                "m[0].",
+                "const u8* W = W0;",
+                "float* Y = Y0;",
+                "int rows = rows0;",
+                "Step st;",
+                "int base = lane >> 2;",
+                "if (group < groups) {",
+                "mmvq_resolve<1, R>(",
+                "st.template at_rows<1>(m, W, rows, cols);",
+                "st.issue(base);",
+                "}",
+            ],
+        ),
+    ];
+
+    /// The lines of `body` from just after `open` (a '{') up to the next WAIT_PRIOR_GRID().
+    fn before_wait(body: &str, open: usize) -> Vec<&str> {
+        let wait = open + body[open..].find("WAIT_PRIOR_GRID();").expect("a wait");
+        body[open + 1..wait]
+            .lines()
+            .map(|l| l.trim().trim_end_matches('\\').trim())
+            .filter(|l| !l.is_empty() && !l.starts_with("//"))
+            .collect()
+    }
+
+    #[test]
+    fn every_kernel_waits_for_its_predecessor_before_touching_memory() {
+        // A kernel that read an earlier kernel's output before WAIT_PRIOR_GRID() would race it in a
+        // graph: each kernel starts with the wait, or is one call to a body listed in WAITING_BODIES.
+        for file in crate::nvrtc::ALL {
+            let body = file.body;
+            let mut kernels = 0;
+            let mut from = 0;
+            while let Some(at) = body[from..].find("__global__").map(|i| from + i) {
+                from = at + 1;
+                let line = &body[body[..at].rfind('\n').map_or(0, |i| i + 1)..at];
+                if line.trim_start().starts_with("//") {
+                    continue;
+                }
+                let open = at + body[at..].find('{').expect("kernel body");
+                let first = body[open + 1..]
+                    .lines()
+                    .map(|l| l.trim().trim_end_matches('\\').trim())
+                    .find(|l| !l.is_empty())
+                    .expect("a statement");
+                let delegated = WAITING_BODIES
+                    .iter()
+                    .any(|(name, _)| first.starts_with(&name["void ".len()..name.len() - 1]));
+                assert!(
+                    first == "WAIT_PRIOR_GRID();" || delegated,
+                    "{}: a kernel starts with `{first}`",
+                    file.name
+                );
+                kernels += 1;
+            }
+            assert!(kernels > 0, "{}", file.name);
+        }
+        let mmvq = crate::nvrtc::MMVQ.body;
+        for (name, allowed) in WAITING_BODIES {
+            let at = mmvq.find(name).unwrap_or_else(|| panic!("{name} in mmvq.cu"));
+            let open = at + mmvq[at..].find(") {").expect("body") + 2;
+            for stmt in before_wait(mmvq, open) {
+                assert!(
+                    allowed.iter().any(|a| stmt.starts_with(a)),
+                    "`{stmt}` runs before WAIT_PRIOR_GRID() in {name}"
+                );
+            }
+        }
+    }
+}
