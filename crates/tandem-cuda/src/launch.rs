@@ -344,11 +344,27 @@ fn tuning_input(gpu: &Gpu, cols: usize) -> Result<CudaSlice<f32>, CudaError> {
 
 /// The integer variants on offer: in deterministic mode only those of one summation order (split 1),
 /// so the bits a matrix gives do not depend on which variant a run's timing picked.
+/// `TANDEM_CUDA_MMVQ=label,...` (labels as `--verbose` prints them, e.g. `u2r1s1d`) keeps only those
+/// for the shapes where one of them fits, so a run can time the decode step with a variant the
+/// load-time timing (which sees each kernel alone) would not pick.
 fn offered(suffix: &str, rows: &[usize], cols: usize, deterministic: bool) -> Vec<MmvqVariant> {
-    variants(suffix)
+    let fitting: Vec<MmvqVariant> = variants(suffix)
         .into_iter()
         .filter(|v| v.fits(rows, cols) && (!deterministic || v.split == 1))
-        .collect()
+        .collect();
+    let Ok(wanted) = std::env::var("TANDEM_CUDA_MMVQ") else {
+        return fitting;
+    };
+    let kept: Vec<MmvqVariant> = fitting
+        .iter()
+        .copied()
+        .filter(|v| wanted.split(',').any(|w| w.trim() == v.label()))
+        .collect();
+    if kept.is_empty() {
+        fitting
+    } else {
+        kept
+    }
 }
 
 /// Times one-row products of this matrix with each matvec family, the integer kernel's variants

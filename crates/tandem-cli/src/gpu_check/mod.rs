@@ -55,6 +55,9 @@ pub struct GpuCheckArgs {
     /// Also time the decode matvec per weight type (GB/s against the bytes it must read).
     #[arg(long)]
     pub bench_kernels: bool,
+    /// Time only the decode matvecs (a part of `--bench-kernels`).
+    #[arg(long)]
+    pub bench_matvec: bool,
     /// Time only the prefill attention variants (a part of `--bench-kernels`).
     #[arg(long)]
     pub bench_flash: bool,
@@ -107,7 +110,7 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let gpu = Gpu::new(args.gpu)?;
     kernel_checks(&gpu, &mut table)?;
-    if args.bench_kernels {
+    if args.bench_kernels || args.bench_matvec {
         kernel_bench(&gpu, &mut table)?;
     }
     if args.bench_kernels || args.bench_flash {
@@ -267,8 +270,12 @@ fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
         cases.extend([(ty, 14336, 4096), (ty, 4096, 14336), (ty, 4096, 4096), (ty, 6144, 4096)]);
     }
-    // Q4_K_M's Q6_K matrices: down in half the layers, v in half.
-    cases.extend([(GgmlType::Q6_K, 4096, 14336), (GgmlType::Q6_K, 1024, 4096)]);
+    // Q4_K_M's Q6_K matrices: down in half the layers, v in half, and the output head.
+    cases.extend([
+        (GgmlType::Q6_K, 4096, 14336),
+        (GgmlType::Q6_K, 1024, 4096),
+        (GgmlType::Q6_K, 128256, 4096),
+    ]);
     for (ty, rows, cols) in cases {
         let suffix = type_suffix(ty).expect("benched types have kernels");
         let row_bytes = ty.row_bytes(cols as u64).context("row size")? as usize;

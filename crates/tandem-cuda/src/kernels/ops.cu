@@ -72,19 +72,40 @@ __device__ __forceinline__ void norm_out_q8k(int flags, u8* __restrict__ a, int 
 // for memory once instead of once per pass. Element i is thread i % blockDim's, summed in the order
 // the passes of `add_norm_to` sum them: the same bits.
 #define RN_IN_REGS 4
+
+// A thread's elements of the model's own vectors (the post-norm and norm weights), which no kernel
+// writes: `add_norm_to` loads them before WAIT_PRIOR_GRID(), so under a programmatic edge they come
+// from memory while the kernel before still runs (the weight stream of a decode step has evicted
+// them from L2 by then).
+struct NormWeights {
+    float pv[RN_IN_REGS], wv[RN_IN_REGS];
+};
+
+__device__ __forceinline__ NormWeights norm_weights(const float* __restrict__ post, const float* __restrict__ weight,
+                                                    int width, int flags) {
+    NormWeights nw;
+#pragma unroll
+    for (int k = 0; k < RN_IN_REGS; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        bool live = i < width;
+        nw.pv[k] = live && (flags & RN_POST) ? __ldg(post + i) : 0.f;
+        nw.wv[k] = live && (flags & RN_NORM) ? __ldg(weight + i) : 0.f;
+    }
+    return nw;
+}
+
 __device__ __forceinline__ void add_norm_in_regs(float* __restrict__ xr, const float* __restrict__ g,
-                                                 const float* __restrict__ post, float* __restrict__ o,
-                                                 const float* __restrict__ weight, int width, float eps, int flags,
-                                                 u8* __restrict__ a, int n_t, int row, float* staged) {
-    float xv[RN_IN_REGS], gv[RN_IN_REGS], pv[RN_IN_REGS], wv[RN_IN_REGS];
+                                                 const NormWeights& nw, float* __restrict__ o, int width, float eps,
+                                                 int flags, u8* __restrict__ a, int n_t, int row, float* staged) {
+    float xv[RN_IN_REGS], gv[RN_IN_REGS];
+    const float* pv = nw.pv;
+    const float* wv = nw.wv;
 #pragma unroll
     for (int k = 0; k < RN_IN_REGS; k++) {
         int i = threadIdx.x + k * blockDim.x;
         bool live = i < width;
         xv[k] = live ? xr[i] : 0.f;
         gv[k] = live && (flags & RN_ADD) ? g[i] : 0.f;
-        pv[k] = live && (flags & RN_POST) ? post[i] : 0.f;
-        wv[k] = live && (flags & RN_NORM) ? weight[i] : 0.f;
     }
     if (flags & RN_ADD) {
         float scale = 1.f;
@@ -125,12 +146,15 @@ extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict
                                                                 const float* __restrict__ post, float* __restrict__ out,
                                                                 const float* __restrict__ weight, int width, float eps,
                                                                 int flags, u8* __restrict__ a, int n_t) {
+    bool in_regs = width <= RN_IN_REGS * (int)blockDim.x;
+    NormWeights nw;
+    if (in_regs) nw = norm_weights(post, weight, width, flags);
     WAIT_PRIOR_GRID();
     int row = blockIdx.x;
     __shared__ __align__(16) float staged[RN_MAX_Q8K_WIDTH];
-    if (width <= RN_IN_REGS * (int)blockDim.x) {
-        add_norm_in_regs(x + (size_t)row * width, y + (size_t)row * width, post, out + (size_t)row * width, weight,
-                         width, eps, flags, a, n_t, row, staged);
+    if (in_regs) {
+        add_norm_in_regs(x + (size_t)row * width, y + (size_t)row * width, nw, out + (size_t)row * width, width, eps,
+                         flags, a, n_t, row, staged);
         return;
     }
     float* xr = x + (size_t)row * width;
