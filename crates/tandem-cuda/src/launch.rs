@@ -344,7 +344,7 @@ fn tuning_input(gpu: &Gpu, cols: usize) -> Result<CudaSlice<f32>, CudaError> {
 
 /// The integer variants on offer: in deterministic mode only those of one summation order (split 1),
 /// so the bits a matrix gives do not depend on which variant a run's timing picked.
-/// `TANDEM_CUDA_MMVQ=label,...` (labels as `--verbose` prints them, e.g. `u2r1s1d`) keeps only those
+/// `TANDEM_CUDA_MMVQ=label,...` (labels as `--verbose` prints them, e.g. `u2r1s1p`) keeps only those
 /// for the shapes where one of them fits, so a run can time the decode step with a variant the
 /// load-time timing (which sees each kernel alone) would not pick.
 fn offered(suffix: &str, rows: &[usize], cols: usize, deterministic: bool) -> Vec<MmvqVariant> {
