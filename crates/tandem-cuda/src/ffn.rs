@@ -24,6 +24,14 @@ use crate::CudaError;
 /// Elements one `gated_pair` thread reads from each half (one 16-byte load).
 const PAIR_VECTOR: usize = 8;
 
+/// The `act` argument of the gating kernels (`gate_value` in ops.cu): 0 = SiLU, 1 = GELU (tanh).
+pub(crate) fn gate_code(act: Activation) -> i32 {
+    match act {
+        Activation::Silu => 0,
+        Activation::GeluTanh => 1,
+    }
+}
+
 /// The `gated_pair` kernel: row r of `pair` holds gate's `width` products then up's (f16);
 /// `h[r] = f16(act(gate) * up)`. Public for `tandem gpu-check`.
 pub fn gated_pair_into(
@@ -40,10 +48,7 @@ pub fn gated_pair_into(
             err: format!("{rows} rows of {width} (a multiple of {PAIR_VECTOR})"),
         });
     }
-    let a: i32 = match act {
-        Activation::Silu => 0,
-        Activation::GeluTanh => 1,
-    };
+    let a = gate_code(act);
     let wi = i32_of(width, "width")?;
     let f = gpu.function("gated_pair")?;
     let mut b = gpu.launch_builder(f)?;

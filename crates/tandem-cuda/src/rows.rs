@@ -261,10 +261,7 @@ impl CudaModel {
             if self.dry() {
                 return Ok(());
             }
-            let a: i32 = match act {
-                Activation::Silu => 0,
-                Activation::GeluTanh => 1,
-            };
+            let a = crate::ffn::gate_code(act);
             // Quantized here for the reader's integer kernel, when it takes one (rows in 256s).
             let quant = self
                 .int8_input(&reader.name, gate.rows)
