@@ -375,6 +375,27 @@ pub fn mmvq_group_into(
 mod tests {
     use super::*;
 
+    /// `q6_word` in mmvq.cu subtracts 32 from four bytes of 0..63 on the whole word.
+    #[test]
+    fn six_bit_quants_minus_32_on_the_word_match_per_byte_subtraction() {
+        let src = crate::nvrtc::assemble(&crate::nvrtc::MMVQ);
+        assert!(src.contains("(((lo | hi | 0x80808080u) - 0x20202020u) ^ 0x80808080u)"));
+        let word = |v: u32| ((v | 0x8080_8080).wrapping_sub(0x2020_2020)) ^ 0x8080_8080;
+        for q in 0..64u32 {
+            for other in 0..64u32 {
+                for pos in 0..4 {
+                    let bytes: Vec<u32> = (0..4)
+                        .map(|b| if b == pos { q } else { (other + 17 * b) % 64 })
+                        .collect();
+                    let v = bytes.iter().enumerate().fold(0u32, |w, (b, &x)| w | x << (8 * b));
+                    let got = word(v).to_le_bytes().map(|b| b as i8);
+                    let want: Vec<i8> = bytes.iter().map(|&x| x as i8 - 32).collect();
+                    assert_eq!(got.to_vec(), want, "bytes {bytes:?}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn quantized_activation_sizes_cover_quants_scales_and_sums() {
         // 2 rows of 512: 1024 quants, 4 f32 scales, 64 sums of 16.

@@ -293,6 +293,22 @@ pub(crate) struct L2Flush {
     sink: CudaSlice<u32>,
 }
 
+impl L2Flush {
+    /// Enqueues the read of the whole buffer (nothing when timing back to back).
+    pub(crate) fn launch(&mut self, gpu: &Gpu) -> Result<(), CudaError> {
+        let Some(buf) = &self.buf else {
+            return Ok(());
+        };
+        let words = (L2_FLUSH_BYTES / 16) as u64;
+        let mut b = gpu.launch_builder(gpu.function("l2_flush")?)?;
+        b.arg(buf).arg(&words).arg(&mut self.sink);
+        driver("l2_flush", unsafe {
+            b.launch(launch_cfg((gpu.sm_count * 4, 1, 1), 512))
+        })?;
+        Ok(())
+    }
+}
+
 pub(crate) fn l2_flush_buffer(gpu: &Gpu) -> Result<L2Flush, CudaError> {
     let on = std::env::var("TANDEM_CUDA_TUNE_FLUSH").map_or(true, |v| v != "0");
     Ok(L2Flush {
@@ -313,17 +329,9 @@ fn time_launches(
             gpu.stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
         )
     };
-    let kernel = gpu.function("l2_flush")?;
-    let words = (L2_FLUSH_BYTES / 16) as u64;
     let mut marks = Vec::with_capacity(TUNE_ITERS);
     for _ in 0..TUNE_ITERS {
-        if let Some(buf) = &flush.buf {
-            let mut b = gpu.launch_builder(kernel)?;
-            b.arg(buf).arg(&words).arg(&mut flush.sink);
-            driver("l2_flush", unsafe {
-                b.launch(launch_cfg((gpu.sm_count * 4, 1, 1), 512))
-            })?;
-        }
+        flush.launch(gpu)?;
         let start = event()?;
         f()?;
         marks.push((start, event()?));
@@ -334,6 +342,20 @@ fn time_launches(
         ms += driver("tuning elapsed", start.elapsed_ms(end))? as f64;
     }
     Ok(ms / 1e3)
+}
+
+/// Mean seconds of `run` after an L2 flush (as a decode step meets a matrix) and right after another
+/// `run` (its weights in L2 as far as they fit). A kernel barely faster hot than cold is bound by its
+/// own instructions and round trips, not by memory: `tandem gpu-check --bench-l2`.
+pub fn time_cold_and_hot(gpu: &Gpu, run: &mut dyn FnMut() -> Result<(), CudaError>) -> Result<[f64; 2], CudaError> {
+    let mut flush = l2_flush_buffer(gpu)?;
+    let cold = time_launches(gpu, &mut flush, run)?;
+    let mut back_to_back = L2Flush {
+        buf: None,
+        sink: gpu.alloc::<u32>(1)?,
+    };
+    let hot = time_launches(gpu, &mut back_to_back, run)?;
+    Ok([cold / TUNE_ITERS as f64, hot / TUNE_ITERS as f64])
 }
 
 /// A fixed, non-zero input: timings on zeros can flatter a kernel.

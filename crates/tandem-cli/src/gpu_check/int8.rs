@@ -10,7 +10,7 @@ use tandem_backend::Isa;
 use tandem_cuda::int8::{
     int8_format, mmvq_group_into, mmvq_into, quantize_act_into, repack, repacked_source, ActQuant, MmvqTarget,
 };
-use tandem_cuda::launch::type_suffix;
+use tandem_cuda::launch::{time_cold_and_hot, type_suffix};
 use tandem_cuda::Gpu;
 use tandem_gguf::GgmlType;
 
@@ -259,6 +259,51 @@ pub(super) fn int8_bench(
                 pass: true,
             });
         }
+    }
+    Ok(())
+}
+
+/// The 8B files' decode matvecs (variants as their load-time choices) timed from a flushed L2 and
+/// hot (`launch::time_cold_and_hot`).
+pub(super) fn l2_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let cases = [
+        (GgmlType::Q4_K, 4096, 4096, "u1r2s1"),
+        (GgmlType::Q4_K, 14336, 4096, "u2r1s1p"),
+        (GgmlType::Q6_K, 4096, 14336, "u1r1s1"),
+        (GgmlType::Q6_K, 1024, 4096, "u2r1s4"),
+        (GgmlType::Q6_K, 128256, 4096, "u2r1s1p"),
+        (GgmlType::Q8_0, 4096, 4096, "u2r1s1"),
+        (GgmlType::Q8_0, 14336, 4096, "u2r1s1"),
+    ];
+    for (ty, rows, cols, label) in cases {
+        let fmt = int8_format(ty).context("an integer type")?;
+        let suffix = type_suffix(ty).context("type has kernels")?;
+        let w = super::tiled_weights(gpu, &mut rng, ty, rows, cols, 1)?.remove(0);
+        let w = repack(gpu, ty, &w, rows, cols)?.unwrap_or(w);
+        let variant = tandem_cuda::int8::variants(suffix)
+            .into_iter()
+            .find(|v| v.label() == label && v.fits(&[rows], cols))
+            .with_context(|| format!("variant {label} for {ty} {rows}x{cols}"))?;
+        let x = gpu.upload(&(0..cols).map(|_| rng.normal()).collect::<Vec<f32>>())?;
+        let mut a = gpu.alloc::<u8>(fmt.bytes(1, cols))?;
+        let mut out = gpu.alloc::<f32>(rows)?;
+        quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
+        let bytes = w.len() as f64;
+        let [cold, hot] = time_cold_and_hot(gpu, &mut || {
+            mmvq_into(gpu, suffix, variant, &w, &a, 1, rows, cols, &mut out)
+        })?;
+        table.push(Row {
+            check: format!("matvec Int8 {label} {ty} {rows}x{cols}: cold / hot L2"),
+            result: format!(
+                "{:.1} / {:.1} us ({:.0} / {:.0} GB/s)",
+                cold * 1e6,
+                hot * 1e6,
+                bytes / cold / 1e9,
+                bytes / hot / 1e9
+            ),
+            pass: true,
+        });
     }
     Ok(())
 }

@@ -64,6 +64,10 @@ pub struct GpuCheckArgs {
     /// Time the prefill GEMM shapes through cuBLAS (a part of `--bench-kernels`).
     #[arg(long)]
     pub bench_gemm: bool,
+    /// Time the 8B files' decode matvecs from a flushed L2 and from a hot L2 (a part of
+    /// `--bench-kernels`): a kernel barely faster hot is bound by its instructions, not memory.
+    #[arg(long)]
+    pub bench_l2: bool,
 }
 
 /// A small xorshift generator: fresh seeds each run (printed), reproducible given the seed.
@@ -118,6 +122,9 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     }
     if args.bench_kernels || args.bench_gemm {
         gemm::gemm_bench(&gpu, &mut table)?;
+    }
+    if args.bench_kernels || args.bench_l2 {
+        int8::l2_bench(&gpu, &mut table)?;
     }
     for m in &args.models {
         model_checks(args, m, threads, &mut table)?;
@@ -254,6 +261,26 @@ fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
 /// route's whole cost: weight bytes read once over elapsed time. 16384×8192 for every type, then the
 /// Llama-3-8B decode shapes (gate/up, down, q/o, q+k+v as one launch) for Q4_K, Q8_0 and F16, and
 /// Q4_K_M's Q6_K down and v.
+/// `n` device copies of a `rows × cols` matrix of type `ty`: 64 distinct quantized rows, tiled (real
+/// block contents, no hour of quantizing).
+fn tiled_weights(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+) -> Result<Vec<tandem_cuda::CudaSlice<u8>>> {
+    let row_bytes = ty.row_bytes(cols as u64).context("row size")? as usize;
+    let mut tile = vec![0u8; 64 * row_bytes];
+    for r in 0..64 {
+        let src: Vec<f32> = (0..cols).map(|_| rng.normal() * 0.05).collect();
+        tandem_quant::quantize_row(ty, &src, &mut tile[r * row_bytes..(r + 1) * row_bytes])?;
+    }
+    let host: Vec<u8> = tile.iter().copied().cycle().take(rows * row_bytes).collect();
+    Ok((0..n).map(|_| gpu.upload(&host)).collect::<Result<_, _>>()?)
+}
+
 fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut cases: Vec<(GgmlType, usize, usize)> = [
@@ -279,14 +306,7 @@ fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     for (ty, rows, cols) in cases {
         let suffix = type_suffix(ty).expect("benched types have kernels");
         let row_bytes = ty.row_bytes(cols as u64).context("row size")? as usize;
-        // Quantize 64 distinct rows and tile them: real block contents, no hour of quantizing.
-        let mut tile = vec![0u8; 64 * row_bytes];
-        for r in 0..64 {
-            let src: Vec<f32> = (0..cols).map(|_| rng.normal() * 0.05).collect();
-            tandem_quant::quantize_row(ty, &src, &mut tile[r * row_bytes..(r + 1) * row_bytes])?;
-        }
-        let host: Vec<u8> = tile.iter().copied().cycle().take(rows * row_bytes).collect();
-        let copies: Vec<_> = (0..4).map(|_| gpu.upload(&host)).collect::<Result<_, _>>()?;
+        let copies = tiled_weights(gpu, &mut rng, ty, rows, cols, 4)?;
         let x = gpu.upload(&(0..cols).map(|_| rng.normal()).collect::<Vec<f32>>())?;
         let mut out = gpu.alloc::<f32>(rows)?;
         for family in [

@@ -235,11 +235,14 @@ __device__ __forceinline__ void q4k_accumulate(const Q4kLane& l, const Act& act,
 }
 
 // Six bits per quant from a word of low nibbles (`ql >> nib`) and the matching 2-bit field of `qh`
-// (moved to bits 4-5 by `hshift`), minus 32, as four signed bytes.
+// (moved to bits 4-5 by `hshift`), minus 32, as four signed bytes. Each byte is 0..63, so the
+// subtraction runs on the word: with bit 7 set first, no byte borrows from the next, and flipping
+// bit 7 back gives the signed difference (what __vsubss4 gives here, where it takes about ten
+// instructions: sm_90 has no byte-wise subtract).
 __device__ __forceinline__ int q6_word(u32 ql, int nib, u32 qh, int hshift) {
     u32 lo = (ql >> nib) & 0x0F0F0F0Fu;
     u32 hi = (hshift >= 0 ? (qh << hshift) : (qh >> -hshift)) & 0x30303030u;
-    return (int)__vsubss4(lo | hi, 0x20202020u);
+    return (int)(((lo | hi | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
 }
 
 // Q6_K (repacked): four lanes per super-block. Lane k = lane % 4 takes half h = k / 2 (128 elements)
