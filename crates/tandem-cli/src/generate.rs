@@ -222,11 +222,19 @@ pub fn load_cuda(model: Model, gpu: usize, deterministic: bool, verbose: bool) -
     if verbose {
         let m = &cuda.memory;
         eprintln!(
-            "gpu: {} ({}), {:.1} GB; weights {:.1} MB quantized + {:.1} MB f16 for the GEMM route{} + {:.2} MB norms",
+            "gpu: {} ({}), {:.1} GB; weights {:.1} MB quantized{} + {:.1} MB f16 for the GEMM route{} + {:.2} MB norms",
             cuda.gpu.name,
             cuda.gpu.arch,
             cuda.gpu.total_mem as f64 / 1e9,
             m.weights_quantized as f64 / 1e6,
+            if m.tied_output_int8 > 0 {
+                format!(
+                    " + {:.1} MB integer-route copy of the tied output head",
+                    m.tied_output_int8 as f64 / 1e6
+                )
+            } else {
+                String::new()
+            },
             m.weights_f16 as f64 / 1e6,
             if cuda.deterministic {
                 " (none: deterministic)"
@@ -270,7 +278,7 @@ pub fn print_cuda_memory(cuda: &CudaModel, kv_bytes: usize) {
     if let Ok((free, total)) = cuda.gpu.mem_info() {
         let m = &cuda.memory;
         let used = total - free;
-        let weights = m.weights_quantized + m.weights_f16 + m.norms;
+        let weights = m.weights_quantized + m.tied_output_int8 + m.weights_f16 + m.norms;
         let other = used.saturating_sub(weights + kv_bytes);
         eprintln!(
             "gpu memory: {:.1} MB in use = weights {:.1} + kv {:.1} + workspaces and runtime {:.1}",

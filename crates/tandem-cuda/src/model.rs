@@ -314,7 +314,7 @@ impl Backend for CudaModel {
             let ids_v = self.view(&ids);
             let f = self.gpu.function(&format!("embed_{}", g.suffix))?;
             let mut b = self.gpu.launch_builder(f)?;
-            b.arg(&g.quantized)
+            b.arg(g.embedding_rows())
                 .arg(&ids_v)
                 .arg(out.buf_mut()?)
                 .arg(&n)

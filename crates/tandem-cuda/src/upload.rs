@@ -31,6 +31,16 @@ pub(crate) struct GpuMatrix {
     pub(crate) decode: DecodeKernel,
     /// Whether cuBLAS over the f16 copy beat every matvec for one row (not in deterministic mode).
     pub(crate) decode_cublas: bool,
+    /// The ggml-layout rows the embedding kernel reads, kept beside `quantized` when that was
+    /// repacked for the integer route: an embedding table that is also the output projection.
+    pub(crate) embed_rows: Option<CudaSlice<u8>>,
+}
+
+impl GpuMatrix {
+    /// The rows `embed_*` kernels read (the ggml layout).
+    pub(crate) fn embedding_rows(&self) -> &CudaSlice<u8> {
+        self.embed_rows.as_ref().unwrap_or(&self.quantized)
+    }
 }
 
 /// Where a matrix's f16 GEMM operand lives.
@@ -79,6 +89,10 @@ struct Pending {
     repacked: Option<Option<CudaSlice<u8>>>,
     f16: Option<F16Weights>,
     tuning: Tuning,
+    /// The token embedding table (its ggml rows stay for the embedding kernel).
+    embeds: bool,
+    /// Those rows, once `settle` has put the integer-route layout in `original`.
+    embed_rows: Option<CudaSlice<u8>>,
 }
 
 impl Pending {
@@ -92,7 +106,10 @@ impl Pending {
         match self.tuning.kernel {
             DecodeKernel::Int8 { .. } => {
                 if let Some(Some(r)) = self.repacked.take() {
-                    self.original = r;
+                    let rows = std::mem::replace(&mut self.original, r);
+                    if self.embeds {
+                        self.embed_rows = Some(rows);
+                    }
                 }
                 self.repacked = Some(None);
             }
@@ -133,6 +150,9 @@ fn run_indices(shapes: &[(GgmlType, usize)], int8_enabled: bool) -> Vec<Vec<usiz
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GpuMemory {
     pub weights_quantized: usize,
+    /// The integer-route copy of an embedding table that is also the output projection (the
+    /// embedding kernel keeps reading the original rows).
+    pub tied_output_int8: usize,
     pub weights_f16: usize,
     pub norms: usize,
 }
@@ -190,8 +210,9 @@ impl CudaModel {
                     Some(F16Weights::Copy(dequant_f16(&gpu, suffix, &original, m.rows, m.cols)?))
                 }
             };
-            // The embedding kernels read the ggml layout, so the table never takes the integer route.
-            let int8_fmt = int8_format(m.ty).filter(|_| int8_enabled && m.name != w.token_embd.name);
+            let embeds = m.name == w.token_embd.name;
+            let int8_fmt =
+                int8_format(m.ty).filter(|_| integer_route_offered(int8_enabled, embeds, multiplies, deterministic));
             // The choice depends on whether the integer kernel was on offer (not for the embedding table).
             let key = (suffix, m.rows, m.cols, int8_fmt.is_some());
             // The integer-route layout is made only where it may be read: to time this shape, because
@@ -233,6 +254,8 @@ impl CudaModel {
                 repacked,
                 f16,
                 tuning,
+                embeds,
+                embed_rows: None,
             };
             let p = if group_candidates.contains(m.name.as_str()) {
                 p
@@ -287,6 +310,9 @@ impl CudaModel {
         let mut matrices = HashMap::new();
         for (name, p) in pending {
             let p = p.settle();
+            if p.embed_rows.is_some() {
+                memory.tied_output_int8 += p.original.len();
+            }
             let quantized = p.repacked.flatten().unwrap_or(p.original);
             matrices.insert(
                 name,
@@ -296,6 +322,7 @@ impl CudaModel {
                     f16: p.f16,
                     decode: p.tuning.kernel,
                     decode_cublas: p.tuning.cublas,
+                    embed_rows: p.embed_rows,
                 },
             );
         }
@@ -347,6 +374,18 @@ impl CudaModel {
             skipped_kernels,
         })
     }
+}
+
+/// Whether a matrix's decode may take the integer route (when its type has one). The embedding
+/// kernels read the ggml layout: a table that is only an embedding never does; one that is also the
+/// output projection (`multiplies`, Gemma) keeps its rows for the embedding and gets a repacked copy
+/// for the head's matvec (one more copy of the table: 1.2 GB for the 27B, where the head otherwise
+/// read its 2.8 GB f16 copy through cuBLAS every token). Not in deterministic mode, whose every
+/// matmul takes the matvec route: there the batched integer kernel made scoring a 1,500-token prompt
+/// of gemma3-270m with all logits about 3x slower than the float kernel
+/// (docs/gpu-runs/2026-11-30-q6k, call e6).
+fn integer_route_offered(int8_enabled: bool, embeds: bool, multiplies: bool, deterministic: bool) -> bool {
+    int8_enabled && (!embeds || (multiplies && !deterministic))
 }
 
 /// Moves each layer's gate and up f16 copies into one allocation, gate's rows first, so that the
@@ -414,6 +453,26 @@ fn skipped_kernels(list: Option<&str>) -> Result<Vec<String>, CudaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tied_embedding_table_takes_the_integer_route_as_the_head_outside_deterministic_mode() {
+        // (int8 enabled, embedding table, multiplies, deterministic) -> offered
+        assert!(integer_route_offered(true, false, true, false), "a layer's matrix");
+        assert!(
+            integer_route_offered(true, false, true, true),
+            "a layer's matrix, deterministic"
+        );
+        assert!(
+            !integer_route_offered(true, true, false, false),
+            "an embedding table only"
+        );
+        assert!(
+            integer_route_offered(true, true, true, false),
+            "a table tied to the output"
+        );
+        assert!(!integer_route_offered(true, true, true, true), "tied, deterministic");
+        assert!(!integer_route_offered(false, false, true, false), "TANDEM_CUDA_INT8=0");
+    }
 
     #[test]
     fn skipped_kernels_are_known_names() {
