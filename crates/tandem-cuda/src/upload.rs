@@ -213,7 +213,7 @@ impl CudaModel {
             let embeds = m.name == w.token_embd.name;
             let int8_fmt =
                 int8_format(m.ty).filter(|_| integer_route_offered(int8_enabled, embeds, multiplies, deterministic));
-            // The choice depends on whether the integer kernel was on offer (not for the embedding table).
+            // The choice depends on whether the integer kernel was on offer (`integer_route_offered`).
             let key = (suffix, m.rows, m.cols, int8_fmt.is_some());
             // The integer-route layout is made only where it may be read: to time this shape, because
             // its timing chose the integer kernel, or for a group's launch.

@@ -257,10 +257,6 @@ fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     Ok(())
 }
 
-/// Times the single-row matvec over matrices larger than L2 (four copies, rotated), the decode
-/// route's whole cost: weight bytes read once over elapsed time. 16384×8192 for every type, then the
-/// Llama-3-8B decode shapes (gate/up, down, q/o, q+k+v as one launch) for Q4_K, Q8_0 and F16, and
-/// Q4_K_M's Q6_K down and v.
 /// `n` device copies of a `rows × cols` matrix of type `ty`: 64 distinct quantized rows, tiled (real
 /// block contents, no hour of quantizing).
 fn tiled_weights(
@@ -281,6 +277,10 @@ fn tiled_weights(
     Ok((0..n).map(|_| gpu.upload(&host)).collect::<Result<_, _>>()?)
 }
 
+/// Times the single-row matvec over matrices larger than L2 (four copies, rotated), the decode
+/// route's whole cost: weight bytes read once over elapsed time. 16384×8192 for every type, then the
+/// Llama-3-8B decode shapes (gate/up, down, q/o, q+k+v as one launch) for Q4_K, Q8_0 and F16, and
+/// Q4_K_M's Q6_K down and v.
 fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut cases: Vec<(GgmlType, usize, usize)> = [
