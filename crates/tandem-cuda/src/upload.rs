@@ -210,10 +210,13 @@ impl CudaModel {
                     Some(F16Weights::Copy(dequant_f16(&gpu, suffix, &original, m.rows, m.cols)?))
                 }
             };
+            // The embedding kernels read the ggml layout: a table that is only an embedding never takes
+            // the integer route; one that is also the output projection (Gemma) keeps its rows for the
+            // embedding and gets a repacked copy for the head's matvec (one more copy of the table:
+            // 1.2 GB for the 27B, where the head read its 2.8 GB f16 copy through cuBLAS every token).
             let embeds = m.name == w.token_embd.name;
-            let int8_fmt =
-                int8_format(m.ty).filter(|_| integer_route_offered(int8_enabled, embeds, multiplies, deterministic));
-            // The choice depends on whether the integer kernel was on offer (`integer_route_offered`).
+            let int8_fmt = int8_format(m.ty).filter(|_| int8_enabled && multiplies);
+            // The choice depends on whether the integer kernel was on offer.
             let key = (suffix, m.rows, m.cols, int8_fmt.is_some());
             // The integer-route layout is made only where it may be read: to time this shape, because
             // its timing chose the integer kernel, or for a group's launch.
@@ -376,18 +379,6 @@ impl CudaModel {
     }
 }
 
-/// Whether a matrix's decode may take the integer route (when its type has one). The embedding
-/// kernels read the ggml layout: a table that is only an embedding never does; one that is also the
-/// output projection (`multiplies`, Gemma) keeps its rows for the embedding and gets a repacked copy
-/// for the head's matvec (one more copy of the table: 1.2 GB for the 27B, where the head otherwise
-/// read its 2.8 GB f16 copy through cuBLAS every token). Not in deterministic mode, whose every
-/// matmul takes the matvec route: there the batched integer kernel made scoring a 1,500-token prompt
-/// of gemma3-270m with all logits about 3x slower than the float kernel
-/// (docs/gpu-runs/2026-11-30-q6k, call e6).
-fn integer_route_offered(int8_enabled: bool, embeds: bool, multiplies: bool, deterministic: bool) -> bool {
-    int8_enabled && (!embeds || (multiplies && !deterministic))
-}
-
 /// Moves each layer's gate and up f16 copies into one allocation, gate's rows first, so that the
 /// feed-forward GEMM makes both products in one launch (`ffn.rs`). The same memory as two copies
 /// (one pair's worth more while it moves); F16 files keep their weights as the operand, and their
@@ -453,26 +444,6 @@ fn skipped_kernels(list: Option<&str>) -> Result<Vec<String>, CudaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_tied_embedding_table_takes_the_integer_route_as_the_head_outside_deterministic_mode() {
-        // (int8 enabled, embedding table, multiplies, deterministic) -> offered
-        assert!(integer_route_offered(true, false, true, false), "a layer's matrix");
-        assert!(
-            integer_route_offered(true, false, true, true),
-            "a layer's matrix, deterministic"
-        );
-        assert!(
-            !integer_route_offered(true, true, false, false),
-            "an embedding table only"
-        );
-        assert!(
-            integer_route_offered(true, true, true, false),
-            "a table tied to the output"
-        );
-        assert!(!integer_route_offered(true, true, true, true), "tied, deterministic");
-        assert!(!integer_route_offered(false, false, true, false), "TANDEM_CUDA_INT8=0");
-    }
 
     #[test]
     fn skipped_kernels_are_known_names() {
