@@ -237,7 +237,7 @@ __device__ __forceinline__ void q4k_accumulate(const Q4kLane& l, const Act& act,
 // Six bits per quant from a word of low nibbles (`ql >> nib`) and the matching 2-bit field of `qh`
 // (moved to bits 4-5 by `hshift`), minus 32, as four signed bytes. Each byte is 0..63, so the
 // subtraction runs on the word: with bit 7 set first, no byte borrows from the next, and flipping
-// bit 7 back gives the signed difference (what __vsubss4 gives here, where it takes about ten
+// bit 7 back gives the signed difference (what __vsubss4 gives here, where it takes about eight
 // instructions: sm_90 has no byte-wise subtract).
 __device__ __forceinline__ int q6_word(u32 ql, int nib, u32 qh, int hshift) {
     u32 lo = (ql >> nib) & 0x0F0F0F0Fu;
