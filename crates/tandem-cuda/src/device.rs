@@ -2,6 +2,7 @@
 //! `CudaError` naming what failed; nothing here panics on a missing driver or device.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use cudarc::nvrtc::Ptx;
 use crate::kv::KvLedger;
 use crate::nvrtc;
 use crate::programmatic;
+use crate::trace;
 use crate::CudaError;
 
 pub struct Gpu {
@@ -32,7 +34,9 @@ pub struct Gpu {
     functions: HashMap<String, CudaFunction>,
     /// Set while a decode graph is captured with programmatic edges (`programmatic`).
     programmatic_capture: AtomicBool,
-    _modules: Vec<Arc<CudaModule>>,
+    modules: Vec<Arc<CudaModule>>,
+    /// Where the kernel timeline goes (`TANDEM_CUDA_TRACE`; the kernels record it only then).
+    trace: Option<PathBuf>,
 }
 
 pub(crate) fn driver<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
@@ -85,8 +89,9 @@ impl Gpu {
         .max(1) as u32;
         let mut functions = HashMap::new();
         let mut modules = Vec::new();
+        let trace = trace::wanted();
         for file in nvrtc::ALL {
-            let bin = nvrtc::cubin(&file, &arch)?;
+            let bin = nvrtc::cubin(&file, &arch, trace.is_some())?;
             let module = driver(&format!("load {}", file.name), ctx.load_module(Ptx::from_binary(bin)))?;
             for name in kernel_names(file.body) {
                 let f = driver(&format!("load kernel {name}"), module.load_function(&name))?;
@@ -106,8 +111,16 @@ impl Gpu {
             kv_ledger: Arc::default(),
             functions,
             programmatic_capture: AtomicBool::new(false),
-            _modules: modules,
+            modules,
+            trace,
         })
+    }
+
+    /// Writes the kernel timeline where `TANDEM_CUDA_TRACE` says, when it is set: the path and the
+    /// number of launches recorded.
+    pub fn write_trace(&self) -> Option<Result<(PathBuf, usize), CudaError>> {
+        let path = self.trace.as_ref()?;
+        Some(trace::dump(&self.modules, &self.stream, path).map(|n| (path.clone(), n)))
     }
 
     pub fn function(&self, name: &str) -> Result<&CudaFunction, CudaError> {

@@ -36,6 +36,7 @@ mod profile;
 mod programmatic;
 pub mod routes;
 pub mod rows;
+mod trace;
 mod upload;
 
 pub use cudarc::driver::CudaSlice;

@@ -144,6 +144,11 @@ impl Drop for CudaModel {
         if let Some(p) = &self.profile {
             eprint!("{}", p.report());
         }
+        match self.gpu.write_trace() {
+            Some(Ok((path, n))) => eprintln!("gpu: kernel trace of {n} launches written to {}", path.display()),
+            Some(Err(e)) => eprintln!("gpu: kernel trace not written: {e}"),
+            None => {}
+        }
     }
 }
 

@@ -83,9 +83,15 @@ pub fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/tandem/kernels"))
 }
 
-/// The cubin for `file` on `arch`, from the disk cache or compiled now (and then cached).
-pub fn cubin(file: &KernelFile, arch: &str) -> Result<Vec<u8>, CudaError> {
-    let source = assemble(file);
+/// `assemble` with the kernel timeline compiled in (`trace.rs`).
+pub fn assemble_traced(file: &KernelFile) -> String {
+    format!("#define TANDEM_TRACE 1\n{}", assemble(file))
+}
+
+/// The cubin for `file` on `arch` (with the kernel timeline when `traced`), from the disk cache or
+/// compiled now (and then cached).
+pub fn cubin(file: &KernelFile, arch: &str, traced: bool) -> Result<Vec<u8>, CudaError> {
+    let source = if traced { assemble_traced(file) } else { assemble(file) };
     let key = cache_key(&source, arch);
     let path = cache_dir().map(|d| d.join(format!("{}-{arch}-{key}.cubin", file.name.trim_end_matches(".cu"))));
     if let Some(p) = &path {
@@ -199,6 +205,7 @@ mod tests {
         assert_eq!(k, cache_key(&s, "sm_90"));
         assert_ne!(k, cache_key(&s, "sm_89"));
         assert_ne!(k, cache_key(&format!("{s} "), "sm_90"));
+        assert_ne!(k, cache_key(&assemble_traced(&OPS), "sm_90"));
         assert_eq!(k.len(), 32);
     }
 
@@ -218,8 +225,8 @@ mod compile_tests {
 
     #[test]
     fn every_kernel_file_compiles_for_hopper() {
-        for f in ALL {
-            match compile(&assemble(&f), f.name, "sm_90") {
+        for (f, source) in ALL.iter().flat_map(|f| [(f, assemble(f)), (f, assemble_traced(f))]) {
+            match compile(&source, f.name, "sm_90") {
                 Ok(bin) => assert!(bin.len() > 1000, "{}: cubin of {} bytes", f.name, bin.len()),
                 Err(CudaError::Unavailable(why)) => {
                     assert!(std::env::var_os("TANDEM_REQUIRE_NVRTC").is_none(), "{why}");

@@ -10,7 +10,40 @@ typedef unsigned int u32;
 // all blocks of its predecessor have started, and this waits until the predecessor has finished and
 // its writes are visible. Before it, a kernel may only compute and read what no kernel writes (the
 // matvecs issue their first weight loads there). Launched the ordinary way, it returns at once.
-#if __CUDA_ARCH__ >= 900
+#if __CUDA_ARCH__ >= 900 && defined(TANDEM_TRACE)
+// The kernel timeline (`TANDEM_CUDA_TRACE`, `trace.rs`; a timing experiment, compiled only then):
+// block (0, 0, 0) of every launch records the global clock before and after its wait, its kernel's
+// name (a pointer to the device copy of `__func__`) and its grid, in a ring of TRACE_CAP records of
+// six words after a launch counter. The counter's atomic is taken before the wait, so only the
+// stores follow it. The release of a launch's wait is when the launch before it finished: the
+// differences between consecutive releases are what each kernel costs inside a replayed graph.
+#define TRACE_CAP (1 << 17)
+__device__ unsigned long long tandem_trace[1 + 6 * TRACE_CAP];
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void traced_wait(const char* kernel) {
+    bool lead = (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0;
+    unsigned long long t0 = 0, n = 0;
+    if (lead) {
+        t0 = global_ns();
+        n = atomicAdd(&tandem_trace[0], 1ull);
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (lead) {
+        unsigned long long* e = tandem_trace + 1 + 6 * (n % TRACE_CAP);
+        e[0] = t0;
+        e[1] = global_ns();
+        e[2] = (unsigned long long)kernel;
+        e[3] = gridDim.x | ((unsigned long long)gridDim.y << 32);
+        e[4] = gridDim.z | ((unsigned long long)blockDim.x << 32);
+        e[5] = n;
+    }
+}
+#define WAIT_PRIOR_GRID() traced_wait(__func__)
+#elif __CUDA_ARCH__ >= 900
 #define WAIT_PRIOR_GRID() asm volatile("griddepcontrol.wait;" ::: "memory")
 #else
 #define WAIT_PRIOR_GRID()

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Summarizes a kernel timeline written by `TANDEM_CUDA_TRACE=path` (crates/tandem-cuda/src/trace.rs).
+
+Each line is one launch as its block (0, 0, 0) saw it: the global clock when it reached its
+WAIT_PRIOR_GRID() and when the wait released it. A launch's wait is released once the launch before it
+has finished, so the gap from one release to the next is what a kernel cost inside the replayed graph
+(its own work plus the hand-over to the next). Gaps longer than --gap-us are time between passes (the
+host, a synchronization), not a kernel's, and are left out.
+
+    python3 scripts/trace_summary.py trace.tsv                 # the last 250 ms of the run
+    python3 scripts/trace_summary.py trace.tsv --window-ms 100 --gap-us 50
+"""
+import argparse
+import collections
+import sys
+
+
+def load(path):
+    rows = []
+    with open(path) as f:
+        header = f.readline().rstrip("\n").split("\t")
+        for line in f:
+            v = dict(zip(header, line.rstrip("\n").split("\t")))
+            rows.append((int(v["arrived_ns"]), int(v["released_ns"]), v["kernel"],
+                         f'{v["grid_x"]}x{v["grid_y"]}x{v["grid_z"]}'))
+    rows.sort(key=lambda r: (r[1], r[0]))
+    return rows
+
+
+def summarize(rows, window_ms, gap_us):
+    if len(rows) < 2:
+        return None
+    end = rows[-1][1]
+    rows = [r for r in rows if r[1] >= end - window_ms * 1e6]
+    spans = collections.defaultdict(list)
+    waits = collections.defaultdict(list)
+    passes, gap_ns, busy_ns = 1, 0, 0
+    for a, b in zip(rows, rows[1:]):
+        span = b[1] - a[1]
+        if span > gap_us * 1e3:
+            passes += 1
+            gap_ns += span
+            continue
+        key = (a[2], a[3])
+        spans[key].append(span)
+        waits[key].append(a[1] - a[0])
+        busy_ns += span
+    return spans, waits, passes, gap_ns, busy_ns, len(rows)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace")
+    ap.add_argument("--window-ms", type=float, default=250.0)
+    ap.add_argument("--gap-us", type=float, default=100.0)
+    args = ap.parse_args()
+    got = summarize(load(args.trace), args.window_ms, args.gap_us)
+    if got is None:
+        sys.exit("fewer than two launches in the trace")
+    spans, waits, passes, gap_ns, busy_ns, n = got
+    print(f"{n} launches in the last {args.window_ms:g} ms: {passes} passes, "
+          f"{busy_ns / passes / 1e3:.1f} us of kernels a pass, {gap_ns / max(passes - 1, 1) / 1e3:.1f} us "
+          f"between passes")
+    print()
+    print("| kernel | grid | launches a pass | us each (median) | us a pass | share | waited us (median) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    order = sorted(spans, key=lambda k: -sum(spans[k]))
+    for k in order:
+        s = sorted(spans[k])
+        w = sorted(waits[k])
+        total = sum(s)
+        print(f"| {k[0]} | {k[1]} | {len(s) / passes:.1f} | {s[len(s) // 2] / 1e3:.2f} | "
+              f"{total / passes / 1e3:.1f} | {100 * total / busy_ns:.1f}% | {w[len(w) // 2] / 1e3:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
