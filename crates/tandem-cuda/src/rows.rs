@@ -83,6 +83,49 @@ pub fn add_norm_rows_into(
     Ok(())
 }
 
+/// The decode route's `add_norm_to` kernel on `rows × width` rows, as a decode step launches it
+/// (`row_threads`) but writing only f32: `x += y` (normed by `post` when given; `y` absent: no add),
+/// then `out = norm(x) * weight` (`shape`: rows, width, eps). Public for `tandem gpu-check`.
+pub fn add_norm_to_into(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    y: Option<&CudaSlice<f32>>,
+    post: Option<&CudaSlice<f32>>,
+    weight: &CudaSlice<f32>,
+    shape: (usize, usize, f32),
+    out: &mut CudaSlice<f32>,
+) -> Result<(), CudaError> {
+    let (rows, width, eps) = shape;
+    if x.len() < rows * width || out.len() < rows * width || weight.len() < width {
+        return Err(CudaError::Driver {
+            what: "add_norm_to".into(),
+            err: format!("{rows} rows of {width}: buffers too short"),
+        });
+    }
+    let mut flags = RN_NORM;
+    if y.is_some() {
+        flags |= RN_ADD;
+    }
+    if post.is_some() {
+        flags |= RN_POST;
+    }
+    let (w, n_t) = (i32_of(width, "width")?, i32_of(rows, "rows")?);
+    let f = gpu.function("add_norm_to")?;
+    let mut b = gpu.launch_builder(f)?;
+    // Pointers the flags leave unread stand in for absent operands.
+    b.arg(x)
+        .arg(y.unwrap_or(x))
+        .arg(post.unwrap_or(weight))
+        .arg(&mut *out)
+        .arg(weight);
+    let no_quants = 0u64;
+    b.arg(&w).arg(&eps).arg(&flags).arg(&no_quants).arg(&n_t);
+    driver("add_norm_to", unsafe {
+        b.launch(launch_cfg((rows as u32, 1, 1), row_threads(width)))
+    })?;
+    Ok(())
+}
+
 impl CudaModel {
     /// One `add_norm_to` launch: `x += y` (normed by `post` when given) when `y` is given, then (when
     /// `norm` is given) a new activation `norm(x)`, also quantized when the matrices reading it take

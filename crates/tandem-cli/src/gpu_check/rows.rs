@@ -1,12 +1,13 @@
-//! The GEMM route's row kernels against f64 references on the host: `add_norm_rows` (the residual
-//! add, with and without a sandwich post-norm, and the next pre-norm written as f16) and `gated_pair`
+//! The row kernels against f64 references on the host: `add_norm_rows` (the GEMM route's residual
+//! add, with and without a sandwich post-norm, and the next pre-norm written as f16), the decode
+//! route's `add_norm_to` (the same, the pre-norm in f32) and `gated_pair`
 //! (SiLU and GELU gating of gate's and up's f16 products side by side). Fresh random inputs; the f16
 //! outputs poisoned with NaN first, so an unwritten element fails.
 
 use anyhow::Result;
 use half::f16;
 use tandem_cuda::ffn::gated_pair_into;
-use tandem_cuda::rows::add_norm_rows_into;
+use tandem_cuda::rows::{add_norm_rows_into, add_norm_to_into};
 use tandem_cuda::Gpu;
 use tandem_model::config::Activation;
 
@@ -17,14 +18,23 @@ const F16_BOUND: f64 = 2e-3;
 /// The residual stays f32: only the order of a few roundings differs from the reference.
 const F32_BOUND: f64 = 1e-6;
 const F16_NAN: u16 = 0x7e00;
+/// The f32 normed row: the scale's f32 sum over thousands of squares adds a few roundings.
+const F32_NORMED_BOUND: f64 = 1e-5;
 
 fn halves(bits: &[u16]) -> Vec<f32> {
     bits.iter().map(|&b| f16::from_bits(b).to_f32()).collect()
 }
 
 pub(super) fn row_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
-    // (rows, width, add, post): Llama's add + norm, Gemma-3-27B's sandwich norm, a first pre-norm.
-    for (rows, width, add, post) in [(37, 4096, true, false), (9, 5376, true, true), (5, 640, false, false)] {
+    // (rows, width, add, post): Llama's add + norm, Gemma-3-27B's sandwich norm, a first pre-norm,
+    // Llama-70B's width (the decode kernel's longest row in registers), Gemma 3 270M's.
+    for (rows, width, add, post) in [
+        (37, 4096, true, false),
+        (9, 5376, true, true),
+        (5, 640, false, false),
+        (2, 8192, true, false),
+        (3, 640, true, true),
+    ] {
         let eps = 1e-6f32;
         let mut normal = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| rng.normal() * s).collect() };
         let (x, y) = (normal(rows * width, 1.0), normal(rows * width, 0.5));
@@ -57,6 +67,21 @@ pub(super) fn row_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Resu
         let mut h = gpu.upload(&vec![F16_NAN; rows * width])?;
         let y_arg = add.then_some(&y_dev);
         let post_arg = post.then_some(&pw_dev);
+        // The decode route's kernel on its own copy of x, f32 out poisoned with NaN.
+        let x_decode = gpu.upload(&x)?;
+        let mut out = gpu.upload(&vec![f32::NAN; rows * width])?;
+        add_norm_to_into(gpu, &x_decode, y_arg, post_arg, &nw_dev, (rows, width, eps), &mut out)?;
+        let (err_xd, err_out) = (
+            rel_err(&gpu.download(&x_decode)?, &want_x),
+            rel_err(&gpu.download(&out)?, &want_h),
+        );
+        table.push(Row {
+            check: format!("add_norm_to {rows}x{width}, add {add}, post-norm {post}"),
+            result: format!(
+                "residual rel err {err_xd:.2e} (bound {F32_BOUND:.0e}); normed {err_out:.2e} (bound {F32_NORMED_BOUND:.0e})"
+            ),
+            pass: err_xd < F32_BOUND && err_out < F32_NORMED_BOUND,
+        });
         add_norm_rows_into(gpu, &x_dev, y_arg, post_arg, &nw_dev, (rows, width, eps), &mut h)?;
         let (err_x, err_h) = (
             rel_err(&gpu.download(&x_dev)?, &want_x),
