@@ -62,10 +62,10 @@ pub(crate) fn records(raw: &[u64]) -> Vec<Record> {
                 block: (e[4] >> 32) as u32,
             }
         })
-        // A record whose stores had not landed (a launch still running) carries its slot's old
-        // launch number.
+        // Each record ends with its launch's number plus one: a record whose stores had not landed
+        // (a launch still running) carries its slot's older number, or zero.
         .zip(first..count)
-        .filter(|(_, n)| body[(n % cap) * WORDS + 5] == *n as u64)
+        .filter(|(_, n)| body[(n % cap) * WORDS + 5] == *n as u64 + 1)
         .map(|(r, _)| r)
         .collect()
 }
@@ -143,7 +143,7 @@ mod tests {
         raw[0] = launches.len() as u64;
         for (n, &(t0, t1)) in launches.iter().enumerate() {
             let e = &mut raw[1 + (n % cap) * WORDS..][..WORDS];
-            e.copy_from_slice(&[t0, t1, 0xabc, 7 | (2 << 32), 1 | (128 << 32), n as u64]);
+            e.copy_from_slice(&[t0, t1, 0xabc, 7 | (2 << 32), 1 | (128 << 32), n as u64 + 1]);
         }
         raw
     }
@@ -164,6 +164,14 @@ mod tests {
         let mut raw = ring(4, &[(1, 2), (3, 4)]);
         raw[0] = 3; // a third launch took its number but has not stored its record
         assert_eq!(records(&raw).len(), 2);
+        // The first launch of all, unwritten, leaves a slot of zeros.
+        let mut first = ring(4, &[]);
+        first[0] = 1;
+        assert!(records(&first).is_empty());
+        // A wrapped slot still holding the launch before it (number 1 of a ring of 4, not 5).
+        let mut wrapped = ring(4, &[(1, 2), (3, 4), (5, 6), (7, 8)]);
+        wrapped[0] = 5;
+        assert_eq!(records(&wrapped).len(), 3);
         assert!(records(&[]).is_empty());
     }
 

@@ -13,8 +13,8 @@ typedef unsigned int u32;
 #if __CUDA_ARCH__ >= 900 && defined(TANDEM_TRACE)
 // The kernel timeline (`TANDEM_CUDA_TRACE`, `trace.rs`; a timing experiment, compiled only then):
 // block (0, 0, 0) of every launch records the global clock before and after its wait, its kernel's
-// name (a pointer to the device copy of `__func__`) and its grid, in a ring of TRACE_CAP records of
-// six words after a launch counter. The counter's atomic is taken before the wait, so only the
+// name (a pointer to the device copy of `__func__`), its grid and its launch number plus one, in a
+// ring of TRACE_CAP records of six words after a launch counter. The counter's atomic is taken before the wait, so only the
 // stores follow it. The release of a launch's wait is when the launch before it finished: the
 // differences between consecutive releases are what each kernel costs inside a replayed graph.
 #define TRACE_CAP (1 << 17)
@@ -39,7 +39,7 @@ __device__ __forceinline__ void traced_wait(const char* kernel) {
         e[2] = (unsigned long long)kernel;
         e[3] = gridDim.x | ((unsigned long long)gridDim.y << 32);
         e[4] = gridDim.z | ((unsigned long long)blockDim.x << 32);
-        e[5] = n;
+        e[5] = n + 1;  // the launch's number plus one: a slot still zero was never written
     }
 }
 #define WAIT_PRIOR_GRID() traced_wait(__func__)
