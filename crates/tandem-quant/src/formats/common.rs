@@ -35,10 +35,24 @@ pub(crate) fn via_f16(v: f32) -> f32 {
     f16::from_f32(v).to_f32()
 }
 
-/// ggml's `nearest_int`: round half to even (ggml's magic-number trick does the same in its valid range).
+/// ggml's `nearest_int`: round half to even. In ggml's range (|v| <= 2^22 - 1) by ggml's trick:
+/// adding 1.5 * 2^23 moves the value to where the float's step is 1, so the addition itself rounds
+/// it half to even and the integer sits in the low mantissa bits. `round_ties_even` gives the same
+/// integers but is a library call on the baseline x86-64 target (no SSE4.1 rounding instruction),
+/// which was a fifth of `tandem synth`'s time and kept the quantizers' loops from vectorizing.
+/// Outside that range the same trick in f64 (1.5 * 2^52) covers every value an i32 holds; beyond,
+/// a value is already whole and the cast saturates (NaN gives 0), as `round_ties_even() as i32` does.
+/// No branch calls the rounding intrinsic, which LLVM would otherwise compute on every path.
 #[inline]
 pub(crate) fn nearest_int(v: f32) -> i32 {
-    v.round_ties_even() as i32
+    if v.abs() <= 4_194_303.0 {
+        let bits = (v + 12_582_912.0).to_bits() as i32;
+        (bits & 0x007f_ffff) - 0x0040_0000
+    } else if v.abs() < 2_147_483_648.0 {
+        ((v as f64 + 6_755_399_441_055_744.0).to_bits() as i64 - 0x4338_0000_0000_0000) as i32
+    } else {
+        v as i32
+    }
 }
 
 /// The signed value of largest magnitude (first one on ties), as ggml's quantizers pick `max`.
@@ -91,7 +105,7 @@ pub(crate) fn pack_scale_min_k4(scales: &[u8; 8], mins: &[u8; 8]) -> [u8; 12] {
     q
 }
 
-/// ggml's `make_qkx2_quants`: finds `scale` and `min` so that `x[i] ≈ scale * L[i] - min` with
+/// ggml's `make_qkx2_quants`: an asymmetric scale and min for `x[i] ≈ scale * L[i] - min` with
 /// `L[i]` in `0..=nmax`, minimising the weighted error (squared, or absolute with `use_mad`) over a
 /// small grid of trial scales. Returns `(scale, min)` where `min >= 0` is the amount subtracted.
 #[allow(clippy::too_many_arguments)]
@@ -105,67 +119,124 @@ pub(crate) fn make_qkx2_quants(
     nstep: i32,
     use_mad: bool,
 ) -> (f32, f32) {
+    let xs: Vec<[f32; 1]> = x.iter().map(|&v| [v]).collect();
+    let ws: Vec<[f32; 1]> = weights.iter().map(|&v| [v]).collect();
+    let mut ls = vec![[0u8; 1]; x.len()];
+    let (scale, min) = make_qkx2_quants_lanes(nmax, &xs, &ws, &mut ls, rmin, rdelta, nstep, use_mad);
+    for (o, l) in l_out.iter_mut().zip(&ls) {
+        *o = l[0];
+    }
+    (scale[0], min[0])
+}
+
+/// `make_qkx2_quants` for `L` independent groups at once (`x[i][k]`: element i of group k). Each
+/// group's arithmetic is the single group's, in the same order, so the results are the same bits;
+/// what changes is that the L groups' sums, each a chain of dependent float additions, interleave
+/// (one group alone waits on every addition's latency, which made this most of `tandem synth`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn make_qkx2_quants_lanes<const L: usize>(
+    nmax: i32,
+    x: &[[f32; L]],
+    weights: &[[f32; L]],
+    l_out: &mut [[u8; L]],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> ([f32; L], [f32; L]) {
     let n = x.len();
     let err = |d: f32| if use_mad { d.abs() } else { d * d };
+    let quant = |iscale: f32, v: f32, min: f32| nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
     let mut min = x[0];
     let mut max = x[0];
     let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
+    let mut sum_x = [0f32; L];
+    for k in 0..L {
+        sum_x[k] = sum_w[k] * x[0][k];
+    }
     for i in 1..n {
-        min = min.min(x[i]);
-        max = max.max(x[i]);
-        sum_w += weights[i];
-        sum_x += weights[i] * x[i];
+        for k in 0..L {
+            min[k] = min[k].min(x[i][k]);
+            max[k] = max[k].max(x[i][k]);
+            sum_w[k] += weights[i][k];
+            sum_x[k] += weights[i][k] * x[i][k];
+        }
     }
-    if min > 0.0 {
-        min = 0.0;
+    let mut scale = [0f32; L];
+    let mut best_error = [0f32; L];
+    let mut iscale = [0f32; L];
+    let mut flat = [false; L];
+    for k in 0..L {
+        if min[k] > 0.0 {
+            min[k] = 0.0;
+        }
+        flat[k] = max[k] == min[k];
+        iscale[k] = nmax as f32 / (max[k] - min[k]);
+        scale[k] = 1.0 / iscale[k];
     }
-    if max == min {
-        l_out.fill(0);
-        return (0.0, -min);
-    }
-    let mut iscale = nmax as f32 / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0.0f32;
     for i in 0..n {
-        let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-        l_out[i] = l as u8;
-        best_error += weights[i] * err(scale * l as f32 + min - x[i]);
+        for k in 0..L {
+            let l = quant(iscale[k], x[i][k], min[k]);
+            l_out[i][k] = l;
+            best_error[k] += weights[i][k] * err(scale[k] * l as f32 + min[k] - x[i][k]);
+        }
     }
-    let mut laux = [0u8; 32];
+    let mut laux = [[0u8; L]; 32];
     let laux = &mut laux[..n];
     for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
-        for i in 0..n {
-            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-            laux[i] = l as u8;
-            let (w, lf) = (weights[i], l as f32);
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
+        let (mut sum_l, mut sum_l2, mut sum_xl) = ([0f32; L], [0f32; L], [0f32; L]);
+        for k in 0..L {
+            iscale[k] = (rmin + rdelta * is as f32 + nmax as f32) / (max[k] - min[k]);
         }
-        let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
+        for i in 0..n {
+            for k in 0..L {
+                let l = quant(iscale[k], x[i][k], min[k]);
+                laux[i][k] = l;
+                let (w, lf) = (weights[i][k], l as f32);
+                sum_l[k] += w * lf;
+                sum_l2[k] += w * lf * lf;
+                sum_xl[k] += w * lf * x[i][k];
             }
-            let mut cur_error = 0.0f32;
-            for i in 0..n {
-                cur_error += weights[i] * err(this_scale * laux[i] as f32 + this_min - x[i]);
+        }
+        let (mut this_scale, mut this_min, mut cur_error) = ([0f32; L], [0f32; L], [0f32; L]);
+        let mut tried = [false; L];
+        for k in 0..L {
+            let det = sum_w[k] * sum_l2[k] - sum_l[k] * sum_l[k];
+            tried[k] = det > 0.0;
+            this_scale[k] = (sum_w[k] * sum_xl[k] - sum_x[k] * sum_l[k]) / det;
+            this_min[k] = (sum_l2[k] * sum_x[k] - sum_l[k] * sum_xl[k]) / det;
+            if this_min[k] > 0.0 {
+                this_min[k] = 0.0;
+                this_scale[k] = sum_xl[k] / sum_l2[k];
             }
-            if cur_error < best_error {
-                l_out.copy_from_slice(laux);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
+        }
+        for i in 0..n {
+            for k in 0..L {
+                cur_error[k] += weights[i][k] * err(this_scale[k] * laux[i][k] as f32 + this_min[k] - x[i][k]);
+            }
+        }
+        for k in 0..L {
+            if tried[k] && cur_error[k] < best_error[k] {
+                for (o, a) in l_out.iter_mut().zip(laux.iter()) {
+                    o[k] = a[k];
+                }
+                best_error[k] = cur_error[k];
+                scale[k] = this_scale[k];
+                min[k] = this_min[k];
             }
         }
     }
-    (scale, -min)
+    for k in 0..L {
+        // A group of one value: all quants 0 and that value as the min (the trials above divided by
+        // zero and adopted nothing).
+        if flat[k] {
+            for o in l_out.iter_mut() {
+                o[k] = 0;
+            }
+            scale[k] = 0.0;
+        }
+    }
+    (scale, min.map(|m| -m))
 }
 
 /// ggml's `make_qx_quants` with `rmse_type = 1` and no importance weights: a symmetric scale for
@@ -288,11 +359,181 @@ mod tests {
         }
     }
 
+    /// The one-group `make_qkx2_quants` as it was written before the lanes (ggml's loop, line by line):
+    /// finds `scale` and `min` so that `x[i] ≈ scale * L[i] - min` with
+    /// `L[i]` in `0..=nmax`, minimising the weighted error (squared, or absolute with `use_mad`) over a
+    /// small grid of trial scales. Returns `(scale, min)` where `min >= 0` is the amount subtracted.
+    #[allow(clippy::too_many_arguments)]
+    fn reference_qkx2(
+        nmax: i32,
+        x: &[f32],
+        weights: &[f32],
+        l_out: &mut [u8],
+        rmin: f32,
+        rdelta: f32,
+        nstep: i32,
+        use_mad: bool,
+    ) -> (f32, f32) {
+        let n = x.len();
+        let err = |d: f32| if use_mad { d.abs() } else { d * d };
+        let mut min = x[0];
+        let mut max = x[0];
+        let mut sum_w = weights[0];
+        let mut sum_x = sum_w * x[0];
+        for i in 1..n {
+            min = min.min(x[i]);
+            max = max.max(x[i]);
+            sum_w += weights[i];
+            sum_x += weights[i] * x[i];
+        }
+        if min > 0.0 {
+            min = 0.0;
+        }
+        if max == min {
+            l_out.fill(0);
+            return (0.0, -min);
+        }
+        let mut iscale = nmax as f32 / (max - min);
+        let mut scale = 1.0 / iscale;
+        let mut best_error = 0.0f32;
+        for i in 0..n {
+            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            l_out[i] = l as u8;
+            best_error += weights[i] * err(scale * l as f32 + min - x[i]);
+        }
+        let mut laux = [0u8; 32];
+        let laux = &mut laux[..n];
+        for is in 0..=nstep {
+            iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+            let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+            for i in 0..n {
+                let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+                laux[i] = l as u8;
+                let (w, lf) = (weights[i], l as f32);
+                sum_l += w * lf;
+                sum_l2 += w * lf * lf;
+                sum_xl += w * lf * x[i];
+            }
+            let det = sum_w * sum_l2 - sum_l * sum_l;
+            if det > 0.0 {
+                let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+                let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+                if this_min > 0.0 {
+                    this_min = 0.0;
+                    this_scale = sum_xl / sum_l2;
+                }
+                let mut cur_error = 0.0f32;
+                for i in 0..n {
+                    cur_error += weights[i] * err(this_scale * laux[i] as f32 + this_min - x[i]);
+                }
+                if cur_error < best_error {
+                    l_out.copy_from_slice(laux);
+                    best_error = cur_error;
+                    scale = this_scale;
+                    min = this_min;
+                }
+            }
+        }
+        (scale, -min)
+    }
+
+    #[test]
+    fn qkx2_lanes_give_the_one_group_bits() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        // (elements, nmax, rmin, nstep, use_mad): Q4_K, Q5_K, Q2_K.
+        for (n, nmax, rmin, nstep, mad) in [
+            (32, 15, -1.0, 20, false),
+            (32, 31, -0.5, 15, false),
+            (16, 3, -0.5, 15, true),
+        ] {
+            for round in 0..200 {
+                let mut x = [[0f32; 8]; 32];
+                let mut w = [[0f32; 8]; 32];
+                for k in 0..8 {
+                    // Lane kinds: spread, all negative, all positive, one value (flat), tiny.
+                    let (shift, scale, flat) = match (round + k) % 5 {
+                        0 => (0.0, 3.0, false),
+                        1 => (-2.0, 1.0, false),
+                        2 => (2.0, 1.0, false),
+                        3 => (-0.5, 0.0, true),
+                        _ => (0.0, 1e-6, false),
+                    };
+                    for i in 0..n {
+                        x[i][k] = if flat { shift } else { shift + scale * next() };
+                        w[i][k] = 0.5 + next().abs();
+                    }
+                }
+                let mut lanes = [[0u8; 8]; 32];
+                let (sc, mn) = make_qkx2_quants_lanes(nmax, &x[..n], &w[..n], &mut lanes[..n], rmin, 0.1, nstep, mad);
+                for k in 0..8 {
+                    let xs: Vec<f32> = (0..n).map(|i| x[i][k]).collect();
+                    let ws: Vec<f32> = (0..n).map(|i| w[i][k]).collect();
+                    let mut want = vec![0u8; n];
+                    let (s1, m1) = reference_qkx2(nmax, &xs, &ws, &mut want, rmin, 0.1, nstep, mad);
+                    assert_eq!(
+                        (sc[k].to_bits(), mn[k].to_bits()),
+                        (s1.to_bits(), m1.to_bits()),
+                        "lane {k}"
+                    );
+                    assert_eq!((0..n).map(|i| lanes[i][k]).collect::<Vec<_>>(), want, "lane {k}");
+                    let mut one = vec![0u8; n];
+                    let (s2, m2) = make_qkx2_quants(nmax, &xs, &ws, &mut one, rmin, 0.1, nstep, mad);
+                    assert_eq!((s2.to_bits(), m2.to_bits(), one), (s1.to_bits(), m1.to_bits(), want));
+                }
+            }
+        }
+    }
+
     #[test]
     fn nearest_int_rounds_half_to_even() {
         assert_eq!(nearest_int(0.5), 0);
         assert_eq!(nearest_int(1.5), 2);
         assert_eq!(nearest_int(-2.5), -2);
         assert_eq!(nearest_int(-2.6), -3);
+        assert_eq!(nearest_int(f32::NAN), 0);
+        assert_eq!(nearest_int(f32::INFINITY), i32::MAX);
+        assert_eq!(nearest_int(1e9), 1_000_000_000);
+        assert_eq!(nearest_int(-4_194_303.5), -4_194_304);
+    }
+
+    #[test]
+    fn nearest_int_matches_round_ties_even() {
+        // Every half and quarter step over the quantizers' range, the edges of the trick's range,
+        // and a sweep of values of every magnitude.
+        let mut vs: Vec<f32> = (-2048..=2048).map(|i| i as f32 * 0.25).collect();
+        vs.extend([
+            4_194_303.0,
+            -4_194_303.0,
+            4_194_302.5,
+            -4_194_302.5,
+            4_194_304.0,
+            0.49999997,
+            -0.0,
+        ]);
+        vs.extend([
+            4_194_303.5,
+            -4_194_304.5,
+            8_388_607.5,
+            2_147_483_520.0,
+            -2_147_483_648.0,
+            3e9,
+            -3e9,
+        ]);
+        vs.extend([f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN]);
+        let mut bits = 0x3000_0000u32;
+        while bits < 0x5000_0000 {
+            vs.push(f32::from_bits(bits));
+            vs.push(-f32::from_bits(bits));
+            bits += 0x1357;
+        }
+        for v in vs {
+            assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v}");
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! Element = `d * scale * q - dmin * min`.
 
 use super::common::{
-    arrays, get_f16, get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, put_f16, via_f16,
+    arrays, get_f16, get_scale_min_k4, make_qkx2_quants_lanes, nearest_int, pack_scale_min_k4, put_f16, via_f16,
 };
 
 pub const BLOCK_ELEMS: usize = 256;
@@ -39,17 +39,23 @@ pub(crate) fn quantize_scales_mins(
     scales_out: &mut [u8; 12],
 ) -> [u8; 256] {
     let mut l = [0u8; 256];
-    let mut scales = [0f32; 8];
-    let mut mins = [0f32; 8];
-    let mut weights = [0f32; 32];
+    // The eight sub-blocks side by side (`xt[i][j]`: element i of sub-block j), one lane each.
+    let mut xt = [[0f32; 8]; 32];
+    let mut weights = [[0f32; 8]; 32];
     for j in 0..8 {
         let xs = &x[32 * j..32 * j + 32];
         let av_x = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
-        for (w, v) in weights.iter_mut().zip(xs) {
-            *w = av_x + v.abs();
+        for (i, v) in xs.iter().enumerate() {
+            xt[i][j] = *v;
+            weights[i][j] = av_x + v.abs();
         }
-        let ls = &mut l[32 * j..32 * j + 32];
-        (scales[j], mins[j]) = make_qkx2_quants(nmax, xs, &weights, ls, rmin, 0.1, nstep, false);
+    }
+    let mut lt = [[0u8; 8]; 32];
+    let (scales, mins) = make_qkx2_quants_lanes(nmax, &xt, &weights, &mut lt, rmin, 0.1, nstep, false);
+    for (i, row) in lt.iter().enumerate() {
+        for (j, &q) in row.iter().enumerate() {
+            l[32 * j + i] = q;
+        }
     }
     let max_scale = scales.iter().fold(0f32, |a, &s| a.max(s));
     let max_min = mins.iter().fold(0f32, |a, &m| a.max(m));
