@@ -239,46 +239,70 @@ pub(crate) fn make_qkx2_quants_lanes<const L: usize>(
     (scale, min.map(|m| -m))
 }
 
-/// ggml's `make_qx_quants` with `rmse_type = 1` and no importance weights: a symmetric scale for
-/// `x[i] ≈ scale * (L[i] - nmax)` with `L[i]` in `0..2*nmax`, refined over 18 trial scales by
-/// x²-weighted least squares. Returns the scale (0 and all `L = 0` for an all-zero group).
-pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
-    let max = signed_absmax(x);
-    if max.abs() < GROUP_MAX_EPS {
-        l_out.fill(0);
-        return 0.0;
-    }
+/// ggml's `make_qx_quants` with `rmse_type = 1` and no importance weights, for `L` independent
+/// groups at once (`x[i][k]`: element i of group k): a symmetric scale for `x[i] ≈ scale * (L[i] -
+/// nmax)` with `L[i]` in `0..2*nmax`, refined over 18 trial scales by x²-weighted least squares.
+/// Returns each group's scale (0 and all `L = 0` for an all-zero group). Each group's arithmetic
+/// is the single group's, in the same order (the same bits); the groups' dependent sums interleave
+/// (see `make_qkx2_quants_lanes`). Groups of at most 32.
+pub(crate) fn make_qx_quants_lanes<const L: usize>(nmax: i32, x: &[[f32; L]], l_out: &mut [[i8; L]]) -> [f32; L] {
+    let n = x.len();
     let nmaxf = nmax as f32;
     let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
-    let sums = |iscale: f32| {
-        let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-        for &v in x {
-            let l = quant(iscale, v) as f32;
-            let w = v * v;
-            sumlx += w * v * l;
-            suml2 += w * l * l;
+    let mut max = [0f32; L];
+    let mut zero = [false; L];
+    for k in 0..L {
+        let column: [f32; 32] = std::array::from_fn(|i| if i < n { x[i][k] } else { 0.0 });
+        max[k] = signed_absmax(&column[..n]);
+        zero[k] = max[k].abs() < GROUP_MAX_EPS;
+    }
+    // One trial scale per group: its quants (offset by nmax, as stored) and sums.
+    let mut laux = [[0i8; L]; 32];
+    let laux = &mut laux[..n];
+    let trial = |iscale: &[f32; L], laux: &mut [[i8; L]]| {
+        let (mut sumlx, mut suml2) = ([0f32; L], [0f32; L]);
+        for i in 0..n {
+            for k in 0..L {
+                let v = x[i][k];
+                let l = quant(iscale[k], v);
+                laux[i][k] = (l + nmax) as i8;
+                let (w, lf) = (v * v, l as f32);
+                sumlx[k] += w * v * lf;
+                suml2[k] += w * lf * lf;
+            }
         }
         (sumlx, suml2)
     };
-    let mut iscale = -nmaxf / max;
-    for (o, &v) in l_out.iter_mut().zip(x) {
-        *o = (quant(iscale, v) + nmax) as i8;
+    let (mut scale, mut best) = ([0f32; L], [0f32; L]);
+    let iscale: [f32; L] = std::array::from_fn(|k| -nmaxf / max[k]);
+    let (sumlx, suml2) = trial(&iscale, laux);
+    l_out.copy_from_slice(laux);
+    for k in 0..L {
+        scale[k] = if suml2[k] != 0.0 { sumlx[k] / suml2[k] } else { 0.0 };
+        best[k] = scale[k] * sumlx[k];
     }
-    let (sumlx, suml2) = sums(iscale);
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    let mut best = scale * sumlx;
     for is in -9..=9 {
         if is == 0 {
             continue;
         }
-        iscale = -(nmaxf + 0.1 * is as f32) / max;
-        let (sumlx, suml2) = sums(iscale);
-        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
-            for (o, &v) in l_out.iter_mut().zip(x) {
-                *o = (quant(iscale, v) + nmax) as i8;
+        let iscale: [f32; L] = std::array::from_fn(|k| -(nmaxf + 0.1 * is as f32) / max[k]);
+        let (sumlx, suml2) = trial(&iscale, laux);
+        for k in 0..L {
+            if suml2[k] > 0.0 && sumlx[k] * sumlx[k] > best[k] * suml2[k] {
+                for (o, a) in l_out.iter_mut().zip(laux.iter()) {
+                    o[k] = a[k];
+                }
+                scale[k] = sumlx[k] / suml2[k];
+                best[k] = scale[k] * sumlx[k];
             }
-            scale = sumlx / suml2;
-            best = scale * sumlx;
+        }
+    }
+    for k in 0..L {
+        if zero[k] {
+            for o in l_out.iter_mut() {
+                o[k] = 0;
+            }
+            scale[k] = 0.0;
         }
     }
     scale
@@ -485,6 +509,93 @@ mod tests {
                     let mut one = vec![0u8; n];
                     let (s2, m2) = make_qkx2_quants(nmax, &xs, &ws, &mut one, rmin, 0.1, nstep, mad);
                     assert_eq!((s2.to_bits(), m2.to_bits(), one), (s1.to_bits(), m1.to_bits(), want));
+                }
+            }
+        }
+    }
+
+    /// The one-group `make_qx_quants` as it was written before the lanes: ggml's `make_qx_quants` with `rmse_type = 1` and no importance weights: a symmetric scale for
+    /// `x[i] ≈ scale * (L[i] - nmax)` with `L[i]` in `0..2*nmax`, refined over 18 trial scales by
+    /// x²-weighted least squares. Returns the scale (0 and all `L = 0` for an all-zero group).
+    fn reference_qx(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+        let max = signed_absmax(x);
+        if max.abs() < GROUP_MAX_EPS {
+            l_out.fill(0);
+            return 0.0;
+        }
+        let nmaxf = nmax as f32;
+        let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+        let sums = |iscale: f32| {
+            let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+            for &v in x {
+                let l = quant(iscale, v) as f32;
+                let w = v * v;
+                sumlx += w * v * l;
+                suml2 += w * l * l;
+            }
+            (sumlx, suml2)
+        };
+        let mut iscale = -nmaxf / max;
+        for (o, &v) in l_out.iter_mut().zip(x) {
+            *o = (quant(iscale, v) + nmax) as i8;
+        }
+        let (sumlx, suml2) = sums(iscale);
+        let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+        let mut best = scale * sumlx;
+        for is in -9..=9 {
+            if is == 0 {
+                continue;
+            }
+            iscale = -(nmaxf + 0.1 * is as f32) / max;
+            let (sumlx, suml2) = sums(iscale);
+            if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+                for (o, &v) in l_out.iter_mut().zip(x) {
+                    *o = (quant(iscale, v) + nmax) as i8;
+                }
+                scale = sumlx / suml2;
+                best = scale * sumlx;
+            }
+        }
+        scale
+    }
+
+    #[test]
+    fn qx_lanes_give_the_one_group_bits() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        for (n, nmax) in [(16, 32), (16, 4), (32, 32)] {
+            for round in 0..200 {
+                let mut x = [[0f32; 16]; 32];
+                for k in 0..16 {
+                    // Lane kinds: spread, one-signed, all zero, tiny (under GROUP_MAX_EPS), one value.
+                    let (shift, scale) = match (round + k) % 5 {
+                        0 => (0.0, 3.0),
+                        1 => (-2.0, 1.0),
+                        2 => (0.0, 0.0),
+                        3 => (0.0, 1e-20),
+                        _ => (0.75, 0.0),
+                    };
+                    for row in x.iter_mut().take(n) {
+                        row[k] = shift + scale * next();
+                    }
+                }
+                let mut lanes = [[0i8; 16]; 32];
+                let sc = make_qx_quants_lanes(nmax, &x[..n], &mut lanes[..n]);
+                for k in 0..16 {
+                    let xs: Vec<f32> = (0..n).map(|i| x[i][k]).collect();
+                    let mut want = vec![0i8; n];
+                    let s1 = reference_qx(nmax, &xs, &mut want);
+                    assert_eq!(sc[k].to_bits(), s1.to_bits(), "lane {k}");
+                    assert_eq!((0..n).map(|i| lanes[i][k]).collect::<Vec<_>>(), want, "lane {k}");
+                    let column: Vec<[f32; 1]> = xs.iter().map(|&v| [v]).collect();
+                    let mut one = vec![[0i8; 1]; n];
+                    assert_eq!(make_qx_quants_lanes(nmax, &column, &mut one)[0].to_bits(), s1.to_bits());
+                    assert_eq!(one.iter().map(|l| l[0]).collect::<Vec<_>>(), want);
                 }
             }
         }

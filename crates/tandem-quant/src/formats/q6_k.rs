@@ -5,7 +5,7 @@
 //! k=0: `ql[l] & 0xF`, k=1: `ql[l + 32] & 0xF`, k=2: `ql[l] >> 4`, k=3: `ql[l + 32] >> 4`, each
 //! with high bits `(qh[l] >> 2k) & 3` on top (bits 4..6). Element = `d * scale * (q - 32)`.
 
-use super::common::{arrays, get_f16, make_qx_quants, nearest_int, put_f16, via_f16, GROUP_MAX_EPS};
+use super::common::{arrays, get_f16, make_qx_quants_lanes, nearest_int, put_f16, via_f16, GROUP_MAX_EPS};
 
 pub const BLOCK_ELEMS: usize = 256;
 pub const BLOCK_BYTES: usize = 210;
@@ -31,18 +31,25 @@ pub fn dequantize_block(block: &[u8], out: &mut [f32]) {
     }
 }
 
-/// ggml's `quantize_row_q6_K_ref`: per sub-block scales by `make_qx_quants`, quantized to 8 bits
+/// ggml's `quantize_row_q6_K_ref`: per sub-block scales by `make_qx_quants` (`make_qx_quants_lanes`), quantized to 8 bits
 /// against the scale of largest magnitude (`d = max_scale / -128`), then quants re-derived.
 pub fn quantize_block(x: &[f32], out: &mut [u8]) {
     let (x, b) = arrays::<_, _, BLOCK_ELEMS, BLOCK_BYTES>(x, out);
     let mut l = [0i8; 256];
-    let mut scales = [0f32; 16];
     let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
-    for j in 0..16 {
-        scales[j] = make_qx_quants(32, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
-        if scales[j].abs() > max_abs_scale {
-            max_abs_scale = scales[j].abs();
-            max_scale = scales[j];
+    // The sixteen groups side by side (`xt[i][j]`: element i of group j), one lane each.
+    let xt: [[f32; 16]; 16] = std::array::from_fn(|i| std::array::from_fn(|j| x[16 * j + i]));
+    let mut lt = [[0i8; 16]; 16];
+    let scales = make_qx_quants_lanes(32, &xt, &mut lt);
+    for (i, row) in lt.iter().enumerate() {
+        for (j, &q) in row.iter().enumerate() {
+            l[16 * j + i] = q;
+        }
+    }
+    for &s in &scales {
+        if s.abs() > max_abs_scale {
+            max_abs_scale = s.abs();
+            max_scale = s;
         }
     }
     b.fill(0);
