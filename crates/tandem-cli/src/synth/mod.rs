@@ -201,4 +201,52 @@ mod tests {
         assert_eq!(gpt2_byte_char(b' '), 'Ġ');
         assert_eq!(gpt2_byte_char(b'\n'), 'Ċ');
     }
+    /// The bytes of a small model with whole K-quant rows (256 wide), pinned: the same seed must give
+    /// the same file in every version (the synthetic models are compared across sessions and with
+    /// llama.cpp by their bytes). Pinned from 9e3a682, before the quantizers were rewritten for speed.
+    #[test]
+    fn the_same_seed_gives_the_pinned_bytes() {
+        use sha2::{Digest, Sha256};
+        let shape = Shape {
+            name: "pin-256",
+            n_vocab: 512,
+            d_model: 256,
+            n_layer: 2,
+            n_head: 4,
+            n_kv_head: 2,
+            head_dim: 64,
+            d_ff: 512,
+            ..shapes::SHAPES[0].clone()
+        };
+        let dir = std::env::temp_dir().join(format!("tandem-synth-pin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut got = Vec::new();
+        for mix in ["q4_k_m", "q5_k_m", "q2_k", "q3_k", "q6_k", "q8_0"] {
+            let opts = SynthOptions {
+                shape: &shape,
+                mix: QuantMix::parse(mix).unwrap(),
+                seed: 7,
+                no_vocab: true,
+                progress: false,
+            };
+            let path = dir.join(format!("{mix}.gguf"));
+            write(&opts, &path).unwrap();
+            let digest = Sha256::digest(std::fs::read(&path).unwrap());
+            got.push(format!(
+                "{mix} {}",
+                digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>()
+            ));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(got, PINNED);
+    }
+
+    const PINNED: [&str; 6] = [
+        "q4_k_m 34800bbbe0afa0b2",
+        "q5_k_m f2e6c461e0c16958",
+        "q2_k cbfc67e6640ae91c",
+        "q3_k 061b41a6b819abde",
+        "q6_k c6276623d520c88a",
+        "q8_0 c67aab9349f23a37",
+    ];
 }
