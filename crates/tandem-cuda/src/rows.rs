@@ -37,6 +37,12 @@ const RNR_VECS: usize = 8;
 /// Heads one `rope` thread rotates (`ROPE_HEADS` in `kernels/ops.cu`).
 const ROPE_HEADS: usize = 8;
 
+/// The residual half of the row kernels' flags: an add when there is a `y`, normed by a post-norm
+/// when there is one.
+fn residual_flags(add: bool, post: bool) -> i32 {
+    (if add { RN_ADD } else { 0 }) | (if post { RN_POST } else { 0 })
+}
+
 /// The kernels' flag for writing activations quantized as `fmt`.
 pub(crate) fn quant_flag(fmt: ActQuant) -> i32 {
     match fmt {
@@ -64,13 +70,7 @@ pub fn add_norm_rows_into(
             err: format!("{rows} rows of {width} (a multiple of 4, at most {})", 1024 * RNR_VECS),
         });
     }
-    let mut flags = RN_NORM;
-    if y.is_some() {
-        flags |= RN_ADD;
-    }
-    if post.is_some() {
-        flags |= RN_POST;
-    }
+    let flags = RN_NORM | residual_flags(y.is_some(), post.is_some());
     let w = i32_of(width, "width")?;
     let f = gpu.function("add_norm_rows")?;
     let mut b = gpu.launch_builder(f)?;
@@ -102,13 +102,7 @@ pub fn add_norm_to_into(
             err: format!("{rows} rows of {width}: buffers too short"),
         });
     }
-    let mut flags = RN_NORM;
-    if y.is_some() {
-        flags |= RN_ADD;
-    }
-    if post.is_some() {
-        flags |= RN_POST;
-    }
+    let flags = RN_NORM | residual_flags(y.is_some(), post.is_some());
     let (w, n_t) = (i32_of(width, "width")?, i32_of(rows, "rows")?);
     let f = gpu.function("add_norm_to")?;
     let mut b = gpu.launch_builder(f)?;
@@ -164,13 +158,7 @@ impl CudaModel {
             let quant = first_reader
                 .and_then(|reader| self.int8_input(reader, x.rows))
                 .filter(|&fmt| fmt != ActQuant::Q8K || x.width <= RN_MAX_Q8K_WIDTH);
-            let mut flags = 0;
-            if y.is_some() {
-                flags |= RN_ADD;
-            }
-            if post.is_some() {
-                flags |= RN_POST;
-            }
+            let mut flags = residual_flags(y.is_some(), post.is_some());
             if norm.is_some() {
                 flags |= RN_NORM;
             }
@@ -365,6 +353,14 @@ impl CudaModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn residual_flags_name_the_add_and_the_post_norm() {
+        assert_eq!(residual_flags(false, false), 0);
+        assert_eq!(residual_flags(true, false), RN_ADD);
+        assert_eq!(residual_flags(true, true), RN_ADD | RN_POST);
+        assert_eq!(RN_NORM | residual_flags(false, true), RN_NORM | RN_POST);
+    }
 
     #[test]
     fn row_kernel_constants_match_the_kernels() {
