@@ -119,11 +119,13 @@ pub(crate) fn make_qkx2_quants(
     nstep: i32,
     use_mad: bool,
 ) -> (f32, f32) {
-    let xs: Vec<[f32; 1]> = x.iter().map(|&v| [v]).collect();
-    let ws: Vec<[f32; 1]> = weights.iter().map(|&v| [v]).collect();
-    let mut ls = vec![[0u8; 1]; x.len()];
-    let (scale, min) = make_qkx2_quants_lanes(nmax, &xs, &ws, &mut ls, rmin, rdelta, nstep, use_mad);
-    for (o, l) in l_out.iter_mut().zip(&ls) {
+    // One lane (groups hold at most 32 elements).
+    let n = x.len();
+    let xs: [[f32; 1]; 32] = std::array::from_fn(|i| [if i < n { x[i] } else { 0.0 }]);
+    let ws: [[f32; 1]; 32] = std::array::from_fn(|i| [if i < n { weights[i] } else { 0.0 }]);
+    let mut ls = [[0u8; 1]; 32];
+    let (scale, min) = make_qkx2_quants_lanes(nmax, &xs[..n], &ws[..n], &mut ls[..n], rmin, rdelta, nstep, use_mad);
+    for (o, l) in l_out.iter_mut().zip(&ls[..n]) {
         *o = l[0];
     }
     (scale[0], min[0])
