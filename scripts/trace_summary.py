@@ -9,6 +9,11 @@ host, a synchronization), not a kernel's, and are left out.
 
     python3 scripts/trace_summary.py trace.tsv                 # the last 250 ms of the run
     python3 scripts/trace_summary.py trace.tsv --window-ms 100 --gap-us 50
+    python3 scripts/trace_summary.py trace.tsv --sequence 24   # also the pass's first 24 launches
+
+A replayed decode graph launches the same kernels in the same order every pass, so `--sequence N`
+lines the passes up and prints, for each of the first N launches of a pass, the kernel and the median
+of its cost across the passes (a layer's walk: norm, projections, attention, ...).
 """
 import argparse
 import collections
@@ -48,13 +53,41 @@ def summarize(rows, window_ms, gap_us):
     return spans, waits, passes, gap_ns, busy_ns, len(rows)
 
 
+def sequence(rows, window_ms, gap_us, count):
+    """The first `count` launches of the whole passes in the window: (kernel, grid, median cost in
+    ns, passes seen), position by position."""
+    end = rows[-1][1]
+    rows = [r for r in rows if r[1] >= end - window_ms * 1e6]
+    passes, current = [], []
+    for a, b in zip(rows, rows[1:]):
+        span = b[1] - a[1]
+        if span > gap_us * 1e3:
+            passes.append(current)
+            current = []
+        else:
+            current.append((a[2], a[3], span))
+    # The first pass may start inside the window's edge: keep passes of the most common length.
+    lengths = collections.Counter(len(p) for p in passes[1:] or passes)
+    if not lengths:
+        return []
+    full = lengths.most_common(1)[0][0]
+    whole = [p for p in passes if len(p) == full]
+    out = []
+    for i in range(min(count, full)):
+        costs = sorted(p[i][2] for p in whole)
+        out.append((whole[0][i][0], whole[0][i][1], costs[len(costs) // 2], len(costs)))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("--window-ms", type=float, default=250.0)
     ap.add_argument("--gap-us", type=float, default=100.0)
+    ap.add_argument("--sequence", type=int, default=0, metavar="N")
     args = ap.parse_args()
-    got = summarize(load(args.trace), args.window_ms, args.gap_us)
+    rows = load(args.trace)
+    got = summarize(rows, args.window_ms, args.gap_us)
     if got is None:
         sys.exit("fewer than two launches in the trace")
     spans, waits, passes, gap_ns, busy_ns, n = got
@@ -71,6 +104,13 @@ def main():
         total = sum(s)
         print(f"| {k[0]} | {k[1]} | {len(s) / passes:.1f} | {s[len(s) // 2] / 1e3:.2f} | "
               f"{total / passes / 1e3:.1f} | {100 * total / busy_ns:.1f}% | {w[len(w) // 2] / 1e3:.2f} |")
+    if args.sequence > 0:
+        seq = sequence(rows, args.window_ms, args.gap_us, args.sequence)
+        print()
+        print("| launch in the pass | kernel | grid | us (median over passes) | passes |")
+        print("|---:|---|---|---:|---:|")
+        for i, (name, grid, cost, n) in enumerate(seq):
+            print(f"| {i} | {name} | {grid} | {cost / 1e3:.2f} | {n} |")
 
 
 if __name__ == "__main__":
