@@ -49,6 +49,9 @@ pub(crate) fn records(raw: &[u64]) -> Vec<Record> {
         return Vec::new();
     };
     let cap = body.len() / WORDS;
+    if cap == 0 {
+        return Vec::new();
+    }
     let count = count as usize;
     let first = count.saturating_sub(cap);
     (first..count)
@@ -173,6 +176,8 @@ mod tests {
         wrapped[0] = 5;
         assert_eq!(records(&wrapped).len(), 3);
         assert!(records(&[]).is_empty());
+        // A ring too short for one record holds none, whatever its counter says.
+        assert!(records(&[3, 1, 2]).is_empty());
     }
 
     #[test]
