@@ -32,40 +32,41 @@ def load(path):
     return rows
 
 
-def summarize(rows, window_ms, gap_us):
-    if len(rows) < 2:
-        return None
+def split_passes(rows, window_ms, gap_us):
+    """The launches released in the last `window_ms`, split into passes at gaps longer than `gap_us`:
+    each pass a list of (kernel, grid, cost in ns, waited in ns), the last pass still open; also the
+    gaps' total (ns) and the number of launches in the window."""
     end = rows[-1][1]
     rows = [r for r in rows if r[1] >= end - window_ms * 1e6]
-    spans = collections.defaultdict(list)
-    waits = collections.defaultdict(list)
-    passes, gap_ns, busy_ns = 1, 0, 0
+    passes, gap_ns = [[]], 0
     for a, b in zip(rows, rows[1:]):
         span = b[1] - a[1]
         if span > gap_us * 1e3:
-            passes += 1
+            passes.append([])
             gap_ns += span
-            continue
-        key = (a[2], a[3])
-        spans[key].append(span)
-        waits[key].append(a[1] - a[0])
+        else:
+            passes[-1].append((a[2], a[3], span, a[1] - a[0]))
+    return passes, gap_ns, len(rows)
+
+
+def summarize(rows, window_ms, gap_us):
+    if len(rows) < 2:
+        return None
+    passes, gap_ns, n = split_passes(rows, window_ms, gap_us)
+    spans = collections.defaultdict(list)
+    waits = collections.defaultdict(list)
+    busy_ns = 0
+    for name, grid, span, waited in (launch for p in passes for launch in p):
+        spans[(name, grid)].append(span)
+        waits[(name, grid)].append(waited)
         busy_ns += span
-    return spans, waits, passes, gap_ns, busy_ns, len(rows)
+    return spans, waits, len(passes), gap_ns, busy_ns, n
 
 
 def sequence(rows, window_ms, gap_us, count):
     """The first `count` launches of the whole passes in the window: (kernel, grid, median cost in
     ns, passes seen), position by position."""
-    end = rows[-1][1]
-    rows = [r for r in rows if r[1] >= end - window_ms * 1e6]
-    passes, current = [], []
-    for a, b in zip(rows, rows[1:]):
-        span = b[1] - a[1]
-        if span > gap_us * 1e3:
-            passes.append(current)
-            current = []
-        else:
-            current.append((a[2], a[3], span))
+    passes = split_passes(rows, window_ms, gap_us)[0][:-1]  # the last one has no gap after it yet
     # The first pass may start inside the window's edge: keep passes of the most common length.
     lengths = collections.Counter(len(p) for p in passes[1:] or passes)
     if not lengths:
