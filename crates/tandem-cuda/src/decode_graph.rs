@@ -3,8 +3,9 @@
 //! into a graph (the first fills the buffer pool, so capture allocates nothing), and later steps
 //! replay it: the layer graph runs "dry" on the host only (placement updates; per-step values such as
 //! positions, cache rows and tile spans written to the parameter arena in the same order as during
-//! capture), the arena is uploaded, and the graph is launched. Kernels read every per-step value from
-//! the arena, so replays compute exactly what a direct launch would (`tandem gpu-check` compares bits).
+//! capture), the arena is uploaded, and the graph is launched; the logits come back through the
+//! graph's page-locked buffer. Kernels read every per-step value from the arena, so replays compute
+//! exactly what a direct launch would (`tandem gpu-check` compares bits).
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -268,6 +269,26 @@ impl CudaModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replay_marks_time_only_when_asked_and_name_each_part() {
+        let mut quiet = ReplayMarks::new(false);
+        for i in 0..5 {
+            quiet.mark(i);
+        }
+        assert_eq!(quiet.line(), "replay us: dry - upload - launch - wait - copy -");
+        let mut timed = ReplayMarks::new(true);
+        for i in 0..5 {
+            timed.mark(i);
+        }
+        let line = timed.line();
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(parts.len(), 12, "{line}");
+        for (name, value) in parts[2..].chunks(2).map(|c| (c[0], c[1])) {
+            assert!(["dry", "upload", "launch", "wait", "copy"].contains(&name), "{line}");
+            assert!(value.parse::<f64>().is_ok_and(|us| us >= 0.0), "{line}");
+        }
+    }
 
     #[test]
     fn a_sequence_warms_up_once_and_the_list_stays_bounded() {

@@ -92,7 +92,8 @@ impl OpProfile {
 /// download), the GPU's time from the pass's start to that point, and the wall time, on stderr.
 /// Where the enqueue time nears the wall time, the host is what the GPU waits for; where the GPU time
 /// exceeds the op profile's sum, the difference is spent between kernels. For a decode step replayed
-/// from a graph, the enqueue time is the host's preparation, during which the GPU idles.
+/// from a graph, the enqueue time is the host's preparation, during which the GPU idles, and a second
+/// line (`decode_graph.rs`) splits the host's part: dry pass, upload, launch, wait, logits copy.
 #[derive(Default)]
 pub(crate) struct PassClock {
     start: RefCell<Option<(Instant, CudaEvent)>>,
