@@ -55,6 +55,18 @@ pub(crate) fn nearest_int(v: f32) -> i32 {
     }
 }
 
+/// `nearest_int` of each lane. The quantizers' products lie in the trick's range, so the lanes are
+/// rounded by it without a branch (which the compiler turns into vector code); a lane out of range
+/// (or NaN) sends the whole row to the scalar `nearest_int`, so every value is what it would give.
+#[inline]
+pub(crate) fn nearest_ints<const L: usize>(v: [f32; L]) -> [i32; L] {
+    if v.iter().all(|x| x.abs() <= 4_194_303.0) {
+        v.map(|x| ((x + 12_582_912.0).to_bits() as i32 & 0x007f_ffff) - 0x0040_0000)
+    } else {
+        v.map(nearest_int)
+    }
+}
+
 /// The signed value of largest magnitude (first one on ties), as ggml's quantizers pick `max`.
 #[inline]
 pub(crate) fn signed_absmax(x: &[f32]) -> f32 {
@@ -148,7 +160,9 @@ pub(crate) fn make_qkx2_quants_lanes<const L: usize>(
 ) -> ([f32; L], [f32; L]) {
     let n = x.len();
     let err = |d: f32| if use_mad { d.abs() } else { d * d };
-    let quant = |iscale: f32, v: f32, min: f32| nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
+    let quants = |iscale: &[f32; L], v: &[f32; L], min: &[f32; L]| {
+        nearest_ints::<L>(std::array::from_fn(|k| iscale[k] * (v[k] - min[k]))).map(|l| l.clamp(0, nmax) as u8)
+    };
     let mut min = x[0];
     let mut max = x[0];
     let mut sum_w = weights[0];
@@ -177,8 +191,9 @@ pub(crate) fn make_qkx2_quants_lanes<const L: usize>(
         scale[k] = 1.0 / iscale[k];
     }
     for i in 0..n {
+        let ls = quants(&iscale, &x[i], &min);
         for k in 0..L {
-            let l = quant(iscale[k], x[i][k], min[k]);
+            let l = ls[k];
             l_out[i][k] = l;
             best_error[k] += weights[i][k] * err(scale[k] * l as f32 + min[k] - x[i][k]);
         }
@@ -191,8 +206,9 @@ pub(crate) fn make_qkx2_quants_lanes<const L: usize>(
             iscale[k] = (rmin + rdelta * is as f32 + nmax as f32) / (max[k] - min[k]);
         }
         for i in 0..n {
+            let ls = quants(&iscale, &x[i], &min);
             for k in 0..L {
-                let l = quant(iscale[k], x[i][k], min[k]);
+                let l = ls[k];
                 laux[i][k] = l;
                 let (w, lf) = (weights[i][k], l as f32);
                 sum_l[k] += w * lf;
@@ -250,7 +266,9 @@ pub(crate) fn make_qkx2_quants_lanes<const L: usize>(
 pub(crate) fn make_qx_quants_lanes<const L: usize>(nmax: i32, x: &[[f32; L]], l_out: &mut [[i8; L]]) -> [f32; L] {
     let n = x.len();
     let nmaxf = nmax as f32;
-    let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+    let quants = |iscale: &[f32; L], v: &[f32; L]| {
+        nearest_ints::<L>(std::array::from_fn(|k| iscale[k] * v[k])).map(|l| l.clamp(-nmax, nmax - 1))
+    };
     let mut max = [0f32; L];
     let mut zero = [false; L];
     for k in 0..L {
@@ -264,9 +282,10 @@ pub(crate) fn make_qx_quants_lanes<const L: usize>(nmax: i32, x: &[[f32; L]], l_
     let trial = |iscale: &[f32; L], laux: &mut [[i8; L]]| {
         let (mut sumlx, mut suml2) = ([0f32; L], [0f32; L]);
         for i in 0..n {
+            let ls = quants(iscale, &x[i]);
             for k in 0..L {
                 let v = x[i][k];
-                let l = quant(iscale[k], v);
+                let l = ls[k];
                 laux[i][k] = (l + nmax) as i8;
                 let (w, lf) = (v * v, l as f32);
                 sumlx[k] += w * v * lf;
@@ -647,6 +666,24 @@ mod tests {
         }
         for v in vs {
             assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v}");
+        }
+    }
+
+    #[test]
+    fn nearest_ints_rounds_every_lane_as_nearest_int_does() {
+        // Rows inside the trick's range, rows with one lane past it (huge, infinite, NaN with a
+        // payload), and lanes at the range's edges.
+        let edge = [4_194_303.0f32, -4_194_303.0, 4_194_302.5, -0.0, 0.5, -1.5, 2.5, -2.5];
+        let rows: Vec<[f32; 8]> = vec![
+            std::array::from_fn(|k| k as f32 * 0.75 - 3.0),
+            edge,
+            [1.5, 2.5, 3e9, -0.5, 0.0, 7.0, -7.5, 1.0],
+            [1.5, f32::INFINITY, 0.0, 0.0, 0.0, 0.0, 0.0, f32::NEG_INFINITY],
+            [f32::from_bits(0x7fc0_0123), 1.5, 0.0, 0.0, 0.0, 0.0, 0.0, 2.5],
+            [4_194_303.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        ];
+        for row in rows {
+            assert_eq!(nearest_ints(row), row.map(nearest_int), "{row:?}");
         }
     }
 }
