@@ -58,7 +58,7 @@ pub(crate) fn nearest_int(v: f32) -> i32 {
 /// `nearest_int` of each lane. The quantizers' products lie in the trick's range, so the lanes are
 /// rounded by it without a branch (which the compiler turns into vector code); a lane out of range
 /// (or NaN) sends the whole row to the scalar `nearest_int`, so every value is what it would give.
-#[inline]
+#[inline(always)]
 pub(crate) fn nearest_ints<const L: usize>(v: [f32; L]) -> [i32; L] {
     if v.iter().all(|x| x.abs() <= 4_194_303.0) {
         v.map(|x| ((x + 12_582_912.0).to_bits() as i32 & 0x007f_ffff) - 0x0040_0000)
@@ -149,6 +149,45 @@ pub(crate) fn make_qkx2_quants(
 /// (one group alone waits on every addition's latency, which made this most of `tandem synth`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn make_qkx2_quants_lanes<const L: usize>(
+    nmax: i32,
+    x: &[[f32; L]],
+    weights: &[[f32; L]],
+    l_out: &mut [[u8; L]],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> ([f32; L], [f32; L]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { qkx2_lanes_avx2(nmax, x, weights, l_out, rmin, rdelta, nstep, use_mad) };
+    }
+    qkx2_lanes(nmax, x, weights, l_out, rmin, rdelta, nstep, use_mad)
+}
+
+/// `qkx2_lanes` compiled with AVX2: twice the vector width for the lane loops. Rust never fuses a
+/// product and a sum into one rounding, so the arithmetic, and every bit of the result, is the same.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn qkx2_lanes_avx2<const L: usize>(
+    nmax: i32,
+    x: &[[f32; L]],
+    weights: &[[f32; L]],
+    l_out: &mut [[u8; L]],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> ([f32; L], [f32; L]) {
+    qkx2_lanes(nmax, x, weights, l_out, rmin, rdelta, nstep, use_mad)
+}
+
+/// The body of `make_qkx2_quants_lanes` (inlined into each of its compilations).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn qkx2_lanes<const L: usize>(
     nmax: i32,
     x: &[[f32; L]],
     weights: &[[f32; L]],
@@ -264,6 +303,24 @@ pub(crate) fn make_qkx2_quants_lanes<const L: usize>(
 /// is the single group's, in the same order (the same bits); the groups' dependent sums interleave
 /// (see `make_qkx2_quants_lanes`). Groups of at most 32.
 pub(crate) fn make_qx_quants_lanes<const L: usize>(nmax: i32, x: &[[f32; L]], l_out: &mut [[i8; L]]) -> [f32; L] {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { qx_lanes_avx2(nmax, x, l_out) };
+    }
+    qx_lanes(nmax, x, l_out)
+}
+
+/// `qx_lanes` compiled with AVX2 (the same bits, as for `qkx2_lanes_avx2`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn qx_lanes_avx2<const L: usize>(nmax: i32, x: &[[f32; L]], l_out: &mut [[i8; L]]) -> [f32; L] {
+    qx_lanes(nmax, x, l_out)
+}
+
+/// The body of `make_qx_quants_lanes` (inlined into each of its compilations).
+#[inline(always)]
+fn qx_lanes<const L: usize>(nmax: i32, x: &[[f32; L]], l_out: &mut [[i8; L]]) -> [f32; L] {
     let n = x.len();
     let nmaxf = nmax as f32;
     let quants = |iscale: &[f32; L], v: &[f32; L]| {
@@ -516,6 +573,15 @@ mod tests {
                 }
                 let mut lanes = [[0u8; 8]; 32];
                 let (sc, mn) = make_qkx2_quants_lanes(nmax, &x[..n], &w[..n], &mut lanes[..n], rmin, 0.1, nstep, mad);
+                // The body as compiled for the baseline CPU gives what the dispatched one (AVX2
+                // where the CPU has it) gave.
+                let mut body = [[0u8; 8]; 32];
+                let (sb, mb) = qkx2_lanes(nmax, &x[..n], &w[..n], &mut body[..n], rmin, 0.1, nstep, mad);
+                assert_eq!(
+                    (sb.map(f32::to_bits), mb.map(f32::to_bits)),
+                    (sc.map(f32::to_bits), mn.map(f32::to_bits))
+                );
+                assert_eq!(body, lanes);
                 for k in 0..8 {
                     let xs: Vec<f32> = (0..n).map(|i| x[i][k]).collect();
                     let ws: Vec<f32> = (0..n).map(|i| w[i][k]).collect();
@@ -607,6 +673,13 @@ mod tests {
                 }
                 let mut lanes = [[0i8; 16]; 32];
                 let sc = make_qx_quants_lanes(nmax, &x[..n], &mut lanes[..n]);
+                // The baseline compilation of the body against the dispatched one.
+                let mut body = [[0i8; 16]; 32];
+                assert_eq!(
+                    qx_lanes(nmax, &x[..n], &mut body[..n]).map(f32::to_bits),
+                    sc.map(f32::to_bits)
+                );
+                assert_eq!(body, lanes);
                 for k in 0..16 {
                     let xs: Vec<f32> = (0..n).map(|i| x[i][k]).collect();
                     let mut want = vec![0i8; n];
