@@ -5,7 +5,7 @@
 use std::cell::RefMut;
 use std::ops::Range;
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_model::backend::{AttendRows, QkvRows};
 use tandem_model::{graph, ModelError, Span};
@@ -18,7 +18,107 @@ use crate::launch::{blocks, i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct, GpuScratch, Mode};
 use crate::routes::{self, AttentionRoute, KvRoute, ATT_TILE, MATVEC_MAX_ROWS};
 use crate::rows::quant_flag;
-use crate::CudaError;
+use crate::{CudaError, Gpu};
+
+/// One launch of the tile attention kernel (`kernels/attention.cu`): its shape.
+#[derive(Clone, Copy, Debug)]
+pub struct TileShape {
+    /// Queries (rows of q and of the output).
+    pub t: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    pub window: Option<usize>,
+    /// Rows of the K/V buffer (a ring's capacity).
+    pub capacity: usize,
+    /// Tiles the grid spans (`meta` says how many are live).
+    pub tile_cap: usize,
+    /// Heads merged and quantized together (`routes::attention_merge`), and the quantization flag
+    /// (`rows::quant_flag`; 0: none).
+    pub group: usize,
+    pub quant: i32,
+}
+
+/// Its buffers. `meta` = {origin_logical, origin_physical, first tile, live tiles}; `partial` holds
+/// t * n_head * tile_cap records of head_dim + 2; `arrivals` t * n_head zeroed counters (the kernel
+/// leaves them zeroed); `quants` the quantized output when `quant` is set.
+pub struct TileBuffers<'a> {
+    pub q: CudaView<'a, f32>,
+    pub kc: CudaView<'a, u16>,
+    pub vc: CudaView<'a, u16>,
+    pub pos: CudaView<'a, i32>,
+    pub meta: CudaView<'a, i32>,
+    pub partial: &'a mut CudaSlice<f32>,
+    pub arrivals: &'a mut CudaSlice<i32>,
+    pub out: CudaViewMut<'a, f32>,
+    pub quants: Option<&'a mut CudaSlice<u8>>,
+}
+
+/// Launches the tile attention kernel for `s.head_dim` (one kernel per supported head size).
+pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Result<(), CudaError> {
+    if !routes::head_dim_supported(s.head_dim) {
+        return Err(CudaError::UnsupportedHeadDim(s.head_dim));
+    }
+    let (qw, kvw) = (s.n_head * s.head_dim, s.n_kv_head * s.head_dim);
+    let short = |what: &str, have: usize, need: usize| {
+        (have < need).then(|| CudaError::Driver {
+            what: format!("tile attention {what}"),
+            err: format!("{have} elements, {need} needed"),
+        })
+    };
+    let records = s.t * s.n_head * s.tile_cap * (s.head_dim + 2);
+    let shortfall = [
+        short("queries", b.q.len(), s.t * qw),
+        short("output", b.out.len(), s.t * qw),
+        short("keys", b.kc.len().min(b.vc.len()), s.capacity * kvw),
+        short("positions", b.pos.len(), s.t),
+        short("placement", b.meta.len(), 4),
+        short("partials", b.partial.len(), records),
+        short("arrival counters", b.arrivals.len(), s.t * s.n_head),
+    ]
+    .into_iter()
+    .flatten()
+    .next();
+    if let Some(err) = shortfall {
+        return Err(err);
+    }
+    let ints = |n: usize, what: &str| i32_of(n, what);
+    let (cap, kvw_i) = (ints(s.capacity, "capacity")?, ints(kvw, "kv width")?);
+    let (nh, nkv) = (ints(s.n_head, "heads")?, ints(s.n_kv_head, "kv heads")?);
+    let (win, tc) = (ints(s.window.unwrap_or(0), "window")?, ints(s.tile_cap, "tiles")?);
+    let (group, n_t) = (ints(s.group, "heads per group")?, ints(s.t, "rows")?);
+    let name = format!("attend_tiles_d{}", s.head_dim);
+    let f = gpu.function(&name)?;
+    let mut l = gpu.launch_builder(f)?;
+    l.arg(&b.q)
+        .arg(&b.kc)
+        .arg(&b.vc)
+        .arg(&cap)
+        .arg(&kvw_i)
+        .arg(&b.pos)
+        .arg(&b.meta);
+    l.arg(&nh)
+        .arg(&nkv)
+        .arg(&s.scale)
+        .arg(&win)
+        .arg(&tc)
+        .arg(b.partial)
+        .arg(b.arrivals);
+    let mut out = b.out;
+    l.arg(&mut out).arg(&group).arg(&s.quant);
+    let no_quants = 0u64;
+    match b.quants {
+        Some(a) => l.arg(a),
+        None => l.arg(&no_quants),
+    };
+    l.arg(&n_t);
+    let grid = (s.tile_cap as u32, s.n_head as u32, s.t as u32);
+    // SAFETY: the arguments match the kernel's signature in order and type, and every buffer holds
+    // what the grid reads or writes (checked above).
+    driver(&name, unsafe { l.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
+    Ok(())
+}
 
 impl CudaModel {
     /// Tiles a single query can span in a layer (the graph's fixed attention grid).
@@ -61,17 +161,6 @@ impl CudaModel {
         let hd = c.head_dim;
         let mut partial = self.act(t * c.n_head * tile_cap, hd + 2)?;
         let qw = c.q_width();
-        let q_view = io.q.buf()?.slice(rows.start * qw..rows.end * qw);
-        let ints = |n: usize, what: &str| i32_of(n, what);
-        let (cap, kvw) = (ints(capacity, "capacity")?, ints(c.kv_width(), "kv width")?);
-        let (nh, nkv, hdi) = (
-            ints(c.n_head, "heads")?,
-            ints(c.n_kv_head, "kv heads")?,
-            ints(hd, "head dim")?,
-        );
-        let (win, tc) = (ints(window.unwrap_or(0), "window")?, ints(tile_cap, "tiles")?);
-        let scale = c.attn_scale;
-        let (pos_v, meta_v) = (self.view(&pos), self.view(&meta));
         // The merge can quantize the output for the next matmul (`routes::attention_merge`).
         let (group, quant) = routes::attention_merge(quant, qw, hd);
         let may_allocate = self.mode.get() == Mode::Normal;
@@ -79,42 +168,35 @@ impl CudaModel {
             Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(t, qw), may_allocate)?),
             None => None,
         };
-        let quant_code = quant.map_or(0, quant_flag);
-        let (group_i, n_t) = (ints(group, "heads per group")?, ints(t, "rows")?);
+        let shape = TileShape {
+            t,
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: hd,
+            scale: c.attn_scale,
+            window,
+            capacity,
+            tile_cap,
+            group,
+            quant: quant.map_or(0, quant_flag),
+        };
         let mut arrivals = self.arrivals(t * c.n_head)?;
-        let mut out_view = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
+        let bufs = TileBuffers {
+            q: io.q.buf()?.slice(rows.start * qw..rows.end * qw),
+            kc: kc.as_view(),
+            vc: vc.as_view(),
+            pos: self.view(&pos),
+            meta: self.view(&meta),
+            partial: partial.buf_mut()?,
+            arrivals: &mut arrivals,
+            out: io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw),
+            quants: a.as_deref_mut(),
+        };
         self.profiled("attend (tiles)", || {
-            let f = self.gpu.function("attend_tiles")?;
-            let mut b = self.gpu.launch_builder(f)?;
-            b.arg(&q_view)
-                .arg(kc)
-                .arg(vc)
-                .arg(&cap)
-                .arg(&kvw)
-                .arg(&pos_v)
-                .arg(&meta_v);
-            b.arg(&nh)
-                .arg(&nkv)
-                .arg(&hdi)
-                .arg(&scale)
-                .arg(&win)
-                .arg(&tc)
-                .arg(partial.buf_mut()?)
-                .arg(&mut *arrivals)
-                .arg(&mut out_view)
-                .arg(&group_i)
-                .arg(&quant_code);
-            let no_quants = 0u64;
-            match a.as_deref_mut() {
-                Some(a) => b.arg(a),
-                None => b.arg(&no_quants),
-            };
-            b.arg(&n_t);
-            let grid = (tile_cap as u32, c.n_head as u32, t as u32);
-            if !self.skips("attend_tiles") {
-                driver("attend_tiles", unsafe { b.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
+            if self.skips("attend_tiles") {
+                return Ok(());
             }
-            Ok(())
+            tile_attention_into(&self.gpu, &shape, bufs)
         })?;
         if let (Some(fmt), Some(a)) = (quant, a) {
             io.out.int8.borrow_mut().push((fmt, a));

@@ -197,6 +197,8 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         ("MMVQ", [t, u, r, w]) => pair("mmvq_", "mmvqb_", format!("{t}_u{u}_r{r}_s{w}")),
         // MMVQ_STAGED(type, shared layout, unroll, rows per group): the staged one-row kernels.
         ("MMVQ_STAGED", [t, _, u, r]) => vec![format!("mmvqp_{t}_u{u}_r{r}_s1")],
+        // ATTEND_TILES(head size): the tile attention kernel for one head size.
+        ("ATTEND_TILES", [d]) => vec![format!("attend_tiles_d{d}")],
         // FLASH_ENTRY(head size, key tile, m-tiles, r|s): the prefill attention variants.
         ("FLASH_ENTRY", [d, k, m, q]) => vec![format!("flash_prefill_d{d}_k{k}_m{m}_{q}")],
         _ => return None,
@@ -253,7 +255,11 @@ mod tests {
             assert!(ops.contains(&k.to_string()), "{k} in {ops:?}");
         }
         let att = kernel_names(nvrtc::ATTENTION.body);
-        assert_eq!(att, vec!["attend_tiles"]);
+        // One tile kernel per head size the route admits.
+        let sizes: Vec<usize> = (5..=8).map(|b| 1 << b).collect();
+        assert!(sizes.iter().all(|&d| crate::routes::head_dim_supported(d)));
+        let want: Vec<String> = sizes.iter().map(|d| format!("attend_tiles_d{d}")).collect();
+        assert_eq!(att, want);
         // The host's table of flash variants is the list of entry points, in order.
         let flash = kernel_names(nvrtc::FLASH.body);
         let table: Vec<String> = crate::flash::VARIANTS.iter().map(|v| v.kernel()).collect();

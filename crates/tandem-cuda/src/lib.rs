@@ -20,7 +20,7 @@
 //! its GPU-free parts test on machines with no CUDA at all; on such a machine `Gpu::new` returns
 //! `CudaError::Unavailable` with the reason.
 
-mod attend;
+pub mod attend;
 mod decode_graph;
 pub mod device;
 pub mod ffn;

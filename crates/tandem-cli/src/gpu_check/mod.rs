@@ -5,7 +5,8 @@
 //!    dequantized weights, outputs poisoned with NaN first so an unwritten element fails; the matvec
 //!    must also give every row the same bits alone and batched. The integer route (`int8.rs`) must
 //!    also quantize activations to the CPU backend's bits. The prefill attention kernel (`flash.rs`)
-//!    against an f64 softmax. The GEMM route's norm and gating kernels (`rows.rs`) against f64.
+//!    and the decode attention kernel (`tiles.rs`) against an f64 softmax. The GEMM route's norm and
+//!    gating kernels (`rows.rs`) against f64.
 //! 2. Models: a prompt prefilled and then greedy decoding on both backends; tokens must agree up to the
 //!    first step whose CPU top-2 margin is below 0.1; the largest relative logit error is reported.
 //! 3. Deterministic mode (the model loaded again as `--deterministic` loads it): `logits_sha256` of
@@ -15,6 +16,7 @@ mod flash;
 mod gemm;
 mod int8;
 mod rows;
+mod tiles;
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -252,6 +254,7 @@ fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
         });
     }
     flash::flash_checks(gpu, &mut rng, table)?;
+    tiles::tile_checks(gpu, &mut rng, table)?;
     rows::row_checks(gpu, &mut rng, table)?;
     gemm::pair_checks(gpu, &mut rng, table)?;
     Ok(())

@@ -24,27 +24,32 @@
 // lane l takes chunk l % C of keys l / C, l / C + P, ... (P = 32 / C lanes share a chunk), all their
 // loads in flight at once, and the P lanes of a chunk then sum in a fixed butterfly. The warps'
 // partials merge in ascending order. Every sum's order is fixed by the tile and the key positions
-// alone. head_dim is a power of two from 32 to MAX_HEAD_DIM.
+// alone. The head size D is a template parameter, a power of two from 32 to MAX_HEAD_DIM, with one
+// kernel per size (`attend_tiles_d<D>`): with D known, every loop over a row unrolls and no load or
+// product sits behind a runtime bound (the runtime-D kernel ran about 1,550 instructions a warp, 9 µs
+// a decode step's layer on the H200).
 #define ATT_WARPS (ATT_TILE / 32)
 #define ATT_BATCH 16
 
 // One tile's partial softmax for (head h, query qi) over keys [lo, hi] into `out` = m, l, acc[head_dim].
-__device__ void tile_partial(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
-                             int capacity, int kv_width, int n_head, int n_kv_head, int head_dim, float scale,
-                             int tile, int h, int qi, int lo, int hi, int origin_logical, int origin_physical,
-                             float* out) {
+template <int D>
+__device__ __forceinline__ void tile_partial(const float* __restrict__ q, const u16* __restrict__ kc,
+                                             const u16* __restrict__ vc, int capacity, int kv_width, int n_head,
+                                             int n_kv_head, float scale, int tile, int h, int qi, int lo, int hi,
+                                             int origin_logical, int origin_physical, float* out) {
+    constexpr int head_dim = D;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int kvh = h / (n_head / n_kv_head);
     const float* qr = q + ((size_t)qi * n_head + h) * head_dim;
     // Queries are rounded to f16, as the CPU backend (and llama.cpp) does before the K product.
-    __shared__ float4 qs4[MAX_HEAD_DIM / 4];
+    __shared__ float4 qs4[D / 4];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
-    __shared__ float wacc[ATT_WARPS][MAX_HEAD_DIM];
+    __shared__ float wacc[ATT_WARPS][D];
     float* qs = (float*)qs4;
     int key = tile * ATT_TILE + 32 * w + lane;
     bool valid = key >= lo && key <= hi;
     int phys = valid ? (origin_physical + (key - origin_logical)) % capacity : 0;
-    int n8 = head_dim / 8;
+    constexpr int n8 = D / 8;
     // The first batch of K and of V loads is issued before q is staged: none of them depends on q,
     // so their memory latencies overlap instead of following one another.
     const uint4* kr = (const uint4*)(kc + (size_t)phys * kv_width + kvh * head_dim);
@@ -54,7 +59,7 @@ __device__ void tile_partial(const float* __restrict__ q, const u16* __restrict_
         for (int i = 0; i < ATT_BATCH; i++)
             if (i < n8) k_first[i] = kr[i];
     }
-    int n_chunks = n8, share = 32 / n_chunks, per_lane = 32 / share;
+    constexpr int n_chunks = n8, share = 32 / n_chunks, per_lane = 32 / share;
     int c = lane % n_chunks, first_key = lane / n_chunks;
     uint4 v_first[ATT_BATCH];
 #pragma unroll
@@ -64,11 +69,13 @@ __device__ void tile_partial(const float* __restrict__ q, const u16* __restrict_
             v_first[j] = ((const uint4*)(vc + (size_t)pk * kv_width + kvh * head_dim))[c];
         }
     }
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) qs[d] = h2f(f2h(qr[d]));
+#pragma unroll
+    for (int d = threadIdx.x; d < head_dim; d += ATT_TILE) qs[d] = h2f(f2h(qr[d]));
     __syncthreads();
     float s = -INFINITY;
     if (valid) {
         float dot = 0.f;
+#pragma unroll
         for (int b = 0; b < n8; b += ATT_BATCH) {
             uint4 kv[ATT_BATCH];
 #pragma unroll
@@ -100,6 +107,7 @@ __device__ void tile_partial(const float* __restrict__ q, const u16* __restrict_
     float acc[8];
 #pragma unroll
     for (int d = 0; d < 8; d++) acc[d] = 0.f;
+#pragma unroll
     for (int i0 = 0; i0 < per_lane; i0 += ATT_BATCH) {
         uint4 vv[ATT_BATCH];
         float ek[ATT_BATCH];
@@ -125,6 +133,7 @@ __device__ void tile_partial(const float* __restrict__ q, const u16* __restrict_
             }
         }
     }
+#pragma unroll
     for (int o = n_chunks; o < 32; o <<= 1) {
 #pragma unroll
         for (int d = 0; d < 8; d++) acc[d] += __shfl_xor_sync(0xffffffffu, acc[d], o);
@@ -140,9 +149,11 @@ __device__ void tile_partial(const float* __restrict__ q, const u16* __restrict_
     __syncthreads();
     // Merge the warps in ascending order (warps with no key in range carry l = 0 and are skipped).
     float mm = -INFINITY;
+#pragma unroll
     for (int k = 0; k < ATT_WARPS; k++)
         if (wl[k] > 0.f) mm = fmaxf(mm, wm[k]);
     float f[ATT_WARPS], ll = 0.f;
+#pragma unroll
     for (int k = 0; k < ATT_WARPS; k++) {
         f[k] = wl[k] > 0.f ? expf(wm[k] - mm) : 0.f;
         ll += wl[k] * f[k];
@@ -151,8 +162,10 @@ __device__ void tile_partial(const float* __restrict__ q, const u16* __restrict_
         out[0] = mm;
         out[1] = ll;
     }
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+#pragma unroll
+    for (int d = threadIdx.x; d < head_dim; d += ATT_TILE) {
         float v = 0.f;
+#pragma unroll
         for (int k = 0; k < ATT_WARPS; k++) v += wacc[k][d] * f[k];
         out[2 + d] = v;
     }
@@ -163,9 +176,10 @@ __device__ void tile_partial(const float* __restrict__ q, const u16* __restrict_
 // grid are read with __ldcg, from L2, never from a stale L1 line. The head's output goes to `o`, and
 // to `staged` (shared memory, for a Q8_K block) when given; `q8_blk0` >= 0 quantizes it as Q8 blocks
 // q8_blk0, q8_blk0 + 1, ... of row `t` of `a` (n_t rows of `cols`).
-__device__ void merge_tiles(const float* partial, int n_tiles, int head_dim, float* o, int lane, float* staged,
-                            u8* a, int n_t, int t, int cols, int q8_blk0) {
-    int per = head_dim / 32;
+template <int D>
+__device__ __forceinline__ void merge_tiles(const float* partial, int n_tiles, float* o, int lane, float* staged,
+                                            u8* a, int n_t, int t, int cols, int q8_blk0) {
+    constexpr int head_dim = D, per = D / 32;
     float m = -INFINITY, l = 0.f, acc[MAX_HEAD_DIM / 32];
 #pragma unroll
     for (int j = 0; j < MAX_HEAD_DIM / 32; j++) acc[j] = 0.f;
@@ -197,13 +211,16 @@ __device__ void merge_tiles(const float* partial, int n_tiles, int head_dim, flo
 // then the arrival count per (query, group of `group` consecutive heads) in `arrivals` (zero between
 // launches); the group's last arrival merges each of its heads into `dst` and quantizes them as
 // `quant` says into `a` (n_t rows): RN_Q8K, one Q8_K block per group (`group` * head_dim = 256), or
-// RN_Q8, Q8 blocks of 32 within each head, or 0.
-extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles(
-    const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, int capacity,
-    int kv_width, const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head,
-    int head_dim, float scale, int window, int tile_cap, float* partial, int* __restrict__ arrivals,
-    float* __restrict__ dst, int group, int quant, u8* __restrict__ a, int n_t) {
-    WAIT_PRIOR_GRID();
+// RN_Q8, Q8 blocks of 32 within each head, or 0. The kernels (`ATTEND_TILES` below) wait for the
+// kernel before, then run this body for their head size.
+template <int D>
+__device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, const u16* __restrict__ kc,
+                                                  const u16* __restrict__ vc, int capacity, int kv_width,
+                                                  const int* __restrict__ pos, const int* __restrict__ meta,
+                                                  int n_head, int n_kv_head, float scale, int window, int tile_cap,
+                                                  float* partial, int* __restrict__ arrivals, float* __restrict__ dst,
+                                                  int group, int quant, u8* __restrict__ a, int n_t) {
+    constexpr int head_dim = D;
     int origin_logical = meta[0], origin_physical = meta[1], tile_lo = meta[2], n_tiles = meta[3];
     if ((int)blockIdx.x >= n_tiles) return;
     int tile = tile_lo + blockIdx.x, h = blockIdx.y, qi = blockIdx.z;
@@ -219,8 +236,8 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles(
             out[1] = 0.f;
         }
     } else {
-        tile_partial(q, kc, vc, capacity, kv_width, n_head, n_kv_head, head_dim, scale, tile, h, qi, lo, hi,
-                     origin_logical, origin_physical, out);
+        tile_partial<D>(q, kc, vc, capacity, kv_width, n_head, n_kv_head, scale, tile, h, qi, lo, hi,
+                        origin_logical, origin_physical, out);
     }
     // Publish the partial, then count this block in; the group's last block merges its heads.
     __threadfence();
@@ -240,12 +257,28 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles(
     int cols = n_head * head_dim;
     for (int k = w; k < group; k += ATT_WARPS) {
         int hh = h0 + k;
-        merge_tiles(partial + (size_t)(qi * n_head + hh) * tile_cap * (head_dim + 2), n_tiles, head_dim,
-                    dst + ((size_t)qi * n_head + hh) * head_dim, lane,
-                    quant == RN_Q8K ? staged + k * head_dim : nullptr, a, n_t, qi, cols,
-                    quant == RN_Q8 ? hh * head_dim / 32 : -1);
+        merge_tiles<D>(partial + (size_t)(qi * n_head + hh) * tile_cap * (head_dim + 2), n_tiles,
+                       dst + ((size_t)qi * n_head + hh) * head_dim, lane,
+                       quant == RN_Q8K ? staged + k * head_dim : nullptr, a, n_t, qi, cols,
+                       quant == RN_Q8 ? hh * head_dim / 32 : -1);
     }
     if (quant != RN_Q8K) return;
     __syncthreads();
     if (w == 0) q8k_block(staged, a, n_t, qi, cols, h0 * head_dim / 256);
 }
+
+#define ATTEND_TILES(D)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles_d##D(                           \
+        const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, int capacity, \
+        int kv_width, const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head, \
+        float scale, int window, int tile_cap, float* partial, int* __restrict__ arrivals,               \
+        float* __restrict__ dst, int group, int quant, u8* __restrict__ a, int n_t) {                    \
+        WAIT_PRIOR_GRID();                                                                              \
+        attend_tiles_body<D>(q, kc, vc, capacity, kv_width, pos, meta, n_head, n_kv_head, scale, window,  \
+                             tile_cap, partial, arrivals, dst, group, quant, a, n_t);                     \
+    }
+// ATTEND_TILES(head size): the sizes `routes::head_dim_supported` admits.
+ATTEND_TILES(32)
+ATTEND_TILES(64)
+ATTEND_TILES(128)
+ATTEND_TILES(256)
