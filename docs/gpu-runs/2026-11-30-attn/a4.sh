@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call a4: the candidate f (d8c… on exp/norm-256: add_norm_to at 512 threads of float4s, Q8 blocks
+# Call a4: the candidate f (2145389 on exp/norm-256: add_norm_to at 512 threads of float4s, Q8 blocks
 # from registers, on top of a) against a (0a70f25) and llama-bench. gpu-check f on gemma3-270m and
 # the 8B Q4_K_M + Q8_0 (hashes at 600), its add_norm_to rows now comparing the quants with the CPU's.
 # tg128 a f L L f a on Q4_K_M and Q8_0; the 27B Q4_K_M (a f L f) if the call has time left.
@@ -7,11 +7,11 @@ T0=$(date +%s); source scripts/gpu_env.sh >/dev/null; W=/tmp/t; mkdir -p $W/lcb/
 A=.gpu/tandem-a; F=.gpu/tandem-f
 cat .gpu/llama-build/llama-build.tgz.part-* | tar -xzf - -C $W/lcb/bin; LB=$W/lcb/bin/llama-bench
 ( s=$(date +%s); $A synth --arch gemma3 --shape gemma3-27b --quant q4_k_m --seed 1 -o $W/g27.gguf > $W/synth27.log 2>&1; echo "synth 27b $(( $(date +%s)-s )) s" >> $W/synth27.log ) &
-( $A synth --arch llama --shape llama3-8b --quant q4_k_m --seed 1 -o $W/q4.gguf 2>&1 | tail -1 ) &
-( $A synth --arch llama --shape llama3-8b --quant q8_0 --seed 1 -o $W/q8.gguf 2>&1 | tail -1 ) &
+( $A synth --arch llama --shape llama3-8b --quant q4_k_m --seed 1 -o $W/q4.gguf 2>&1 | tail -1 ) & P4=$!
+( $A synth --arch llama --shape llama3-8b --quant q8_0 --seed 1 -o $W/q8.gguf 2>&1 | tail -1 ) & P8=$!
 $A synth --arch gemma3 --shape gemma3-270m --seed 1 -o $W/g.gguf 2>&1 | tail -1
 timeout 120 $F gpu-check -m $W/g.gguf > $OUT/check-g-f.md 2>$OUT/check-g-f.err; echo "check g f exit $? $(date +%T)"
-while [ ! -s $W/q8.gguf ] || [ ! -s $W/q4.gguf ] || pgrep -f "quant q8_0" >/dev/null || pgrep -f "quant q4_k_m --seed 1 -o $W/q4" >/dev/null; do sleep 2; done; echo "8b synth done $(date +%T)"
+wait $P4 $P8; echo "8b synth done $(date +%T)"
 timeout 200 $F gpu-check -m $W/q4.gguf -m $W/q8.gguf --hash-prompt 600 > $OUT/check-8b-f.md 2>$OUT/check-8b-f.err; echo "check 8b f exit $? $(date +%T)"
 export LD_LIBRARY_PATH=$W/lcb/bin:$LD_LIBRARY_PATH
 tg() { local l=$1 bin=$2 f=$3; echo "$l $f $($bin bench -m $W/$f.gguf --device cuda -p 0 -n 128 -r 3 2>>$OUT/bench.err | grep tg128 | cut -d'|' -f5)"; }
