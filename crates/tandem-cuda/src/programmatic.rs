@@ -170,7 +170,7 @@ mod tests {
     const WAITING_KERNELS: [(&str, &[&str]); 1] = [(
         " add_norm_to(",
         &[
-            "bool in_regs = width <= RN_IN_REGS * (int)blockDim.x;",
+            "bool in_regs = width <= RN_IN_REGS * RN_THREADS && width % 4 == 0;",
             "NormWeights nw;",
             "if (in_regs) nw = norm_weights(post, weight, width, flags);",
         ],

@@ -14,15 +14,9 @@ use crate::launch::{blocks, i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct, Mode};
 use crate::CudaError;
 
-/// Threads of a one-block-per-row kernel (norms): a decode step has one row, so the block's width is
-/// the kernel's parallelism. Fixed by the width alone, so a row's sums never depend on the batch.
-pub(crate) fn row_threads(width: usize) -> u32 {
-    if width >= 2048 {
-        1024
-    } else {
-        256
-    }
-}
+/// Threads of the `add_norm_to` kernel (`RN_THREADS` in `kernels/ops.cu`): one block a row, each
+/// thread holding float4s. Fixed, so a row's sums never depend on the batch.
+pub(crate) const NORM_THREADS: u32 = 512;
 
 /// Flags of the `add_norm_to` kernel (`kernels/ops.cu`).
 const RN_ADD: i32 = 1;
@@ -84,8 +78,10 @@ pub fn add_norm_rows_into(
 }
 
 /// The decode route's `add_norm_to` kernel on `rows × width` rows, as a decode step launches it
-/// (`row_threads`) but writing only f32: `x += y` (normed by `post` when given; `y` absent: no add),
-/// then `out = norm(x) * weight` (`shape`: rows, width, eps). Public for `tandem gpu-check`.
+/// (`NORM_THREADS`): `x += y` (normed by `post` when given; `y` absent: no add), then `out =
+/// norm(x) * weight` (`shape`: rows, width, eps), also quantized into `quants` when given (as the
+/// integer matvecs read it). Public for `tandem gpu-check`.
+#[allow(clippy::too_many_arguments)]
 pub fn add_norm_to_into(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
@@ -94,15 +90,20 @@ pub fn add_norm_to_into(
     weight: &CudaSlice<f32>,
     shape: (usize, usize, f32),
     out: &mut CudaSlice<f32>,
+    quants: Option<(ActQuant, &mut CudaSlice<u8>)>,
 ) -> Result<(), CudaError> {
     let (rows, width, eps) = shape;
-    if x.len() < rows * width || out.len() < rows * width || weight.len() < width {
+    let quant_short = quants.as_ref().is_some_and(|(fmt, a)| {
+        a.len() < fmt.bytes(rows, width) || !width.is_multiple_of(fmt.block()) || width > RN_MAX_Q8K_WIDTH
+    });
+    if x.len() < rows * width || out.len() < rows * width || weight.len() < width || quant_short {
         return Err(CudaError::Driver {
             what: "add_norm_to".into(),
-            err: format!("{rows} rows of {width}: buffers too short"),
+            err: format!("{rows} rows of {width}: buffers too short, or a width the quantization cannot take"),
         });
     }
-    let flags = RN_NORM | residual_flags(y.is_some(), post.is_some());
+    let quant = quants.as_ref().map_or(0, |(fmt, _)| quant_flag(*fmt));
+    let flags = RN_NORM | quant | residual_flags(y.is_some(), post.is_some());
     let (w, n_t) = (i32_of(width, "width")?, i32_of(rows, "rows")?);
     let f = gpu.function("add_norm_to")?;
     let mut b = gpu.launch_builder(f)?;
@@ -112,10 +113,15 @@ pub fn add_norm_to_into(
         .arg(post.unwrap_or(weight))
         .arg(&mut *out)
         .arg(weight);
+    b.arg(&w).arg(&eps).arg(&flags);
     let no_quants = 0u64;
-    b.arg(&w).arg(&eps).arg(&flags).arg(&no_quants).arg(&n_t);
+    match quants {
+        Some((_, a)) => b.arg(a),
+        None => b.arg(&no_quants),
+    };
+    b.arg(&n_t);
     driver("add_norm_to", unsafe {
-        b.launch(launch_cfg((rows as u32, 1, 1), row_threads(width)))
+        b.launch(launch_cfg((rows as u32, 1, 1), NORM_THREADS))
     })?;
     Ok(())
 }
@@ -206,7 +212,7 @@ impl CudaModel {
             b.arg(&n_t);
             if !self.skips("add_norm_to") {
                 driver("add_norm_to", unsafe {
-                    b.launch(launch_cfg((x.rows as u32, 1, 1), row_threads(x.width)))
+                    b.launch(launch_cfg((x.rows as u32, 1, 1), NORM_THREADS))
                 })?;
             }
             if let (Some(o), Some(fmt), Some(a)) = (out.as_ref(), quant, a) {
@@ -375,6 +381,7 @@ mod tests {
             ("RN_F16", RN_F16),
             ("RN_MAX_Q8K_WIDTH", RN_MAX_Q8K_WIDTH as i32),
             ("RNR_VECS", RNR_VECS as i32),
+            ("RN_THREADS", NORM_THREADS as i32),
             ("ROPE_HEADS", ROPE_HEADS as i32),
         ] {
             let value = v.to_string();

@@ -17,7 +17,7 @@ use tandem_gguf::GgmlType;
 use super::{rel_err, Rng, Row};
 
 /// Activation rows quantized on the CPU, in the GPU buffer's layout (quants, sums of 16, scales).
-fn cpu_quantize(fmt: ActQuant, x: &[f32], t: usize, cols: usize) -> Vec<u8> {
+pub(super) fn cpu_quantize(fmt: ActQuant, x: &[f32], t: usize, cols: usize) -> Vec<u8> {
     let isa = Isa::detect();
     let nb = cols / fmt.block();
     let mut qs = vec![0i8; t * cols];

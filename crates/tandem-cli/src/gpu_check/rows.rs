@@ -7,6 +7,7 @@
 use anyhow::Result;
 use half::f16;
 use tandem_cuda::ffn::gated_pair_into;
+use tandem_cuda::int8::ActQuant;
 use tandem_cuda::rows::{add_norm_rows_into, add_norm_to_into};
 use tandem_cuda::Gpu;
 use tandem_model::config::Activation;
@@ -26,14 +27,17 @@ fn halves(bits: &[u16]) -> Vec<f32> {
 }
 
 pub(super) fn row_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
-    // (rows, width, add, post): Llama's add + norm, Gemma-3-27B's sandwich norm, a first pre-norm,
-    // Llama-70B's width (the decode kernel's longest row in registers), Gemma 3 270M's.
-    for (rows, width, add, post) in [
-        (37, 4096, true, false),
-        (9, 5376, true, true),
-        (5, 640, false, false),
-        (2, 8192, true, false),
-        (3, 640, true, true),
+    // (rows, width, add, post, the quantized form): Llama's add + norm (for K-quant and for Q8_0
+    // weights), Gemma-3-27B's sandwich norm, a first pre-norm, Llama-70B's width (the decode kernel's
+    // longest row in registers), Gemma 3 270M's.
+    use ActQuant::{Q8, Q8K};
+    for (rows, width, add, post, fmt) in [
+        (37, 4096, true, false, Q8K),
+        (4, 4096, true, false, Q8),
+        (9, 5376, true, true, Q8K),
+        (5, 640, false, false, Q8),
+        (2, 8192, true, false, Q8K),
+        (3, 640, true, true, Q8),
     ] {
         let eps = 1e-6f32;
         let mut normal = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| rng.normal() * s).collect() };
@@ -70,17 +74,28 @@ pub(super) fn row_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Resu
         // The decode route's kernel on its own copy of x, f32 out poisoned with NaN.
         let x_decode = gpu.upload(&x)?;
         let mut out = gpu.upload(&vec![f32::NAN; rows * width])?;
-        add_norm_to_into(gpu, &x_decode, y_arg, post_arg, &nw_dev, (rows, width, eps), &mut out)?;
-        let (err_xd, err_out) = (
-            rel_err(&gpu.download(&x_decode)?, &want_x),
-            rel_err(&gpu.download(&out)?, &want_h),
-        );
+        let mut a = gpu.upload(&vec![0xA5u8; fmt.bytes(rows, width)])?;
+        let shape = (rows, width, eps);
+        add_norm_to_into(
+            gpu,
+            &x_decode,
+            y_arg,
+            post_arg,
+            &nw_dev,
+            shape,
+            &mut out,
+            Some((fmt, &mut a)),
+        )?;
+        let normed = gpu.download(&out)?;
+        let (err_xd, err_out) = (rel_err(&gpu.download(&x_decode)?, &want_x), rel_err(&normed, &want_h));
+        // The quants must be the CPU's quantization of the kernel's own f32 output, bit for bit.
+        let quant_equal = gpu.download(&a)? == super::int8::cpu_quantize(fmt, &normed, rows, width);
         table.push(Row {
-            check: format!("add_norm_to {rows}x{width}, add {add}, post-norm {post}"),
+            check: format!("add_norm_to {rows}x{width}, add {add}, post-norm {post}, {fmt:?} out"),
             result: format!(
-                "residual rel err {err_xd:.2e} (bound {F32_BOUND:.0e}); normed {err_out:.2e} (bound {F32_NORMED_BOUND:.0e})"
+                "residual rel err {err_xd:.2e} (bound {F32_BOUND:.0e}); normed {err_out:.2e} (bound {F32_NORMED_BOUND:.0e}); quants as the CPU's: {quant_equal}"
             ),
-            pass: err_xd < F32_BOUND && err_out < F32_NORMED_BOUND,
+            pass: err_xd < F32_BOUND && err_out < F32_NORMED_BOUND && quant_equal,
         });
         add_norm_rows_into(gpu, &x_dev, y_arg, post_arg, &nw_dev, (rows, width, eps), &mut h)?;
         let (err_x, err_h) = (

@@ -188,6 +188,22 @@ __device__ __forceinline__ void q8k_block(const float* v, u8* __restrict__ a, in
     if ((lane & 1) == 0) act_sums(a, n_t, t, cols)[blk * 16 + (lane >> 1)] = s;
 }
 
+// The same Q8 block held as float4s by eight consecutive lanes (lane 8b + i: elements 4i .. 4i + 3),
+// so a warp quantizes four blocks at once: the same maximum, scale and roundings as `q8_block`.
+__device__ __forceinline__ void q8_block4(float4 v, u8* __restrict__ a, int n_t, int t, int cols, int blk) {
+    // Only the block's eight lanes take part: a row's last pass may leave other lanes of the warp out.
+    u32 group = 0xFFu << (threadIdx.x & 24);
+    float am = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) am = fmaxf(am, __shfl_xor_sync(group, am, o));
+    float id = am != 0.f ? 127.f / am : 0.f;
+    u32 q = (u32)(__float2int_rn(v.x * id) & 0xFF) | (u32)(__float2int_rn(v.y * id) & 0xFF) << 8 |
+            (u32)(__float2int_rn(v.z * id) & 0xFF) << 16 | (u32)(__float2int_rn(v.w * id) & 0xFF) << 24;
+    int lane8 = threadIdx.x & 7;
+    ((u32*)(a + (size_t)t * cols + blk * 32))[lane8] = q;
+    if (lane8 == 0) act_d(a, n_t, t, cols, 32)[blk] = h2f(f2h(am / 127.f));
+}
+
 // Q8 block `blk` of row t, one warp (lane i holds element i): `round_half_even(v * 127 / amax)`, scale
 // rounded to f16.
 __device__ __forceinline__ void q8_block(float v, u8* __restrict__ a, int n_t, int t, int cols, int blk) {

@@ -67,96 +67,118 @@ __device__ __forceinline__ void norm_out_q8k(int flags, u8* __restrict__ a, int 
         q8k_block(staged + blk * 256, a, n_t, row, width, blk);
 }
 
-// `add_norm_to` for rows of at most RN_IN_REGS elements a thread: each thread loads its elements (x,
-// y, post, weight) once, up front, and keeps them in registers through the sums, so the kernel waits
-// for memory once instead of once per pass. Element i is thread i % blockDim's, summed in the order
-// the passes of `add_norm_to` sum them: the same bits. Eight a thread take rows up to 8192 at 1024
-// threads (Gemma-3-27B's 5376 took the passes over memory at four: 9.8 µs a launch in a decode graph,
-// against 3.4 for the 8B's 4096); every loop stops at the block's last pass, so a shorter row pays
-// for no slot it does not fill.
-#define RN_IN_REGS 8
+// `add_norm_to` for rows of at most RN_VECS float4s a thread (width a multiple of 4): each thread
+// loads its float4s (x, y, post, weight) once, up front, and keeps them in registers through the
+// sums, so the kernel waits for memory once instead of once per pass. Float4 j of a row is thread
+// j % RN_THREADS's; a thread sums its elements in ascending order, then the block's fixed tree
+// (`block_total`). RN_THREADS threads a row: a decode step has one row, so a block is all the
+// kernel's work, and its cost is the block's instructions, not its bandwidth. At 1024 threads and
+// one element a thread a pass, 32 warps spent 530 instructions each on an 8B row (Nsight Compute,
+// docs/gpu-runs/2026-11-30-attn); eight warps of float4s do the row with a fraction of that. Every
+// loop stops at the block's last pass, so a shorter row pays for no slot it does not fill.
+#define RN_THREADS 512
+#define RN_VECS 4
+#define RN_IN_REGS (4 * RN_VECS)
 
-// A thread's elements of the model's own vectors (the post-norm and norm weights), which no kernel
+// A thread's float4s of the model's own vectors (the post-norm and norm weights), which no kernel
 // writes: `add_norm_to` loads them before WAIT_PRIOR_GRID(), so under a programmatic edge they come
 // from memory while the kernel before still runs (the weight stream of a decode step has evicted
 // them from L2 by then).
 struct NormWeights {
-    float pv[RN_IN_REGS], wv[RN_IN_REGS];
+    float4 pv[RN_VECS], wv[RN_VECS];
 };
+
+__device__ __forceinline__ float4 ld4(const float* p, int j, bool live) {
+    return live ? ((const float4*)p)[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+}
 
 __device__ __forceinline__ NormWeights norm_weights(const float* __restrict__ post, const float* __restrict__ weight,
                                                     int width, int flags) {
     NormWeights nw;
 #pragma unroll
-    for (int k = 0; k < RN_IN_REGS; k++) {
-        if (k * (int)blockDim.x >= width) break;
-        int i = threadIdx.x + k * blockDim.x;
-        bool live = i < width;
-        nw.pv[k] = live && (flags & RN_POST) ? __ldg(post + i) : 0.f;
-        nw.wv[k] = live && (flags & RN_NORM) ? __ldg(weight + i) : 0.f;
+    for (int k = 0; k < RN_VECS; k++) {
+        if (4 * k * RN_THREADS >= width) break;
+        int j = threadIdx.x + k * RN_THREADS;
+        bool live = 4 * j < width;
+        nw.pv[k] = ld4(post, j, live && (flags & RN_POST));
+        nw.wv[k] = ld4(weight, j, live && (flags & RN_NORM));
     }
     return nw;
+}
+
+__device__ __forceinline__ float sum_squares(const float4* v, int width) {
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < RN_VECS; k++) {
+        if (4 * k * RN_THREADS >= width) break;
+        s = fmaf(v[k].x, v[k].x, s);
+        s = fmaf(v[k].y, v[k].y, s);
+        s = fmaf(v[k].z, v[k].z, s);
+        s = fmaf(v[k].w, v[k].w, s);
+    }
+    return s;
 }
 
 __device__ __forceinline__ void add_norm_in_regs(float* __restrict__ xr, const float* __restrict__ g,
                                                  const NormWeights& nw, float* __restrict__ o, int width, float eps,
                                                  int flags, u8* __restrict__ a, int n_t, int row, float* staged) {
-    float xv[RN_IN_REGS], gv[RN_IN_REGS];
-    const float* pv = nw.pv;
-    const float* wv = nw.wv;
+    float4 xv[RN_VECS], gv[RN_VECS];
 #pragma unroll
-    for (int k = 0; k < RN_IN_REGS; k++) {
-        if (k * (int)blockDim.x >= width) break;
-        int i = threadIdx.x + k * blockDim.x;
-        bool live = i < width;
-        xv[k] = live ? xr[i] : 0.f;
-        gv[k] = live && (flags & RN_ADD) ? g[i] : 0.f;
+    for (int k = 0; k < RN_VECS; k++) {
+        if (4 * k * RN_THREADS >= width) break;
+        int j = threadIdx.x + k * RN_THREADS;
+        bool live = 4 * j < width;
+        xv[k] = ld4(xr, j, live);
+        gv[k] = ld4(g, j, live && (flags & RN_ADD));
     }
     if (flags & RN_ADD) {
         float scale = 1.f;
-        if (flags & RN_POST) {
-            float s = 0.f;
+        if (flags & RN_POST) scale = rsqrtf(block_total(sum_squares(gv, width)) / width + eps);
 #pragma unroll
-            for (int k = 0; k < RN_IN_REGS; k++) {
-                if (k * (int)blockDim.x >= width) break;
-                if (threadIdx.x + k * blockDim.x < width) s = fmaf(gv[k], gv[k], s);
-            }
-            scale = rsqrtf(block_total(s) / width + eps);
-        }
-#pragma unroll
-        for (int k = 0; k < RN_IN_REGS; k++) {
-            if (k * (int)blockDim.x >= width) break;
-            int i = threadIdx.x + k * blockDim.x;
-            if (i < width) {
-                xv[k] += (flags & RN_POST) ? gv[k] * scale * pv[k] : gv[k];
-                xr[i] = xv[k];
+        for (int k = 0; k < RN_VECS; k++) {
+            if (4 * k * RN_THREADS >= width) break;
+            int j = threadIdx.x + k * RN_THREADS;
+            if (4 * j < width) {
+                const float4 p = nw.pv[k];
+                float4& x = xv[k];
+                const float4 y = gv[k];
+                if (flags & RN_POST) {
+                    x.x += y.x * scale * p.x, x.y += y.y * scale * p.y;
+                    x.z += y.z * scale * p.z, x.w += y.w * scale * p.w;
+                } else {
+                    x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+                }
+                ((float4*)xr)[j] = x;
             }
         }
     }
     if (!(flags & RN_NORM)) return;
-    float s = 0.f;
+    float scale = rsqrtf(block_total(sum_squares(xv, width)) / width + eps);
 #pragma unroll
-    for (int k = 0; k < RN_IN_REGS; k++) {
-        if (k * (int)blockDim.x >= width) break;
-        if (threadIdx.x + k * blockDim.x < width) s = fmaf(xv[k], xv[k], s);
-    }
-    float scale = rsqrtf(block_total(s) / width + eps);
-#pragma unroll
-    for (int k = 0; k < RN_IN_REGS; k++) {
-        // Whole passes of the block, as `add_norm_to` takes them (q8_block needs whole warps).
-        if (k * (int)blockDim.x >= width) break;
-        int i = threadIdx.x + k * blockDim.x;
-        bool live = i < width;
-        norm_out(live ? xv[k] * scale * wv[k] : 0.f, live, i, o, flags, a, n_t, row, width, staged);
+    for (int k = 0; k < RN_VECS; k++) {
+        if (4 * k * RN_THREADS >= width) break;
+        int j = threadIdx.x + k * RN_THREADS;
+        if (4 * j >= width) continue;
+        const float4 x = xv[k], w = nw.wv[k];
+        float4 v = make_float4(x.x * scale * w.x, x.y * scale * w.y, x.z * scale * w.z, x.w * scale * w.w);
+        ((float4*)o)[j] = v;
+        if (flags & RN_F16) {
+            uint2 h = make_uint2(f2h(v.x) | ((u32)f2h(v.y) << 16), f2h(v.z) | ((u32)f2h(v.w) << 16));
+            ((uint2*)((u16*)a + (size_t)row * width))[j] = h;
+        }
+        if (flags & RN_Q8K) ((float4*)staged)[j] = v;
+        // Eight consecutive threads hold a Q8 block of 32 (width is a multiple of 32 when quantizing,
+        // so they are all live or all past the row).
+        if (flags & RN_Q8) q8_block4(v, a, n_t, row, width, j >> 3);
     }
     norm_out_q8k(flags, a, n_t, row, width, staged);
 }
 
-extern "C" __global__ void __launch_bounds__(1024) add_norm_to(float* __restrict__ x, const float* __restrict__ y,
+extern "C" __global__ void __launch_bounds__(RN_THREADS) add_norm_to(float* __restrict__ x, const float* __restrict__ y,
                                                                 const float* __restrict__ post, float* __restrict__ out,
                                                                 const float* __restrict__ weight, int width, float eps,
                                                                 int flags, u8* __restrict__ a, int n_t) {
-    bool in_regs = width <= RN_IN_REGS * (int)blockDim.x;
+    bool in_regs = width <= RN_IN_REGS * RN_THREADS && width % 4 == 0;
     NormWeights nw;
     if (in_regs) nw = norm_weights(post, weight, width, flags);
     WAIT_PRIOR_GRID();
