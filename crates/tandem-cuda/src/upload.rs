@@ -341,6 +341,7 @@ impl CudaModel {
             norm_readers.insert(l.attn_norm.name.clone(), names(&l.qkv()));
             norm_readers.insert(l.ffn_norm.name.clone(), names(&l.gate_up()));
         }
+        norm_readers.insert(w.output_norm.name.clone(), vec![w.output.name.clone()]);
         let arena = gpu.alloc::<i32>(ARENA_INTS)?;
         let arrivals = gpu.alloc::<i32>(cpu.config.n_head)?;
         let skipped_kernels = skipped_kernels(std::env::var("TANDEM_CUDA_SKIP").ok().as_deref())?;
