@@ -83,6 +83,22 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
     if let Some(err) = shortfall {
         return Err(err);
     }
+    let groups_fit =
+        s.n_kv_head > 0 && s.n_head.is_multiple_of(s.n_kv_head) && s.group > 0 && s.n_head.is_multiple_of(s.group);
+    let quants_fit = s.quant == 0 || b.quants.as_ref().is_some_and(|a| a.len() >= s.t * qw);
+    if !groups_fit || !quants_fit {
+        return Err(CudaError::Driver {
+            what: "tile attention".into(),
+            err: format!(
+                "{} heads over {} KV heads in merge groups of {}, quantization {} with {} bytes",
+                s.n_head,
+                s.n_kv_head,
+                s.group,
+                s.quant,
+                b.quants.as_ref().map_or(0, |a| a.len())
+            ),
+        });
+    }
     let ints = |n: usize, what: &str| i32_of(n, what);
     let (cap, kvw_i) = (ints(s.capacity, "capacity")?, ints(kvw, "kv width")?);
     let (nh, nkv) = (ints(s.n_head, "heads")?, ints(s.n_kv_head, "kv heads")?);
