@@ -171,6 +171,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_tile_size_matches_the_attention_kernel() {
+        // The launch gives a block ATT_TILE threads and the host's tile spans assume its tiles.
+        let body = crate::nvrtc::ATTENTION.body;
+        let line = format!("#define ATT_TILE {ATT_TILE}");
+        assert!(body.lines().any(|l| l.trim() == line), "{line} in attention.cu");
+    }
+
+    #[test]
     fn gate_and_up_share_a_gemm_only_for_shorter_chunks_of_stacked_copies() {
         assert!(gate_up_in_one_gemm(512, true));
         assert!(gate_up_in_one_gemm(STACKED_GATE_UP_MAX_ROWS - 1, true));
