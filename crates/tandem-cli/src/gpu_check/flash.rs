@@ -224,35 +224,67 @@ pub(super) fn flash_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
 
 /// Softmax attention in f64 over the keys each query sees, its query rounded to f16 as the kernel's.
 fn reference(c: &Case, positions: &[usize], q: &[f32], k: &[f16], v: &[f16]) -> Vec<f64> {
-    let scale = c.scale();
     let (hd, qw, kvw) = (c.head_dim, c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
     let group = c.n_head / c.n_kv_head;
     let mut out = vec![0f64; c.t * qw];
     for (r, &p) in positions.iter().enumerate() {
         let first = c.window.map_or(0, |w| (p + 1).saturating_sub(w));
         for h in 0..c.n_head {
-            let qh: Vec<f64> = q[r * qw + h * hd..][..hd]
-                .iter()
-                .map(|&x| f16::from_f32(x).to_f64())
-                .collect();
             let col = (h / group) * hd;
-            let scores: Vec<f64> = (first..=p)
-                .map(|j| {
-                    let kr = &k[j * kvw + col..][..hd];
-                    qh.iter().zip(kr).map(|(a, b)| a * b.to_f64()).sum::<f64>() * scale as f64
-                })
-                .collect();
-            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let sum: f64 = w.iter().sum();
-            for d in 0..hd {
-                out[r * qw + h * hd + d] = (first..=p)
-                    .zip(&w)
-                    .map(|(j, wj)| wj * v[j * kvw + col + d].to_f64())
-                    .sum::<f64>()
-                    / sum;
-            }
+            let keys: Vec<usize> = (first..=p).map(|j| j * kvw + col).collect();
+            let at = r * qw + h * hd;
+            attend_f64(&q[at..at + hd], k, v, &keys, c.scale() as f64, &mut out[at..at + hd]);
         }
     }
     out
+}
+
+/// One query head's softmax attention in f64: `q` rounded to f16 (as the kernels round it), each
+/// key's head at offset `keys[i]` of `k` and `v`, scores times `scale`; the head's output into `out`.
+pub(super) fn attend_f64(q: &[f32], k: &[f16], v: &[f16], keys: &[usize], scale: f64, out: &mut [f64]) {
+    let qh: Vec<f64> = q.iter().map(|&x| f16::from_f32(x).to_f64()).collect();
+    let scores: Vec<f64> = keys
+        .iter()
+        .map(|&at| {
+            qh.iter()
+                .zip(&k[at..at + qh.len()])
+                .map(|(a, b)| a * b.to_f64())
+                .sum::<f64>()
+                * scale
+        })
+        .collect();
+    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let sum: f64 = w.iter().sum();
+    for (d, o) in out.iter_mut().enumerate() {
+        *o = keys
+            .iter()
+            .zip(&w)
+            .map(|(&at, wj)| wj * v[at + d].to_f64())
+            .sum::<f64>()
+            / sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_f64_reference_weighs_keys_by_their_softmax() {
+        let h = |x: &[f32]| x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<f16>>();
+        // Two keys of two dimensions at offsets 0 and 2; the query scores them 1 and 3 (scale 1).
+        let (k, v) = (h(&[1.0, 0.0, 3.0, 0.0]), h(&[2.0, 4.0, 6.0, 8.0]));
+        let mut out = [0f64; 2];
+        attend_f64(&[1.0, 5.0], &k, &v, &[0, 2], 1.0, &mut out);
+        let (w0, w1) = (1f64.exp(), 3f64.exp());
+        let want = [(2.0 * w0 + 6.0 * w1) / (w0 + w1), (4.0 * w0 + 8.0 * w1) / (w0 + w1)];
+        assert!(
+            out.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12),
+            "{out:?} against {want:?}"
+        );
+        // One key: its value, whatever the score.
+        attend_f64(&[1.0, 5.0], &k, &v, &[2], 1.0, &mut out);
+        assert_eq!(out, [6.0, 8.0]);
+    }
 }

@@ -11,6 +11,7 @@ use tandem_cuda::attend::{tile_attention_into, TileBuffers, TileShape};
 use tandem_cuda::routes::{first_key, tile_span};
 use tandem_cuda::Gpu;
 
+use super::flash::attend_f64;
 use super::{rel_err, Rng, Row};
 
 /// One case: head size, query and KV heads, the queries' positions, the window, and the buffer:
@@ -67,7 +68,7 @@ pub(super) fn tile_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Res
 }
 
 /// The kernel's output for `positions` (each query's rows of `q`), from the case's buffer.
-fn run(gpu: &Gpu, c: &Case, positions: &[usize], q: &[f32], k: &[u16], v: &[u16]) -> Result<Vec<f32>> {
+fn run(gpu: &Gpu, c: &Case, positions: &[usize], q: &[f32], k: &[f16], v: &[f16]) -> Result<Vec<f32>> {
     let t = positions.len();
     let span = tile_span(positions, c.window, c.origin.0);
     // One tile more than live: blocks past the live tiles must exit without touching anything.
@@ -86,7 +87,8 @@ fn run(gpu: &Gpu, c: &Case, positions: &[usize], q: &[f32], k: &[u16], v: &[u16]
     };
     let ints = |v: &[usize]| v.iter().map(|&x| x as i32).collect::<Vec<i32>>();
     let q = gpu.upload(q)?;
-    let (kc, vc) = (gpu.upload(k)?, gpu.upload(v)?);
+    let bits = |x: &[f16]| x.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
+    let (kc, vc) = (gpu.upload(&bits(k))?, gpu.upload(&bits(v))?);
     let pos = gpu.upload(&ints(positions))?;
     let meta = gpu.upload(&ints(&[c.origin.0, c.origin.1, span.lo, span.n]))?;
     let mut partial = gpu.upload(&vec![f32::NAN; t * c.n_head * tile_cap * (c.head_dim + 2)])?;
@@ -117,15 +119,14 @@ fn check_case(gpu: &Gpu, rng: &mut Rng, c: &Case, table: &mut Vec<Row>) -> Resul
     let t = c.positions.len();
     let q: Vec<f32> = (0..t * qw).map(|_| rng.normal()).collect();
     // Every physical row a query may see gets random values; all others stay NaN.
-    let nan = f16::NAN.to_bits();
-    let (mut k, mut v) = (vec![nan; c.capacity * kvw], vec![nan; c.capacity * kvw]);
+    let (mut k, mut v) = (vec![f16::NAN; c.capacity * kvw], vec![f16::NAN; c.capacity * kvw]);
     let lo = c.positions.iter().map(|&p| c.first(p)).min().unwrap_or(0);
     let hi = c.positions.iter().copied().max().unwrap_or(0);
     for p in lo..=hi {
         let row = c.physical(p) * kvw;
         for i in row..row + kvw {
-            k[i] = f16::from_f32(rng.normal()).to_bits();
-            v[i] = f16::from_f32(rng.normal()).to_bits();
+            k[i] = f16::from_f32(rng.normal());
+            v[i] = f16::from_f32(rng.normal());
         }
     }
     let out = run(gpu, c, &c.positions, &q, &k, &v)?;
@@ -149,34 +150,18 @@ fn check_case(gpu: &Gpu, rng: &mut Rng, c: &Case, table: &mut Vec<Row>) -> Resul
     Ok(())
 }
 
-/// Softmax attention in f64 over the keys each query sees, its query rounded to f16 as the kernel's.
-fn reference(c: &Case, q: &[f32], k: &[u16], v: &[u16]) -> Vec<f64> {
+/// Softmax attention in f64 over the keys each query sees (through the buffer's placement).
+fn reference(c: &Case, q: &[f32], k: &[f16], v: &[f16]) -> Vec<f64> {
     let (hd, qw, kvw) = (c.head_dim, c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
     let group = c.n_head / c.n_kv_head;
-    let val = |x: &[u16], i: usize| f16::from_bits(x[i]).to_f64();
+    let scale = 1.0 / (hd as f64).sqrt();
     let mut out = vec![0f64; q.len()];
     for (r, &p) in c.positions.iter().enumerate() {
-        let keys: Vec<usize> = (c.first(p)..=p).map(|j| c.physical(j) * kvw).collect();
         for h in 0..c.n_head {
-            let qh: Vec<f64> = q[r * qw + h * hd..][..hd]
-                .iter()
-                .map(|&x| f16::from_f32(x).to_f64())
-                .collect();
             let col = (h / group) * hd;
-            let scores: Vec<f64> = keys
-                .iter()
-                .map(|&row| {
-                    let dot: f64 = qh.iter().enumerate().map(|(d, a)| a * val(k, row + col + d)).sum();
-                    dot / (hd as f64).sqrt()
-                })
-                .collect();
-            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let sum: f64 = w.iter().sum();
-            for d in 0..hd {
-                let acc: f64 = keys.iter().zip(&w).map(|(&row, wj)| wj * val(v, row + col + d)).sum();
-                out[r * qw + h * hd + d] = acc / sum;
-            }
+            let keys: Vec<usize> = (c.first(p)..=p).map(|j| c.physical(j) * kvw + col).collect();
+            let at = r * qw + h * hd;
+            attend_f64(&q[at..at + hd], k, v, &keys, scale, &mut out[at..at + hd]);
         }
     }
     out
