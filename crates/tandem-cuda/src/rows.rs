@@ -93,8 +93,11 @@ pub fn add_norm_to_into(
     quants: Option<(ActQuant, &mut CudaSlice<u8>)>,
 ) -> Result<(), CudaError> {
     let (rows, width, eps) = shape;
+    // Q8_K rows are staged in the kernel's shared memory (`RN_MAX_Q8K_WIDTH`), as `residual_norm` says.
     let quant_short = quants.as_ref().is_some_and(|(fmt, a)| {
-        a.len() < fmt.bytes(rows, width) || !width.is_multiple_of(fmt.block()) || width > RN_MAX_Q8K_WIDTH
+        a.len() < fmt.bytes(rows, width)
+            || !width.is_multiple_of(fmt.block())
+            || (*fmt == ActQuant::Q8K && width > RN_MAX_Q8K_WIDTH)
     });
     if x.len() < rows * width || out.len() < rows * width || weight.len() < width || quant_short {
         return Err(CudaError::Driver {
