@@ -15,7 +15,7 @@ use crate::flash::key_range;
 use crate::int8::ActQuant;
 use crate::kv::GpuSequenceKv;
 use crate::launch::{blocks, i32_of, launch_cfg};
-use crate::model::{CudaModel, GpuAct, GpuScratch, Mode};
+use crate::model::{CudaModel, GpuAct, GpuScratch, Mode, Param};
 use crate::routes::{self, AttentionRoute, KvRoute, ATT_TILE, MATVEC_MAX_ROWS};
 use crate::rows::quant_flag;
 use crate::{CudaError, Gpu};
@@ -40,22 +40,59 @@ pub struct TileShape {
     pub quant: i32,
 }
 
+/// The K/V buffer the kernel attends over: read only, or (the fused decode step, `FreshRow`) read
+/// with the step's own row written into it.
+pub enum KvCache<'a> {
+    Read(CudaView<'a, u16>, CudaView<'a, u16>),
+    Write(CudaViewMut<'a, u16>, CudaViewMut<'a, u16>),
+}
+
+impl KvCache<'_> {
+    fn rows_len(&self) -> usize {
+        match self {
+            KvCache::Read(k, v) => k.len().min(v.len()),
+            KvCache::Write(k, v) => k.len().min(v.len()),
+        }
+    }
+}
+
+/// A decode step's own row for the fused kernel (`attend_rope_d<D>`): q arrives unrotated, K and V
+/// as the projections' f32 rows (one row of the KV heads each). The kernel applies RoPE to q and K as
+/// `rope_kv_store` does, attends to the step's key from the rotated row, and stores K and V to cache
+/// row `cache_row[0]` (-1: not stored), so the cache and the output have the bits of `rope_kv_store`
+/// followed by `attend_tiles_d<D>`.
+pub struct FreshRow<'a> {
+    pub k: CudaView<'a, f32>,
+    pub v: CudaView<'a, f32>,
+    pub cache_row: CudaView<'a, i32>,
+    pub rope: RopeParams,
+}
+
 /// Its buffers. `meta` = {origin_logical, origin_physical, first tile, live tiles}; `partial` holds
 /// t * n_head * tile_cap records of head_dim + 2; `arrivals` t * n_head zeroed counters (the kernel
-/// leaves them zeroed); `quants` the quantized output when `quant` is set.
+/// leaves them zeroed); `quants` the quantized output when `quant` is set; `fresh` the step's own
+/// row (one query, a writable cache), or `None` when the cache already holds every key.
 pub struct TileBuffers<'a> {
     pub q: CudaView<'a, f32>,
-    pub kc: CudaView<'a, u16>,
-    pub vc: CudaView<'a, u16>,
+    pub cache: KvCache<'a>,
     pub pos: CudaView<'a, i32>,
     pub meta: CudaView<'a, i32>,
     pub partial: &'a mut CudaSlice<f32>,
     pub arrivals: &'a mut CudaSlice<i32>,
     pub out: CudaViewMut<'a, f32>,
     pub quants: Option<&'a mut CudaSlice<u8>>,
+    pub fresh: Option<FreshRow<'a>>,
 }
 
-/// Launches the tile attention kernel for `s.head_dim` (one kernel per supported head size).
+fn tile_error(err: String) -> CudaError {
+    CudaError::Driver {
+        what: "tile attention".into(),
+        err,
+    }
+}
+
+/// Launches the tile attention kernel for `s.head_dim` (one kernel per supported head size; the
+/// fused one when `b.fresh` is given).
 pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Result<(), CudaError> {
     if !routes::head_dim_supported(s.head_dim) {
         return Err(CudaError::UnsupportedHeadDim(s.head_dim));
@@ -68,14 +105,20 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
         })
     };
     let records = s.t * s.n_head * s.tile_cap * (s.head_dim + 2);
+    let fresh_lens = b
+        .fresh
+        .as_ref()
+        .map_or((kvw, 1), |f| (f.k.len().min(f.v.len()), f.cache_row.len()));
     let shortfall = [
         short("queries", b.q.len(), s.t * qw),
         short("output", b.out.len(), s.t * qw),
-        short("keys", b.kc.len().min(b.vc.len()), s.capacity * kvw),
+        short("keys", b.cache.rows_len(), s.capacity * kvw),
         short("positions", b.pos.len(), s.t),
         short("placement", b.meta.len(), 4),
         short("partials", b.partial.len(), records),
         short("arrival counters", b.arrivals.len(), s.t * s.n_head),
+        short("step's own K and V", fresh_lens.0, kvw),
+        short("step's cache row", fresh_lens.1, 1),
     ]
     .into_iter()
     .flatten()
@@ -87,33 +130,42 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
         s.n_kv_head > 0 && s.n_head.is_multiple_of(s.n_kv_head) && s.group > 0 && s.n_head.is_multiple_of(s.group);
     let quants_fit = s.quant == 0 || b.quants.as_ref().is_some_and(|a| a.len() >= s.t * qw);
     if !groups_fit || !quants_fit {
-        return Err(CudaError::Driver {
-            what: "tile attention".into(),
-            err: format!(
-                "{} heads over {} KV heads in merge groups of {}, quantization {} with {} bytes",
-                s.n_head,
-                s.n_kv_head,
-                s.group,
-                s.quant,
-                b.quants.as_ref().map_or(0, |a| a.len())
-            ),
-        });
+        return Err(tile_error(format!(
+            "{} heads over {} KV heads in merge groups of {}, quantization {} with {} bytes",
+            s.n_head,
+            s.n_kv_head,
+            s.group,
+            s.quant,
+            b.quants.as_ref().map_or(0, |a| a.len())
+        )));
+    }
+    if let Some(f) = &b.fresh {
+        let writable = matches!(b.cache, KvCache::Write(..));
+        let n_rot = f.rope.n_rot;
+        if s.t != 1 || !writable || !n_rot.is_multiple_of(2) || n_rot > s.head_dim {
+            return Err(tile_error(format!(
+                "the fused step takes one query (not {}), a writable cache ({writable}) and an even \
+                 rotation within the head (n_rot {n_rot}, head size {})",
+                s.t, s.head_dim
+            )));
+        }
     }
     let ints = |n: usize, what: &str| i32_of(n, what);
     let (cap, kvw_i) = (ints(s.capacity, "capacity")?, ints(kvw, "kv width")?);
     let (nh, nkv) = (ints(s.n_head, "heads")?, ints(s.n_kv_head, "kv heads")?);
     let (win, tc) = (ints(s.window.unwrap_or(0), "window")?, ints(s.tile_cap, "tiles")?);
     let (group, n_t) = (ints(s.group, "heads per group")?, ints(s.t, "rows")?);
-    let name = format!("attend_tiles_d{}", s.head_dim);
+    let kind = if b.fresh.is_some() { "rope" } else { "tiles" };
+    let name = format!("attend_{kind}_d{}", s.head_dim);
     let f = gpu.function(&name)?;
     let mut l = gpu.launch_builder(f)?;
-    l.arg(&b.q)
-        .arg(&b.kc)
-        .arg(&b.vc)
-        .arg(&cap)
-        .arg(&kvw_i)
-        .arg(&b.pos)
-        .arg(&b.meta);
+    l.arg(&b.q);
+    let mut cache = b.cache;
+    match &mut cache {
+        KvCache::Read(k, v) => l.arg(&*k).arg(&*v),
+        KvCache::Write(k, v) => l.arg(k).arg(v),
+    };
+    l.arg(&cap).arg(&kvw_i).arg(&b.pos).arg(&b.meta);
     l.arg(&nh)
         .arg(&nkv)
         .arg(&s.scale)
@@ -128,12 +180,35 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
         Some(a) => l.arg(a),
         None => l.arg(&no_quants),
     };
-    l.arg(&n_t);
+    // The fused kernel's own arguments (its query count is one), or the plain kernel's query count.
+    let fresh_args = match &b.fresh {
+        Some(f) => Some((
+            ints(f.rope.n_rot, "n_rot")?,
+            i32::from(matches!(f.rope.style, RopeStyle::Neox)),
+        )),
+        None => None,
+    };
+    match (&b.fresh, &fresh_args) {
+        (Some(f), Some((n_rot, neox))) => {
+            l.arg(&f.k).arg(&f.v).arg(&f.cache_row).arg(n_rot);
+            l.arg(&f.rope.freq_base).arg(&f.rope.freq_scale).arg(neox)
+        }
+        _ => l.arg(&n_t),
+    };
     let grid = (s.tile_cap as u32, s.n_head as u32, s.t as u32);
     // SAFETY: the arguments match the kernel's signature in order and type, and every buffer holds
     // what the grid reads or writes (checked above).
     driver(&name, unsafe { l.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
     Ok(())
+}
+
+/// The fused decode step's inputs on the model's side: the projections' K and V rows, the staged cache
+/// row, and the layer's RoPE.
+struct FreshInputs<'a> {
+    k: &'a GpuAct,
+    v: &'a GpuAct,
+    cache_row: Param,
+    rope: RopeParams,
 }
 
 impl CudaModel {
@@ -155,8 +230,6 @@ impl CudaModel {
         tile_cap: usize,
         quant: Option<ActQuant>,
     ) -> Result<(), CudaError> {
-        let c = &self.cpu.config;
-        let (capacity, origin_logical, origin_physical) = source;
         let t = rows.len();
         // Prefill chunks (never captured, so only in direct launches) take the tensor cores when their
         // keys are contiguous in this buffer.
@@ -167,6 +240,28 @@ impl CudaModel {
                 });
             }
         }
+        let cache = KvCache::Read(kc.as_view(), vc.as_view());
+        self.attend_tiles(io, rows, cache, source, positions, window, tile_cap, quant, None)
+    }
+
+    /// The tile kernel over `cache` (`source` = capacity, origin_logical, origin_physical), or the
+    /// fused decode kernel when `fresh` brings the step's own row.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_tiles(
+        &self,
+        io: &mut AttendRows<'_, GpuAct>,
+        rows: &Range<usize>,
+        cache: KvCache<'_>,
+        source: (usize, usize, usize),
+        positions: &[usize],
+        window: Option<usize>,
+        tile_cap: usize,
+        quant: Option<ActQuant>,
+        fresh: Option<FreshInputs<'_>>,
+    ) -> Result<(), CudaError> {
+        let c = &self.cpu.config;
+        let (capacity, origin_logical, origin_physical) = source;
+        let t = rows.len();
         let span = routes::tile_span(positions, window, origin_logical);
         let tile_cap = tile_cap.max(span.n);
         let pos = self.param(positions, "position")?;
@@ -197,18 +292,32 @@ impl CudaModel {
             quant: quant.map_or(0, quant_flag),
         };
         let mut arrivals = self.arrivals(t * c.n_head)?;
+        let fresh = match &fresh {
+            Some(f) => Some(FreshRow {
+                k: f.k.buf()?.as_view(),
+                v: f.v.buf()?.as_view(),
+                cache_row: self.view(&f.cache_row),
+                rope: f.rope,
+            }),
+            None => None,
+        };
+        let kernel = if fresh.is_some() {
+            "attend (rope + tiles)"
+        } else {
+            "attend (tiles)"
+        };
         let bufs = TileBuffers {
             q: io.q.buf()?.slice(rows.start * qw..rows.end * qw),
-            kc: kc.as_view(),
-            vc: vc.as_view(),
+            cache,
             pos: self.view(&pos),
             meta: self.view(&meta),
             partial: partial.buf_mut()?,
             arrivals: &mut arrivals,
             out: io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw),
             quants: a.as_deref_mut(),
+            fresh,
         };
-        self.profiled("attend (tiles)", || {
+        self.profiled(kernel, || {
             if self.skips("attend_tiles") {
                 return Ok(());
             }
@@ -288,9 +397,12 @@ impl CudaModel {
         (quant, window, tile_cap)
     }
 
-    /// `Backend::rope_store_and_attend`. One span of a few rows (a decode step) whose chunk the cache
-    /// takes in place: `rope_kv_store` rotates q in place and K on its way into the cache, then the
-    /// tile kernel attends. Anything else: `rope_qk`, then each span's `store_and_attend`.
+    /// `Backend::rope_store_and_attend`. One span of one row (a decode step) whose row the cache takes
+    /// in place: the fused tile kernel (`attend_rope_d*`) rotates q and K, stores K and V and attends,
+    /// in one launch. One span of a few rows taken in place: `rope_kv_store` rotates q in place and K
+    /// on its way into the cache, then the tile kernel attends (a row's query reads the rows before it
+    /// in its chunk, which other blocks store). Anything else: `rope_qk`, then each span's
+    /// `store_and_attend`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_store_attend(
         &self,
@@ -320,6 +432,37 @@ impl CudaModel {
         let (quant, window, tile_cap) = self.attend_setup(layer, kv, qkv.out.rows, &rows);
         let lc = &mut kv.layers[layer];
         let (dst, after) = routes::store_rows(&lc.placement, rows.len());
+        if rows.len() == 1 {
+            // One row: the attention kernel applies RoPE and stores the row itself (one launch).
+            let fresh = FreshInputs {
+                k: &*qkv.k,
+                v: qkv.v,
+                cache_row: self.param_ints(dst)?,
+                rope: *rope,
+            };
+            lc.placement = after;
+            let p = lc.placement;
+            let source = (p.capacity, p.origin_logical, p.origin_physical);
+            let mut io = AttendRows {
+                q: &*qkv.q,
+                k: &*qkv.k,
+                v: qkv.v,
+                out: qkv.out,
+            };
+            let cache = KvCache::Write(lc.k.as_view_mut(), lc.v.as_view_mut());
+            self.attend_tiles(
+                &mut io,
+                &rows,
+                cache,
+                source,
+                positions,
+                window,
+                tile_cap,
+                quant,
+                Some(fresh),
+            )?;
+            return Ok(());
+        }
         self.rope_kv_store(qkv.q, qkv.k, qkv.v, dst, (&mut lc.k, &mut lc.v), positions, rope)?;
         lc.placement = after;
         let p = lc.placement;

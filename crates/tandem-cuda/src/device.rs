@@ -197,8 +197,9 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         ("MMVQ", [t, u, r, w]) => pair("mmvq_", "mmvqb_", format!("{t}_u{u}_r{r}_s{w}")),
         // MMVQ_STAGED(type, shared layout, unroll, rows per group): the staged one-row kernels.
         ("MMVQ_STAGED", [t, _, u, r]) => vec![format!("mmvqp_{t}_u{u}_r{r}_s1")],
-        // ATTEND_TILES(head size): the tile attention kernel for one head size.
-        ("ATTEND_TILES", [d]) => vec![format!("attend_tiles_d{d}")],
+        // ATTEND_TILES(head size): the tile attention kernels for one head size, over the cache and
+        // with a decode step's own row fused in.
+        ("ATTEND_TILES", [d]) => vec![format!("attend_tiles_d{d}"), format!("attend_rope_d{d}")],
         // FLASH_ENTRY(head size, key tile, m-tiles, r|s): the prefill attention variants.
         ("FLASH_ENTRY", [d, k, m, q]) => vec![format!("flash_prefill_d{d}_k{k}_m{m}_{q}")],
         _ => return None,
@@ -258,7 +259,10 @@ mod tests {
         // One tile kernel per head size the route admits.
         let sizes: Vec<usize> = (5..=8).map(|b| 1 << b).collect();
         assert!(sizes.iter().all(|&d| crate::routes::head_dim_supported(d)));
-        let want: Vec<String> = sizes.iter().map(|d| format!("attend_tiles_d{d}")).collect();
+        let want: Vec<String> = sizes
+            .iter()
+            .flat_map(|d| [format!("attend_tiles_d{d}"), format!("attend_rope_d{d}")])
+            .collect();
         assert_eq!(att, want);
         // The host's table of flash variants is the list of entry points, in order.
         let flash = kernel_names(nvrtc::FLASH.body);

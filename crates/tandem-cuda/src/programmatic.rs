@@ -165,16 +165,25 @@ mod tests {
         ),
     ];
 
-    /// Kernels that load the model's own vectors before their WAIT_PRIOR_GRID(), and the statements
-    /// allowed there.
-    const WAITING_KERNELS: [(&str, &[&str]); 1] = [(
-        " add_norm_to(",
-        &[
-            "bool in_regs = width <= RN_IN_REGS * RN_THREADS && width % 4 == 0;",
-            "NormWeights nw;",
-            "if (in_regs) nw = norm_weights(post, weight, width, flags);",
-        ],
-    )];
+    /// Kernels that load the model's own vectors (or a parameter the host wrote before the launch)
+    /// before their WAIT_PRIOR_GRID(), and the statements allowed there.
+    const WAITING_KERNELS: [(&str, &[&str]); 2] = [
+        (
+            " add_norm_to(",
+            &[
+                "bool in_regs = width <= RN_IN_REGS * RN_THREADS && width % 4 == 0;",
+                "NormWeights nw;",
+                "if (in_regs) nw = norm_weights(post, weight, width, flags);",
+            ],
+        ),
+        (
+            " attend_rope_d##D(",
+            &[
+                "int key = pos[0];",
+                "float2 cs = rope_pair_angle(key, n_rot, base, freq_scale);",
+            ],
+        ),
+    ];
 
     /// The lines of `body` from just after `open` (a '{') up to the next WAIT_PRIOR_GRID().
     fn before_wait(body: &str, open: usize) -> Vec<&str> {

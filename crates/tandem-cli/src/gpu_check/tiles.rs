@@ -3,11 +3,13 @@
 //! contexts of several tiles; windows; a ring buffer that has wrapped. Rows no query may read are NaN
 //! (a key read past its mask shows up in the output), and so is the output before the launch. Each
 //! query of a batch must also get the same bits alone: the kernel's sums depend on a query's position
-//! and keys, never on the rows launched with it (what `--deterministic` relies on).
+//! and keys, never on the rows launched with it (what `--deterministic` relies on). The fused decode
+//! kernel (RoPE, the cache store and attention in one launch) is checked on single queries.
 
 use anyhow::Result;
 use half::f16;
-use tandem_cuda::attend::{tile_attention_into, TileBuffers, TileShape};
+use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+use tandem_cuda::attend::{tile_attention_into, FreshRow, KvCache, TileBuffers, TileShape};
 use tandem_cuda::routes::{first_key, tile_span};
 use tandem_cuda::Gpu;
 
@@ -64,11 +66,146 @@ pub(super) fn tile_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Res
     for c in &cases {
         check_case(gpu, rng, c, table)?;
     }
+    let rope = |n_rot, style, freq_base| RopeParams {
+        style,
+        n_rot,
+        freq_base,
+        freq_scale: 1.0,
+    };
+    let (inter, neox) = (RopeStyle::Interleaved, RopeStyle::Neox);
+    // The fused decode kernel: one query whose own K and V arrive unrotated.
+    let fresh_cases = [
+        (
+            case(128, 8, 2, vec![300], None, 340, (0, 0)),
+            rope(128, inter, 500_000.0),
+        ),
+        // The step's key alone in its tile, and alone in the context.
+        (
+            case(128, 4, 4, vec![128], None, 200, (0, 0)),
+            rope(128, inter, 10_000.0),
+        ),
+        (case(128, 4, 1, vec![0], None, 16, (0, 0)), rope(128, neox, 10_000.0)),
+        // The wrapped ring: position 1002 goes to row 490, over the oldest row it held.
+        (
+            case(256, 4, 1, vec![1002], Some(512), 512, (491, 491)),
+            rope(256, neox, 1_000_000.0),
+        ),
+        // Part of each head rotated.
+        (case(64, 9, 3, vec![47], Some(20), 64, (0, 0)), rope(32, neox, 10_000.0)),
+        (case(32, 2, 1, vec![2], None, 8, (0, 0)), rope(32, inter, 10_000.0)),
+    ];
+    for (c, r) in &fresh_cases {
+        check_fresh(gpu, rng, c, *r, table)?;
+    }
     Ok(())
 }
 
-/// The kernel's output for `positions` (each query's rows of `q`), from the case's buffer.
-fn run(gpu: &Gpu, c: &Case, positions: &[usize], q: &[f32], k: &[f16], v: &[f16]) -> Result<Vec<f32>> {
+/// RoPE on one head's `x` at position `pos` as the kernels form the angle (f32, `rope_angle` in
+/// `common.cuh`), rotated in f64.
+fn rotate(x: &[f32], pos: usize, r: &RopeParams) -> Vec<f64> {
+    let mut y: Vec<f64> = x.iter().map(|&a| a as f64).collect();
+    let half = r.n_rot / 2;
+    for p in 0..half {
+        let theta = pos as f32 * r.freq_scale * r.freq_base.powf(-2.0 * p as f32 / r.n_rot as f32);
+        let (sin, cos) = (theta as f64).sin_cos();
+        let (a, b) = match r.style {
+            RopeStyle::Neox => (p, p + half),
+            RopeStyle::Interleaved => (2 * p, 2 * p + 1),
+        };
+        let (x0, x1) = (x[a] as f64, x[b] as f64);
+        y[a] = x0 * cos - x1 * sin;
+        y[b] = x0 * sin + x1 * cos;
+    }
+    y
+}
+
+/// The fused kernel's answer on an angle the host forms to within an f32 ulp: queries rounded to
+/// f16 may move by one f16 ulp, so a looser bound than the cached kernel's (a misplaced or missing
+/// key still gives about 1e-1).
+const FRESH_BOUND: f64 = 1e-3;
+
+/// The fused decode kernel (`attend_rope_d*`) on one query: q, K and V of the step arrive unrotated
+/// and the step's cache row is NaN (the kernel must attend to its key from the fresh row and store
+/// it). Checked: the stored K row against the host's rotation (one f16 ulp), V's bits, every other
+/// row untouched, the output against f64 attention; and, with no rotation, the output's bits
+/// against the cached kernel over a cache already holding the row.
+fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut Vec<Row>) -> Result<()> {
+    let (hd, kvw, qw) = (c.head_dim, c.n_kv_head * c.head_dim, c.n_head * c.head_dim);
+    let p = c.positions[0];
+    let q: Vec<f32> = (0..qw).map(|_| rng.normal()).collect();
+    let fk: Vec<f32> = (0..kvw).map(|_| rng.normal()).collect();
+    let fv: Vec<f32> = (0..kvw).map(|_| rng.normal()).collect();
+    let (mut k, mut v) = random_cache(c, rng);
+    let row = c.physical(p) * kvw..c.physical(p) * kvw + kvw;
+    k[row.clone()].fill(f16::NAN);
+    v[row.clone()].fill(f16::NAN);
+    let fresh = Fresh { k: &fk, v: &fv, rope };
+    let (out, kc, vc) = run(gpu, c, &[p], &q, (&k, &v), Some(&fresh))?;
+    let rotated = |x: &[f32]| -> Vec<f64> { x.chunks(hd).flat_map(|h| rotate(h, p, &rope)).collect() };
+    // The stored row: K within an f16 ulp of the host's rotation, V bit-equal, all else untouched.
+    let k_host = rotated(&fk);
+    let k_close = kc[row.clone()].iter().zip(&k_host).all(|(&b, &want)| {
+        let got = f16::from_bits(b).to_f64();
+        (got - want).abs() <= want.abs() * 2f64.powi(-10) + 1e-7
+    });
+    let v_equal = vc[row.clone()]
+        .iter()
+        .zip(&fv)
+        .all(|(&b, &x)| b == f16::from_f32(x).to_bits());
+    let bits = |x: &[f16]| x.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
+    let (k_in, v_in) = (bits(&k), bits(&v));
+    let untouched = (0..kc.len()).all(|i| row.contains(&i) || (kc[i] == k_in[i] && vc[i] == v_in[i]));
+    // The output against f64 attention over the kernel's own stored row.
+    let (mut k_ref, mut v_ref) = (k.clone(), v.clone());
+    for i in row.clone() {
+        k_ref[i] = f16::from_bits(kc[i]);
+        v_ref[i] = f16::from_bits(vc[i]);
+    }
+    let q_rot: Vec<f32> = rotated(&q).iter().map(|&x| x as f32).collect();
+    let err = rel_err(&out, &reference(c, &q_rot, &k_ref, &v_ref));
+    // No rotation: the fused kernel's bits are the cached kernel's over a cache holding the row.
+    let still = RopeParams { n_rot: 0, ..rope };
+    let (out_fused, _, _) = run(gpu, c, &[p], &q, (&k, &v), Some(&Fresh { rope: still, ..fresh }))?;
+    let (mut k_cached, mut v_cached) = (k.clone(), v.clone());
+    for (j, i) in row.clone().enumerate() {
+        k_cached[i] = f16::from_f32(fk[j]);
+        v_cached[i] = f16::from_f32(fv[j]);
+    }
+    let (out_cached, _, _) = run(gpu, c, &[p], &q, (&k_cached, &v_cached), None)?;
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    let bit_equal = same(&out_fused, &out_cached);
+    table.push(Row {
+        check: format!(
+            "fused RoPE + store + attention d{hd} {}/{} heads, position {p}, window {:?}, {} rows from {:?}, \
+             n_rot {} {:?}",
+            c.n_head, c.n_kv_head, c.window, c.capacity, c.origin, rope.n_rot, rope.style
+        ),
+        result: format!(
+            "rel err {err:.2e} (bound {FRESH_BOUND:.0e}); stored K within an f16 ulp: {k_close}, V bit-equal: \
+             {v_equal}, other rows untouched: {untouched}; unrotated bit-equal to the cached kernel: {bit_equal}"
+        ),
+        pass: err < FRESH_BOUND && k_close && v_equal && untouched && bit_equal,
+    });
+    Ok(())
+}
+
+/// The step's own row for the fused kernel: unrotated K and V (f32, one row of KV heads) and RoPE.
+struct Fresh<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    rope: RopeParams,
+}
+
+/// The kernel's output for `positions` (each query's rows of `q`), from the case's buffer; with
+/// `fresh` (one query), the fused kernel's output and the buffer's K and V after it.
+fn run(
+    gpu: &Gpu,
+    c: &Case,
+    positions: &[usize],
+    q: &[f32],
+    (k, v): (&[f16], &[f16]),
+    fresh: Option<&Fresh<'_>>,
+) -> Result<(Vec<f32>, Vec<u16>, Vec<u16>)> {
     let t = positions.len();
     let span = tile_span(positions, c.window, c.origin.0);
     // One tile more than live: blocks past the live tiles must exit without touching anything.
@@ -88,22 +225,42 @@ fn run(gpu: &Gpu, c: &Case, positions: &[usize], q: &[f32], k: &[f16], v: &[f16]
     let ints = |v: &[usize]| v.iter().map(|&x| x as i32).collect::<Vec<i32>>();
     let q = gpu.upload(q)?;
     let bits = |x: &[f16]| x.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
-    let (kc, vc) = (gpu.upload(&bits(k))?, gpu.upload(&bits(v))?);
+    let (mut kc, mut vc) = (gpu.upload(&bits(k))?, gpu.upload(&bits(v))?);
     let pos = gpu.upload(&ints(positions))?;
     let meta = gpu.upload(&ints(&[c.origin.0, c.origin.1, span.lo, span.n]))?;
     let mut partial = gpu.upload(&vec![f32::NAN; t * c.n_head * tile_cap * (c.head_dim + 2)])?;
     let mut arrivals = gpu.alloc::<i32>(t * c.n_head)?;
     let mut out = gpu.upload(&vec![f32::NAN; t * c.n_head * c.head_dim])?;
+    let fresh_rows = match fresh {
+        Some(f) => Some((
+            gpu.upload(f.k)?,
+            gpu.upload(f.v)?,
+            gpu.upload(&[c.physical(positions[0]) as i32])?,
+        )),
+        None => None,
+    };
+    let (cache, fresh) = match (&fresh_rows, fresh) {
+        (Some((fk, fv, row)), Some(f)) => (
+            KvCache::Write(kc.as_view_mut(), vc.as_view_mut()),
+            Some(FreshRow {
+                k: fk.as_view(),
+                v: fv.as_view(),
+                cache_row: row.as_view(),
+                rope: f.rope,
+            }),
+        ),
+        _ => (KvCache::Read(kc.as_view(), vc.as_view()), None),
+    };
     let bufs = TileBuffers {
         q: q.as_view(),
-        kc: kc.as_view(),
-        vc: vc.as_view(),
+        cache,
         pos: pos.as_view(),
         meta: meta.as_view(),
         partial: &mut partial,
         arrivals: &mut arrivals,
         out: out.as_view_mut(),
         quants: None,
+        fresh,
     };
     tile_attention_into(gpu, &shape, bufs)?;
     let counters = gpu.download(&arrivals)?;
@@ -111,14 +268,12 @@ fn run(gpu: &Gpu, c: &Case, positions: &[usize], q: &[f32], k: &[f16], v: &[f16]
         counters.iter().all(|&a| a == 0),
         "tile attention left arrival counters set"
     );
-    Ok(gpu.download(&out)?)
+    Ok((gpu.download(&out)?, gpu.download(&kc)?, gpu.download(&vc)?))
 }
 
-fn check_case(gpu: &Gpu, rng: &mut Rng, c: &Case, table: &mut Vec<Row>) -> Result<()> {
-    let (hd, kvw, qw) = (c.head_dim, c.n_kv_head * c.head_dim, c.n_head * c.head_dim);
-    let t = c.positions.len();
-    let q: Vec<f32> = (0..t * qw).map(|_| rng.normal()).collect();
-    // Every physical row a query may see gets random values; all others stay NaN.
+/// The case's buffer: every physical row a query may see gets random values; all others stay NaN.
+fn random_cache(c: &Case, rng: &mut Rng) -> (Vec<f16>, Vec<f16>) {
+    let kvw = c.n_kv_head * c.head_dim;
     let (mut k, mut v) = (vec![f16::NAN; c.capacity * kvw], vec![f16::NAN; c.capacity * kvw]);
     let lo = c.positions.iter().map(|&p| c.first(p)).min().unwrap_or(0);
     let hi = c.positions.iter().copied().max().unwrap_or(0);
@@ -129,12 +284,21 @@ fn check_case(gpu: &Gpu, rng: &mut Rng, c: &Case, table: &mut Vec<Row>) -> Resul
             v[i] = f16::from_f32(rng.normal());
         }
     }
-    let out = run(gpu, c, &c.positions, &q, &k, &v)?;
+    (k, v)
+}
+
+fn check_case(gpu: &Gpu, rng: &mut Rng, c: &Case, table: &mut Vec<Row>) -> Result<()> {
+    let (hd, qw) = (c.head_dim, c.n_head * c.head_dim);
+    let t = c.positions.len();
+    let q: Vec<f32> = (0..t * qw).map(|_| rng.normal()).collect();
+    let (k, v) = random_cache(c, rng);
+    let hi = c.positions.iter().copied().max().unwrap_or(0);
+    let (out, _, _) = run(gpu, c, &c.positions, &q, (&k, &v), None)?;
     let err = rel_err(&out, &reference(c, &q, &k, &v));
     let mut alone_equal = true;
     if t > 1 {
         for (r, &p) in c.positions.iter().enumerate() {
-            let one = run(gpu, c, &[p], &q[r * qw..(r + 1) * qw], &k, &v)?;
+            let (one, _, _) = run(gpu, c, &[p], &q[r * qw..(r + 1) * qw], (&k, &v), None)?;
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
             alone_equal &= bits(&one) == bits(&out[r * qw..(r + 1) * qw]);
         }

@@ -214,3 +214,15 @@ __device__ __forceinline__ void q8_block(float v, u8* __restrict__ a, int n_t, i
     ((signed char*)a)[(size_t)t * cols + blk * 32 + lane] = (signed char)q;
     if (lane == 0) act_d(a, n_t, t, cols, 32)[blk] = h2f(f2h(amax / 127.f));
 }
+
+// The angle of rotated pair p at position `pos` (cosine, sine), and a pair rotated by it: shared by
+// `rope`, `rope_kv_store` and `attend_rope_d*`, so K rotated on its way into the cache has the bits of
+// `rope` then `kv_store`, and q rotated in attention the bits of `rope`.
+__device__ __forceinline__ float2 rope_angle(int pos, int p, int n_rot, float base, float freq_scale) {
+    float theta = pos * freq_scale * powf(base, -2.0f * p / n_rot);
+    return make_float2(cosf(theta), sinf(theta));
+}
+
+__device__ __forceinline__ float2 rope_rotate(float x0, float x1, float2 cs) {
+    return make_float2(x0 * cs.x - x1 * cs.y, x0 * cs.y + x1 * cs.x);
+}

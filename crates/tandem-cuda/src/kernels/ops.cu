@@ -279,18 +279,6 @@ extern "C" __global__ void __launch_bounds__(256) add_norm_rows(float* __restric
 // i + n_rot/2, otherwise 2i with 2i+1. Angles as ggml forms them: pos * freq_scale * base^(-2i/n_rot).
 #define ROPE_HEADS 8
 
-// The angle of rotated pair p at position `pos` (cosine, sine), and a pair rotated by it: shared by
-// `rope` and `rope_kv_store`, so K rotated on its way into the cache has the bits of `rope` then
-// `kv_store`.
-__device__ __forceinline__ float2 rope_angle(int pos, int p, int n_rot, float base, float freq_scale) {
-    float theta = pos * freq_scale * powf(base, -2.0f * p / n_rot);
-    return make_float2(cosf(theta), sinf(theta));
-}
-
-__device__ __forceinline__ float2 rope_rotate(float x0, float x1, float2 cs) {
-    return make_float2(x0 * cs.x - x1 * cs.y, x0 * cs.y + x1 * cs.x);
-}
-
 extern "C" __global__ void rope(float* __restrict__ x, float* __restrict__ y, const int* __restrict__ pos, int rows,
                                 int nx, int ny, int head_dim, int n_rot, float base, float freq_scale, int neox) {
     WAIT_PRIOR_GRID();
