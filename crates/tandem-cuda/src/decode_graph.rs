@@ -3,7 +3,8 @@
 //! into a graph (the first fills the buffer pool, so capture allocates nothing), and later steps
 //! replay it: the layer graph runs "dry" on the host only (placement updates; per-step values such as
 //! positions, cache rows and tile spans written to the parameter arena in the same order as during
-//! capture), the arena is uploaded, and the graph is launched; the logits come back through the
+//! capture), the arena is uploaded, and the graph is launched (the dry pass of the next step is made
+//! while the GPU runs this one: `Ahead`); the logits come back through the
 //! graph's page-locked buffer. Kernels read every per-step value from the arena, so replays compute
 //! exactly what a direct launch would (`tandem gpu-check` compares bits).
 
@@ -17,6 +18,7 @@ use tandem_model::{graph, LogitRows, ModelError, Span};
 
 use crate::device::driver;
 use crate::kv::GpuSequenceKv;
+use crate::launch::i32_of;
 use crate::model::{CudaModel, GpuScratch, Mode};
 use crate::pool::DevBuf;
 use crate::programmatic;
@@ -89,6 +91,30 @@ impl Drop for HostLogits {
         // SAFETY: `ptr` came from malloc_host and is freed once; no copy into it is pending (each
         // download synchronizes before it returns).
         let _ = unsafe { cudarc::driver::result::free_host(self.ptr.cast()) };
+    }
+}
+
+/// The dry pass of a sequence's next decode step, made while the GPU runs this one. What a dry pass
+/// stages follows from the cache placements, the row count and the model alone, except the token
+/// ids (`CudaModel::token_slot`): so when the sequence comes back with the placements the pass
+/// started from and one token, its parameters, with the token written into its slot, are the ones a
+/// dry pass would stage then, and its placements after are the step's. Anything else (another
+/// sequence, a cache rolled back or grown by a prefill, a failed pass) leaves it unused.
+pub(crate) struct Ahead {
+    seq: u64,
+    before: Vec<RingPlacement>,
+    after: Vec<RingPlacement>,
+    staging: Vec<i32>,
+    token_slot: usize,
+}
+
+fn placements(kv: &GpuSequenceKv) -> Vec<RingPlacement> {
+    kv.layers.iter().map(|l| l.placement).collect()
+}
+
+fn set_placements(kv: &mut GpuSequenceKv, to: &[RingPlacement]) {
+    for (layer, p) in kv.layers.iter_mut().zip(to) {
+        layer.placement = *p;
     }
 }
 
@@ -187,11 +213,13 @@ impl CudaModel {
             clock.begin(&self.gpu)?;
         }
         let mut marks = ReplayMarks::new(clock.is_some());
-        self.staging.borrow_mut().clear();
-        self.mode.set(Mode::Dry);
-        let dry = graph::forward(self, scratch, spans);
-        self.mode.set(Mode::Normal);
-        dry?;
+        if !self.take_ahead(spans)? {
+            self.staging.borrow_mut().clear();
+            self.mode.set(Mode::Dry);
+            let dry = graph::forward(self, scratch, spans);
+            self.mode.set(Mode::Normal);
+            dry?;
+        }
         marks.mark(0);
         self.upload_params()?;
         marks.mark(1);
@@ -199,6 +227,11 @@ impl CudaModel {
         let g = &mut graphs[i];
         driver("cuGraphLaunch", g.graph.launch())?;
         marks.mark(2);
+        // The GPU runs this step for about 2 ms; the host's dry pass of the next one (tens of µs)
+        // fits in that time instead of in the gap between steps.
+        if self.ahead_enabled {
+            self.prepare_ahead(scratch, spans);
+        }
         if let Some(clock) = clock {
             clock.enqueued(&self.gpu)?;
             // Timed: the wait for the graph apart from the copy.
@@ -212,6 +245,60 @@ impl CudaModel {
             eprintln!("{}", marks.line());
         }
         Ok(vec![logits])
+    }
+
+    /// Takes the next step's parameters made ahead when they fit this step: the staging filled in
+    /// with its token and the placements advanced. False when there are none that fit.
+    fn take_ahead(&self, spans: &mut [Span<GpuSequenceKv>]) -> Result<bool, ModelError> {
+        let Some(ahead) = self.ahead.borrow_mut().take() else {
+            return Ok(false);
+        };
+        let (kv, tokens) = (&mut *spans[0].kv, spans[0].tokens);
+        if ahead.seq != kv.id || tokens.len() != 1 || ahead.before != placements(kv) {
+            return Ok(false);
+        }
+        let n_vocab = self.cpu.weights.token_embd.rows;
+        let id = tokens[0];
+        if id as usize >= n_vocab {
+            return Err(ModelError::Token { id, n_vocab });
+        }
+        let mut staging = ahead.staging;
+        staging[ahead.token_slot] = i32_of(id as usize, "token id")?;
+        *self.staging.borrow_mut() = staging;
+        set_placements(kv, &ahead.after);
+        self.ahead_taken.set(self.ahead_taken.get() + 1);
+        Ok(true)
+    }
+
+    /// The dry pass of the sequence's next decode step (one token, not yet known: a placeholder in
+    /// its slot), kept as `Ahead`; the placements and this step's staging are left as they were.
+    fn prepare_ahead(&self, scratch: &mut GpuScratch, spans: &mut [Span<GpuSequenceKv>]) {
+        let kv = &mut *spans[0].kv;
+        let before = placements(kv);
+        let this_step = std::mem::take(&mut *self.staging.borrow_mut());
+        self.token_slot.set(None);
+        self.mode.set(Mode::Dry);
+        let placeholder = [0u32];
+        let mut next = [Span {
+            kv: &mut *kv,
+            tokens: &placeholder,
+            logits: LogitRows::Last,
+        }];
+        let dry = graph::forward(self, scratch, &mut next);
+        self.mode.set(Mode::Normal);
+        let staging = std::mem::replace(&mut *self.staging.borrow_mut(), this_step);
+        let after = placements(kv);
+        set_placements(kv, &before);
+        // A pass that fails now (a full cache, say) fails again, with its error, on the step itself.
+        if let (Ok(_), Some(token_slot)) = (dry, self.token_slot.get()) {
+            *self.ahead.borrow_mut() = Some(Ahead {
+                seq: kv.id,
+                before,
+                after,
+                staging,
+                token_slot,
+            });
+        }
     }
 
     fn capture(

@@ -17,7 +17,7 @@ use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm, Weights};
 use tandem_model::{Model, ModelConfig, ModelError, Span};
 
-use crate::decode_graph::DecodeGraph;
+use crate::decode_graph::{Ahead, DecodeGraph};
 use crate::device::{driver, Gpu};
 use crate::int8::ActQuant;
 use crate::kv::GpuSequenceKv;
@@ -125,6 +125,14 @@ pub struct CudaModel {
     pub(crate) u8_pool: Rc<BufPool<u8>>,
     pub(crate) captured_out: RefCell<Option<DevBuf<f32>>>,
     pub(crate) graphs: RefCell<Vec<DecodeGraph>>,
+    /// The next decode step's dry pass, made while the GPU ran this one (`decode_graph.rs`);
+    /// `TANDEM_CUDA_AHEAD=0` turns it off.
+    pub(crate) ahead: RefCell<Option<Ahead>>,
+    pub ahead_enabled: bool,
+    /// Replayed steps that took their parameters from a dry pass made ahead (for checks).
+    pub ahead_taken: Cell<u64>,
+    /// Where the last dry or captured pass staged its token ids in the parameter arena.
+    pub(crate) token_slot: Cell<Option<usize>>,
     pub(crate) warmed: RefCell<VecDeque<u64>>,
     /// The attention kernel's arrival counters per (query, head) (`attend.rs`).
     pub(crate) arrivals: RefCell<CudaSlice<i32>>,
@@ -310,6 +318,9 @@ impl Backend for CudaModel {
             let g = self.matrix(table)?;
             let ids: Vec<usize> = tokens.iter().map(|&t| t as usize).collect();
             let ids = self.param(&ids, "token id")?;
+            if let Param::Arena(r) = &ids {
+                self.token_slot.set(Some(r.start));
+            }
             let mut out = self.act(tokens.len(), c.d_model)?;
             if self.dry() {
                 return Ok(out);
