@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Call b2: b2 = the fused decode attention with its angle formed before the wait (attention.cu) and
+# the next step's dry pass made while the GPU runs this one (decode_graph.rs `Ahead`), against g
+# (c09da2e). gpu-check b2 on gemma3-270m and the 8B Q4_K_M + Q8_0; tg128 per file in the order
+# g, b2, n, n, b2, g with n = b2 under TANDEM_CUDA_AHEAD=0 (the fused kernel alone); b2's timeline on
+# Q8_0 and its host times per replay (TANDEM_CUDA_PASS_TIMES=1).
+T0=$(date +%s); source scripts/gpu_env.sh >/dev/null; W=/tmp/t; mkdir -p $W; export TANDEM_KERNEL_CACHE=$W/k
+G=.gpu/tandem-g; B=.gpu/tandem-b2
+( $B synth --arch llama --shape llama3-8b --quant q4_k_m --seed 1 -o $W/q4.gguf 2>&1 | tail -1 ) & P4=$!
+( $B synth --arch llama --shape llama3-8b --quant q8_0 --seed 1 -o $W/q8.gguf 2>&1 | tail -1 ) & P8=$!
+$B synth --arch gemma3 --shape gemma3-270m --seed 1 -o $W/g.gguf 2>&1 | tail -1
+timeout 100 $B gpu-check -m $W/g.gguf > $OUT/check-g.md 2>$OUT/check-g.err; echo "check g exit $? $(date +%T)"
+wait $P4 $P8; echo "8b synth done $(date +%T)"
+timeout 150 $B gpu-check -m $W/q4.gguf -m $W/q8.gguf --hash-prompt 600 > $OUT/check-8b.md 2>$OUT/check-8b.err; echo "check 8b exit $? $(date +%T)"
+tg() { local l=$1 bin=$2 f=$3; echo "$l $f $($bin bench -m $W/$f.gguf --device cuda -p 0 -n 128 -r 6 2>>$OUT/bench.err | grep tg128 | cut -d'|' -f5)"; }
+tgn() { local f=$1; echo "n $f $(TANDEM_CUDA_AHEAD=0 $B bench -m $W/$f.gguf --device cuda -p 0 -n 128 -r 6 2>>$OUT/bench.err | grep tg128 | cut -d'|' -f5)"; }
+{ for m in q4 q8; do tg g $G $m; tg b2 $B $m; tgn $m; tgn $m; tg b2 $B $m; tg g $G $m; done; } > $OUT/tg.txt 2>&1
+echo "tg done $(date +%T), $(( $(date +%s)-T0 )) s"
+TANDEM_CUDA_TRACE=$W/trace.tsv timeout 40 $B bench -m $W/q8.gguf --device cuda -p 0 -n 128 -r 1 2>>$OUT/trace.err | grep tg128
+python3 scripts/trace_summary.py $W/trace.tsv > $OUT/timeline-b2-q8.md 2>&1
+TANDEM_CUDA_PASS_TIMES=1 timeout 40 $B bench -m $W/q8.gguf --device cuda -p 0 -n 128 -r 1 2>$OUT/pass-times-q8.txt | grep tg128
+grep "replay us" $OUT/pass-times-q8.txt | tail -100 | python3 -c "
+import sys,statistics as st
+rows=[l.split() for l in sys.stdin]
+for i,k in [(3,'dry'),(5,'upload'),(7,'launch'),(9,'wait'),(11,'copy')]:
+    print(k, round(st.median(float(r[i]) for r in rows),1))"
+for f in check-g check-8b; do echo "== $f"; grep "| NO |" $OUT/$f.md | cut -c1-240; grep -c "| yes |" $OUT/$f.md; grep "sha256\|greedy\|replay" $OUT/$f.md | cut -c1-240; done
+head -14 $OUT/timeline-b2-q8.md | cut -c1-110; cat $OUT/tg.txt; echo "total $(( $(date +%s)-T0 )) s"
