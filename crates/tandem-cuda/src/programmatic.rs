@@ -167,7 +167,7 @@ mod tests {
 
     /// Kernels that load the model's own vectors (or a parameter the host wrote before the launch)
     /// before their WAIT_PRIOR_GRID(), and the statements allowed there.
-    const WAITING_KERNELS: [(&str, &[&str]); 2] = [
+    const WAITING_KERNELS: [(&str, &[&str]); 3] = [
         (
             " add_norm_to(",
             &[
@@ -176,11 +176,13 @@ mod tests {
                 "if (in_regs) nw = norm_weights(post, weight, width, flags);",
             ],
         ),
+        (" attend_tiles_d##D(", &["Placement pl = read_placement(meta, pos);"]),
         (
             " attend_rope_d##D(",
             &[
-                "int key = pos[0];",
-                "float2 cs = rope_pair_angle(key, n_rot, base, freq_scale);",
+                "Placement pl = read_placement(meta, pos);",
+                "int d_row = cache_row[0];",
+                "float2 cs = rope_pair_angle(pl.p, n_rot, base, freq_scale);",
             ],
         ),
     ];

@@ -35,7 +35,7 @@
 // step's position `key` arrive as f32 rows (`k`, `v`: one row of n_kv_head heads) instead of from the
 // cache. Every block rotates its own q head; the blocks of the tile holding `key` also rotate that K
 // row (and round V) into shared memory and attend to it from there, and one block per KV head (the
-// first q head of its group) stores it to cache row `dst[0]` (-1: not stored). The rotations are
+// first q head of its group) stores it to cache row `d_row` (-1: not stored). The rotations are
 // `rope_angle` and `rope_rotate`, so q, the cache and the scores have the bits of `rope_kv_store`
 // followed by `attend_tiles`. No other block of the grid reads the stored row (it lies in this tile,
 // whose blocks read it from shared memory), so the store needs no ordering within the launch.
@@ -44,11 +44,24 @@ struct FreshRow {
     const float* v;
     u16* kc;
     u16* vc;
-    const int* dst;
+    int d_row;
     int n_rot, neox, key;
     // Thread i's pair angle (pair i < n_rot / 2), formed before the kernel's wait.
     float2 cs;
 };
+
+// Where a block's query and keys are: the buffer's placement and tile span (`meta`) and the query's
+// position. Both are parameters the host wrote before the launch (the graph's arena or a direct
+// launch's upload), never another kernel's output, so the kernels read them before their wait: the
+// cache rows' addresses are ready when the wait ends, and the K and V loads go out without another
+// round trip first.
+struct Placement {
+    int origin_logical, origin_physical, tile_lo, n_tiles, p;
+};
+
+__device__ __forceinline__ Placement read_placement(const int* __restrict__ meta, const int* __restrict__ pos) {
+    return Placement{meta[0], meta[1], meta[2], meta[3], pos[blockIdx.z]};
+}
 
 // Thread i's RoPE angle at position `key` (pair i; threads past the rotated pairs get none).
 __device__ __forceinline__ float2 rope_pair_angle(int key, int n_rot, float base, float freq_scale) {
@@ -100,7 +113,7 @@ __device__ __forceinline__ void tile_partial(const float* __restrict__ q, const 
     if constexpr (FRESH) {
         const float* kx = fr.k + kvh * head_dim;
         const float* vx = fr.v + kvh * head_dim;
-        int d_row = fr.dst[0];
+        int d_row = fr.d_row;
         bool store = fresh_tile && h % (n_head / n_kv_head) == 0 && d_row >= 0;
         u16* kd = fr.kc + (size_t)d_row * kv_width + kvh * head_dim;
         u16* vd = fr.vc + (size_t)d_row * kv_width + kvh * head_dim;
@@ -321,17 +334,16 @@ __device__ __forceinline__ void merge_tiles(const float* partial, int n_tiles, f
 template <int D, bool FRESH>
 __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, const u16* __restrict__ kc,
                                                   const u16* __restrict__ vc, int capacity, int kv_width,
-                                                  const int* __restrict__ pos, const int* __restrict__ meta,
-                                                  int n_head, int n_kv_head, float scale, int window, int tile_cap,
-                                                  float* partial, int* __restrict__ arrivals, float* __restrict__ dst,
-                                                  int group, int quant, u8* __restrict__ a, int n_t,
-                                                  const FreshRow& fr) {
+                                                  const Placement& pl, int n_head, int n_kv_head, float scale,
+                                                  int window, int tile_cap, float* partial,
+                                                  int* __restrict__ arrivals, float* __restrict__ dst, int group,
+                                                  int quant, u8* __restrict__ a, int n_t, const FreshRow& fr) {
     constexpr int head_dim = D;
-    int origin_logical = meta[0], origin_physical = meta[1], tile_lo = meta[2], n_tiles = meta[3];
+    int origin_logical = pl.origin_logical, origin_physical = pl.origin_physical, n_tiles = pl.n_tiles;
     if ((int)blockIdx.x >= n_tiles) return;
-    int tile = tile_lo + blockIdx.x, h = blockIdx.y, qi = blockIdx.z;
+    int tile = pl.tile_lo + blockIdx.x, h = blockIdx.y, qi = blockIdx.z;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int p = pos[qi];
+    int p = pl.p;
     int first = window > 0 ? max(0, p + 1 - window) : 0;
     first = max(first, origin_logical);
     int lo = max(first, tile * ATT_TILE), hi = min(p, tile * ATT_TILE + ATT_TILE - 1);
@@ -377,7 +389,8 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
 // the cache, and `attend_rope_d<D>` for a decode step of one row whose q, K and V come straight from
 // the projections (`FreshRow`; one launch where `rope_kv_store` and `attend_tiles` took two). The
 // step's position is a parameter the host wrote before the launch, not another kernel's output, so
-// `attend_rope` reads it and forms its angle (powf, cosf, sinf) before its wait: under a programmatic
+// `attend_rope` reads it (with the placement and cache row, as `read_placement` says) and forms its
+// angle (powf, cosf, sinf) before its wait: under a programmatic
 // edge that runs while the kernel before still does (in the graph the fused kernel first took as
 // long as the two it replaced, 9.15 µs a layer on the 8B Q8_0).
 #define ATTEND_TILES(D)                                                                                   \
@@ -386,10 +399,11 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
         int kv_width, const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head, \
         float scale, int window, int tile_cap, float* partial, int* __restrict__ arrivals,               \
         float* __restrict__ dst, int group, int quant, u8* __restrict__ a, int n_t) {                    \
+        Placement pl = read_placement(meta, pos);                                                       \
         WAIT_PRIOR_GRID();                                                                              \
         FreshRow none{};                                                                                \
-        attend_tiles_body<D, false>(q, kc, vc, capacity, kv_width, pos, meta, n_head, n_kv_head, scale,   \
-                                    window, tile_cap, partial, arrivals, dst, group, quant, a, n_t, none); \
+        attend_tiles_body<D, false>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window,  \
+                                    tile_cap, partial, arrivals, dst, group, quant, a, n_t, none);       \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_rope_d##D(                            \
         const float* __restrict__ q, u16* kc, u16* vc, int capacity, int kv_width,                        \
@@ -398,12 +412,13 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
         int group, int quant, u8* __restrict__ a, const float* __restrict__ k,                           \
         const float* __restrict__ v, const int* __restrict__ cache_row, int n_rot, float base,           \
         float freq_scale, int neox) {                                                                   \
-        int key = pos[0];                                                                               \
-        float2 cs = rope_pair_angle(key, n_rot, base, freq_scale);                                      \
+        Placement pl = read_placement(meta, pos);                                                       \
+        int d_row = cache_row[0];                                                                       \
+        float2 cs = rope_pair_angle(pl.p, n_rot, base, freq_scale);                                     \
         WAIT_PRIOR_GRID();                                                                              \
-        FreshRow fr{k, v, kc, vc, cache_row, n_rot, neox, key, cs};                                     \
-        attend_tiles_body<D, true>(q, kc, vc, capacity, kv_width, pos, meta, n_head, n_kv_head, scale,    \
-                                   window, tile_cap, partial, arrivals, dst, group, quant, a, 1, fr);    \
+        FreshRow fr{k, v, kc, vc, d_row, n_rot, neox, pl.p, cs};                                        \
+        attend_tiles_body<D, true>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window,   \
+                                   tile_cap, partial, arrivals, dst, group, quant, a, 1, fr);            \
     }
 // ATTEND_TILES(head size): the sizes `routes::head_dim_supported` admits.
 ATTEND_TILES(32)
