@@ -101,7 +101,19 @@ extern "C" __global__ void repack_q6_k_regions(const u8* __restrict__ src, u8* _
     d[1] = s[209];
 }
 
-__device__ __forceinline__ uint4 ldg16(const u8* p) { return __ldg((const uint4*)p); }
+// Weight loads: 16 bytes read once a step, marked first to go from L2 (and kept out of L1). A decode
+// step streams gigabytes of weights through a 50 MB L2; at normal priority they push out what the
+// step reads again and again (activations, the KV cache, norm vectors, the kernels' own code), which
+// the latency-bound kernels between the matvecs then fetch from memory.
+__device__ __forceinline__ uint4 ldg16(const u8* p) {
+    uint4 r;
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "l"(policy));
+    return r;
+}
 __device__ __forceinline__ int4 ldx16(const signed char* p) { return __ldg((const int4*)p); }
 
 // Every kernel below: one warp per weight row (4 per block), up to NB activation rows per grid row
@@ -427,7 +439,8 @@ struct Q8Step {
         for (int u = 0; u < U; u++) {
             int ib = base + 16 * S * u;
             if (ib < nb) {
-                w[u] = __ldg((const int4*)(row + ib * 32 + half * 16));
+                uint4 q = ldg16(row + ib * 32 + half * 16);
+                w[u] = make_int4((int)q.x, (int)q.y, (int)q.z, (int)q.w);
                 dw[u] = __ldg(dtab + ib);
             }
         }
