@@ -108,6 +108,38 @@ pub(crate) struct Ahead {
     token_slot: usize,
 }
 
+/// A step's staged parameters and its cache placements after it.
+type StepParams = (Vec<i32>, Vec<RingPlacement>);
+
+impl Ahead {
+    /// This pass's parameters, with the token written into its slot, and the placements after it,
+    /// for a step of sequence `seq` feeding `tokens` from placements `now`; `None` when the pass does
+    /// not fit that step.
+    fn take_for(
+        self,
+        seq: u64,
+        tokens: &[u32],
+        now: &[RingPlacement],
+        n_vocab: usize,
+    ) -> Result<Option<StepParams>, ModelError> {
+        let &[id] = tokens else {
+            return Ok(None);
+        };
+        if self.seq != seq || self.before != now {
+            return Ok(None);
+        }
+        if id as usize >= n_vocab {
+            return Err(ModelError::Token { id, n_vocab });
+        }
+        let mut staging = self.staging;
+        match staging.get_mut(self.token_slot) {
+            Some(slot) => *slot = i32_of(id as usize, "token id")?,
+            None => return Ok(None),
+        }
+        Ok(Some((staging, self.after)))
+    }
+}
+
 fn placements(kv: &GpuSequenceKv) -> Vec<RingPlacement> {
     kv.layers.iter().map(|l| l.placement).collect()
 }
@@ -253,19 +285,13 @@ impl CudaModel {
         let Some(ahead) = self.ahead.borrow_mut().take() else {
             return Ok(false);
         };
-        let (kv, tokens) = (&mut *spans[0].kv, spans[0].tokens);
-        if ahead.seq != kv.id || tokens.len() != 1 || ahead.before != placements(kv) {
-            return Ok(false);
-        }
+        let kv = &mut *spans[0].kv;
         let n_vocab = self.cpu.weights.token_embd.rows;
-        let id = tokens[0];
-        if id as usize >= n_vocab {
-            return Err(ModelError::Token { id, n_vocab });
-        }
-        let mut staging = ahead.staging;
-        staging[ahead.token_slot] = i32_of(id as usize, "token id")?;
+        let Some((staging, after)) = ahead.take_for(kv.id, spans[0].tokens, &placements(kv), n_vocab)? else {
+            return Ok(false);
+        };
         *self.staging.borrow_mut() = staging;
-        set_placements(kv, &ahead.after);
+        set_placements(kv, &after);
         self.ahead_taken.set(self.ahead_taken.get() + 1);
         Ok(true)
     }
@@ -376,6 +402,34 @@ mod tests {
             assert!(["dry", "upload", "launch", "wait", "copy"].contains(&name), "{line}");
             assert!(value.parse::<f64>().is_ok_and(|us| us >= 0.0), "{line}");
         }
+    }
+
+    #[test]
+    fn parameters_made_ahead_serve_only_the_step_they_were_made_for() {
+        let (before, after) = (vec![RingPlacement::new(16); 2], vec![RingPlacement::new(32); 2]);
+        let ahead = || Ahead {
+            seq: 7,
+            before: before.clone(),
+            after: after.clone(),
+            staging: vec![5, 0, 9],
+            token_slot: 1,
+        };
+        let (staging, placed) = ahead().take_for(7, &[42], &before, 100).unwrap().unwrap();
+        assert_eq!(staging, vec![5, 42, 9]);
+        assert_eq!(placed, after);
+        // Another sequence, more than one token, other placements, a slot past the staging: unused.
+        assert!(ahead().take_for(8, &[42], &before, 100).unwrap().is_none());
+        assert!(ahead().take_for(7, &[42, 43], &before, 100).unwrap().is_none());
+        assert!(ahead().take_for(7, &[], &before, 100).unwrap().is_none());
+        assert!(ahead().take_for(7, &[42], &after, 100).unwrap().is_none());
+        let past = Ahead {
+            token_slot: 3,
+            ..ahead()
+        };
+        assert!(past.take_for(7, &[42], &before, 100).unwrap().is_none());
+        // A token past the vocabulary is the step's error, as a dry pass would give it.
+        let err = ahead().take_for(7, &[100], &before, 100).unwrap_err();
+        assert!(matches!(err, ModelError::Token { id: 100, n_vocab: 100 }), "{err}");
     }
 
     #[test]
