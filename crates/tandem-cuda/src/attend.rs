@@ -432,38 +432,13 @@ impl CudaModel {
         let (quant, window, tile_cap) = self.attend_setup(layer, kv, qkv.out.rows, &rows);
         let lc = &mut kv.layers[layer];
         let (dst, after) = routes::store_rows(&lc.placement, rows.len());
-        if rows.len() == 1 {
-            // One row: the attention kernel applies RoPE and stores the row itself (one launch).
-            let fresh = FreshInputs {
-                k: &*qkv.k,
-                v: qkv.v,
-                cache_row: self.param_ints(dst)?,
-                rope: *rope,
-            };
-            lc.placement = after;
-            let p = lc.placement;
-            let source = (p.capacity, p.origin_logical, p.origin_physical);
-            let mut io = AttendRows {
-                q: &*qkv.q,
-                k: &*qkv.k,
-                v: qkv.v,
-                out: qkv.out,
-            };
-            let cache = KvCache::Write(lc.k.as_view_mut(), lc.v.as_view_mut());
-            self.attend_tiles(
-                &mut io,
-                &rows,
-                cache,
-                source,
-                positions,
-                window,
-                tile_cap,
-                quant,
-                Some(fresh),
-            )?;
-            return Ok(());
-        }
-        self.rope_kv_store(qkv.q, qkv.k, qkv.v, dst, (&mut lc.k, &mut lc.v), positions, rope)?;
+        // One row: the attention kernel applies RoPE and stores the row itself (one launch).
+        let fresh_row = if rows.len() == 1 {
+            Some(self.param_ints(dst)?)
+        } else {
+            self.rope_kv_store(qkv.q, qkv.k, qkv.v, dst, (&mut lc.k, &mut lc.v), positions, rope)?;
+            None
+        };
         lc.placement = after;
         let p = lc.placement;
         let source = (p.capacity, p.origin_logical, p.origin_physical);
@@ -473,7 +448,29 @@ impl CudaModel {
             v: qkv.v,
             out: qkv.out,
         };
-        self.attend_from(&mut io, &rows, &lc.k, &lc.v, source, positions, window, tile_cap, quant)?;
+        match fresh_row {
+            Some(cache_row) => {
+                let fresh = FreshInputs {
+                    k: io.k,
+                    v: io.v,
+                    cache_row,
+                    rope: *rope,
+                };
+                let cache = KvCache::Write(lc.k.as_view_mut(), lc.v.as_view_mut());
+                self.attend_tiles(
+                    &mut io,
+                    &rows,
+                    cache,
+                    source,
+                    positions,
+                    window,
+                    tile_cap,
+                    quant,
+                    Some(fresh),
+                )?;
+            }
+            None => self.attend_from(&mut io, &rows, &lc.k, &lc.v, source, positions, window, tile_cap, quant)?,
+        }
         Ok(())
     }
 
