@@ -181,19 +181,20 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
         None => l.arg(&no_quants),
     };
     // The fused kernel's own arguments (its query count is one), or the plain kernel's query count.
-    let fresh_args = match &b.fresh {
-        Some(f) => Some((
-            ints(f.rope.n_rot, "n_rot")?,
-            i32::from(matches!(f.rope.style, RopeStyle::Neox)),
-        )),
-        None => None,
+    let n_rot = match &b.fresh {
+        Some(f) => ints(f.rope.n_rot, "n_rot")?,
+        None => 0,
     };
-    match (&b.fresh, &fresh_args) {
-        (Some(f), Some((n_rot, neox))) => {
-            l.arg(&f.k).arg(&f.v).arg(&f.cache_row).arg(n_rot);
-            l.arg(&f.rope.freq_base).arg(&f.rope.freq_scale).arg(neox)
+    let neox = b
+        .fresh
+        .as_ref()
+        .map_or(0, |f| i32::from(f.rope.style == RopeStyle::Neox));
+    match &b.fresh {
+        Some(f) => {
+            l.arg(&f.k).arg(&f.v).arg(&f.cache_row).arg(&n_rot);
+            l.arg(&f.rope.freq_base).arg(&f.rope.freq_scale).arg(&neox)
         }
-        _ => l.arg(&n_t),
+        None => l.arg(&n_t),
     };
     let grid = (s.tile_cap as u32, s.n_head as u32, s.t as u32);
     // SAFETY: the arguments match the kernel's signature in order and type, and every buffer holds

@@ -113,10 +113,10 @@ __device__ __forceinline__ void tile_partial(const float* __restrict__ q, const 
     if constexpr (FRESH) {
         const float* kx = fr.k + kvh * head_dim;
         const float* vx = fr.v + kvh * head_dim;
-        int d_row = fr.d_row;
-        bool store = fresh_tile && h % (n_head / n_kv_head) == 0 && d_row >= 0;
-        u16* kd = fr.kc + (size_t)d_row * kv_width + kvh * head_dim;
-        u16* vd = fr.vc + (size_t)d_row * kv_width + kvh * head_dim;
+        bool store = fresh_tile && h % (n_head / n_kv_head) == 0 && fr.d_row >= 0;
+        size_t d_row = store ? (size_t)fr.d_row : 0;
+        u16* kd = fr.kc + d_row * kv_width + kvh * head_dim;
+        u16* vd = fr.vc + d_row * kv_width + kvh * head_dim;
         // Thread i rotates pair i (at most D / 2 <= ATT_TILE pairs) by the angle the kernel formed
         // before its wait, and passes dimensions n_rot + i + ATT_TILE * j through. Every load is
         // issued before the first store (the cache rows written here could alias the rows read, as
@@ -329,8 +329,8 @@ __device__ __forceinline__ void merge_tiles(const float* partial, int n_tiles, f
 // then the arrival count per (query, group of `group` consecutive heads) in `arrivals` (zero between
 // launches); the group's last arrival merges each of its heads into `dst` and quantizes them as
 // `quant` says into `a` (n_t rows): RN_Q8K, one Q8_K block per group (`group` * head_dim = 256), or
-// RN_Q8, Q8 blocks of 32 within each head, or 0. The kernels (`ATTEND_TILES` below) wait for the
-// kernel before, then run this body for their head size.
+// RN_Q8, Q8 blocks of 32 within each head, or 0. The kernels (`ATTEND_TILES` below) read their
+// placement (`read_placement`), wait for the kernel before, then run this body for their head size.
 template <int D, bool FRESH>
 __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, const u16* __restrict__ kc,
                                                   const u16* __restrict__ vc, int capacity, int kv_width,
@@ -390,9 +390,9 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
 // the projections (`FreshRow`; one launch where `rope_kv_store` and `attend_tiles` took two). The
 // step's position is a parameter the host wrote before the launch, not another kernel's output, so
 // `attend_rope` reads it (with the placement and cache row, as `read_placement` says) and forms its
-// angle (powf, cosf, sinf) before its wait: under a programmatic
-// edge that runs while the kernel before still does (in the graph the fused kernel first took as
-// long as the two it replaced, 9.15 µs a layer on the 8B Q8_0).
+// angle (powf, cosf, sinf) before its wait: under a programmatic edge that runs while the kernel
+// before still does (formed after the wait, the fused kernel took as long as the two it replaced,
+// 9.15 µs a layer on the 8B Q8_0).
 #define ATTEND_TILES(D)                                                                                   \
     extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles_d##D(                           \
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, int capacity, \
