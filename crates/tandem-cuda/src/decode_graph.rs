@@ -333,7 +333,7 @@ impl CudaModel {
         spans: &mut [Span<GpuSequenceKv>],
         seq: u64,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let saved: Vec<RingPlacement> = spans[0].kv.layers.iter().map(|l| l.placement).collect();
+        let saved = placements(spans[0].kv);
         self.staging.borrow_mut().clear();
         self.captured_out.borrow_mut().take();
         let stream = &self.gpu.stream;
@@ -364,9 +364,7 @@ impl CudaModel {
             }
             (recorded, ended, _) => {
                 // Nothing ran: undo the placement updates and take the direct route for good.
-                for (layer, p) in spans[0].kv.layers.iter_mut().zip(saved) {
-                    layer.placement = p;
-                }
+                set_placements(spans[0].kv, &saved);
                 let why = match (recorded, ended) {
                     (Err(e), _) => e.to_string(),
                     (_, Err(e)) => format!("{e:?}"),
