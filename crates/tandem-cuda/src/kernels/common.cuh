@@ -66,6 +66,21 @@ __device__ __forceinline__ u16 f2h(float f) {
     return h;
 }
 
+// Weight loads: 16 bytes read once a step, marked first to go from L2 (and kept out of L1). A decode
+// step streams gigabytes of weights through a 50 MB L2; at normal priority they push out what the
+// step reads again and again (activations, the KV cache, norm vectors, the kernels' own code), which
+// the latency-bound kernels between the matvecs then fetch from memory. The policy is a constant:
+// the asm is not volatile, so the compiler may form it once.
+__device__ __forceinline__ uint4 ld_weights16(const void* p) {
+    uint4 r;
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "l"(policy));
+    return r;
+}
+
 __device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
 
 __device__ __forceinline__ float ld_f16(const u8* p) { return h2f((u16)p[0] | ((u16)p[1] << 8)); }

@@ -22,6 +22,13 @@
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 
+// Four products of unsigned bytes (a) with signed bytes (b), summed into c: `dp4a.u32.s32`.
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 // One warp per (row, Q8_K block of 256), four per block.
 extern "C" __global__ void __launch_bounds__(128) quantize_q8k(const float* __restrict__ x, u8* __restrict__ a,
                                                                int n_t, int cols) {
@@ -101,19 +108,6 @@ extern "C" __global__ void repack_q6_k_regions(const u8* __restrict__ src, u8* _
     d[1] = s[209];
 }
 
-// Weight loads: 16 bytes read once a step, marked first to go from L2 (and kept out of L1). A decode
-// step streams gigabytes of weights through a 50 MB L2; at normal priority they push out what the
-// step reads again and again (activations, the KV cache, norm vectors, the kernels' own code), which
-// the latency-bound kernels between the matvecs then fetch from memory.
-__device__ __forceinline__ uint4 ldg16(const u8* p) {
-    uint4 r;
-    unsigned long long policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p), "l"(policy));
-    return r;
-}
 __device__ __forceinline__ int4 ldx16(const signed char* p) { return __ldg((const int4*)p); }
 
 // Every kernel below: one warp per weight row (4 per block), up to NB activation rows per grid row
@@ -129,21 +123,39 @@ __device__ __forceinline__ int dot16(const int* v, int4 x) {
     return dp4a(v[3], x.w, dp4a(v[2], x.z, dp4a(v[1], x.y, dp4a(v[0], x.x, 0))));
 }
 
+// The same with unsigned weight bytes.
+__device__ __forceinline__ int dot16_us(const u32* v, int4 x) {
+    return dp4a_us(v[3], x.w, dp4a_us(v[2], x.z, dp4a_us(v[1], x.y, dp4a_us(v[0], x.x, 0))));
+}
+
 // Where a K-quant kernel reads its Q8_K activations: global memory, or the block's shared copy
 // (`stage_q8k`). A lane's 16 quants are named both ways: by their place in the super-block (`piece`,
 // 0..15) for global memory, and by the lane's load step `i` (0..3) and its position `lp` (0..3)
 // among the super-block's four lanes for the shared copy, which is laid out so that each load
 // instruction of a warp reads 512 consecutive bytes (no bank conflicts).
 struct GlobalQ8K {
-    const u8* A;
-    int n_t, cols;
+    // Row t0's quants, sums and scales, formed once: a step's loads then add only their offsets (the
+    // row arithmetic in 64 bits cost more instructions than the products it fed).
+    const signed char* qs;
+    const int* sum;
+    const float* dd;
+    int t0, cols;
+    __device__ __forceinline__ static GlobalQ8K at(const u8* A, int n_t, int cols, int t0) {
+        return GlobalQ8K{act_qs(A, t0, cols), act_sums(A, n_t, t0, cols), act_d(A, n_t, t0, cols, 256), t0, cols};
+    }
     __device__ __forceinline__ int4 q(int t, int sb, int piece, int, int) const {
-        return ldx16(act_qs(A, t, cols) + sb * 256 + piece * 16);
+        return ldx16(qs + ((t - t0) * cols + sb * 256 + piece * 16));
     }
     __device__ __forceinline__ int4 sums(int t, int sb, int c) const {
-        return __ldg((const int4*)(act_sums(A, n_t, t, cols) + sb * 16 + c * 4));
+        return __ldg((const int4*)(sum + ((t - t0) * (cols / 16) + sb * 16 + c * 4)));
     }
-    __device__ __forceinline__ float d(int t, int sb) const { return __ldg(act_d(A, n_t, t, cols, 256) + sb); }
+    __device__ __forceinline__ float d(int t, int sb) const { return __ldg(dd + (t - t0) * (cols / 256) + sb); }
+    // The sums of 16 a Q6_K lane k needs (`q6k_accumulate`): groups p0, p0 + 2, p0 + 4 and p0 + 6 with
+    // p0 = 8 * (k / 2) + k % 2, from the two int4s of groups 8 * (k / 2) .. + 8.
+    __device__ __forceinline__ int4 q6_sums(int t, int sb, int k) const {
+        int4 a = sums(t, sb, 2 * (k >> 1)), b = sums(t, sb, 2 * (k >> 1) + 1);
+        return (k & 1) ? make_int4(a.y, a.w, b.y, b.w) : make_int4(a.x, a.z, b.x, b.z);
+    }
 };
 
 struct SharedQ8K {
@@ -155,11 +167,15 @@ struct SharedQ8K {
     }
     __device__ __forceinline__ int4 sums(int, int sb, int c) const { return sum4[sb * 4 + c]; }
     __device__ __forceinline__ float d(int, int sb) const { return dq[sb]; }
+    // Staged for Q6_K (L = 1), the sums are in each lane's order: int4 k of a super-block holds lane
+    // k's four (`stage_q8k`).
+    __device__ __forceinline__ int4 q6_sums(int, int sb, int k) const { return sum4[sb * 4 + k]; }
 };
 
 // Copies one activation row (Q8_K, n_t = 1) into shared memory for a block's four warps, quants
 // reordered for the reading kernel: L = 0 for Q4_K (lane position c reads pieces 4c + i), L = 1 for
-// Q6_K (lane position 2h + g reads pieces 8h + g + 2i). Bytes: `int8::staged_bytes`.
+// Q6_K (lane position 2h + g reads pieces 8h + g + 2i), the sums of 16 as they are for Q4_K and in
+// each lane's order for Q6_K (`q6_sums`). Bytes: `int8::staged_bytes`.
 template <int L>
 __device__ __forceinline__ SharedQ8K stage_q8k(const u8* __restrict__ A, int cols, int4* smem) {
     int nsb = cols / 256;
@@ -173,9 +189,15 @@ __device__ __forceinline__ SharedQ8K stage_q8k(const u8* __restrict__ A, int col
         int lp = L == 0 ? (p >> 2) : 2 * (p >> 3) + (p & 1);
         qs[(sb >> 3) * 128 + i * 32 + (sb & 7) * 4 + lp] = __ldg(gq + P);
     }
+    const int* gs = act_sums(A, 1, 0, cols);
     if (L == 0) {
-        const int4* gs = (const int4*)act_sums(A, 1, 0, cols);
-        for (int j = threadIdx.x; j < nsb * 4; j += blockDim.x) sum4[j] = __ldg(gs + j);
+        for (int j = threadIdx.x; j < nsb * 4; j += blockDim.x) sum4[j] = __ldg((const int4*)gs + j);
+    } else {
+        // Lane k's sums of 16 (groups p0 + 2i, p0 = 8 * (k / 2) + k % 2) side by side.
+        for (int j = threadIdx.x; j < nsb * 4; j += blockDim.x) {
+            const int* g = gs + (j >> 2) * 16 + 8 * ((j & 3) >> 1) + (j & 1);
+            sum4[j] = make_int4(__ldg(g), __ldg(g + 2), __ldg(g + 4), __ldg(g + 6));
+        }
     }
     const float* gd = act_d(A, 1, 0, cols, 256);
     for (int j = threadIdx.x; j < nsb; j += blockDim.x) dq[j] = __ldg(gd + j);
@@ -204,19 +226,22 @@ __device__ __forceinline__ void q4k_lane_scales(uint4 h, int c, int* sc0, int* m
 //
 // Q4_K: four lanes per super-block. Lane c = lane % 4 takes chunk c of the quants (32 bytes: low
 // nibbles are sub-block 2c, high nibbles sub-block 2c + 1), so one decode of the packed scales serves
-// 64 weights.
+// 64 weights. The high nibbles stay where they are (16 times their value, as unsigned bytes) and meet
+// the activations in `dp4a_us`; the sum, a multiple of 16, is shifted back exactly. That saves a
+// shift a word, and the integers (so the bits) are those of nibbles moved down first.
 struct Q4kLoad {
     uint4 head, qa, qb;
 };
 
 __device__ __forceinline__ Q4kLoad q4k_load(const u8* row, int nsb, int sb, int c) {
-    return Q4kLoad{ldg16(row + nsb * 128 + sb * 16), ldg16(row + sb * 64 + c * 16),
-                   ldg16(row + nsb * 64 + sb * 64 + c * 16)};
+    return Q4kLoad{ld_weights16(row + nsb * 128 + sb * 16), ld_weights16(row + sb * 64 + c * 16),
+                   ld_weights16(row + nsb * 64 + sb * 64 + c * 16)};
 }
 
 struct Q4kLane {
     float d, dmin;
-    int sc0, m0, sc1, m1, lo[8], hi[8];
+    int sc0, m0, sc1, m1, lo[8];
+    u32 hi16[8];  // the high nibbles in place: 16 times the quant
 };
 
 __device__ __forceinline__ Q4kLane q4k_unpack(const Q4kLoad& w, int c) {
@@ -228,7 +253,7 @@ __device__ __forceinline__ Q4kLane q4k_unpack(const Q4kLoad& w, int c) {
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         l.lo[i] = (int)(q[i] & 0x0F0F0F0Fu);
-        l.hi[i] = (int)((q[i] >> 4) & 0x0F0F0F0Fu);
+        l.hi16[i] = q[i] & 0xF0F0F0F0u;
     }
     return l;
 }
@@ -241,19 +266,27 @@ __device__ __forceinline__ void q4k_accumulate(const Q4kLane& l, const Act& act,
     int4 bs = act.sums(t, sb, c);
     float dx = act.d(t, sb);
     int dl = dot16(l.lo + 4, x1) + dot16(l.lo, x0);
-    int dh = dot16(l.hi + 4, x3) + dot16(l.hi, x2);
+    int dh = (dot16_us(l.hi16 + 4, x3) + dot16_us(l.hi16, x2)) >> 4;  // exact: a multiple of 16
     int isum = l.sc0 * dl + l.sc1 * dh, msum = l.m0 * (bs.x + bs.y) + l.m1 * (bs.z + bs.w);
     acc += dx * (l.d * (float)isum - l.dmin * (float)msum);
 }
 
 // Six bits per quant from a word of low nibbles (`ql >> nib`) and the matching 2-bit field of `qh`
-// (moved to bits 4-5 by `hshift`), minus 32, as four signed bytes. Each byte is 0..63, so the
-// subtraction runs on the word: with bit 7 set first, no byte borrows from the next, and flipping
-// bit 7 back gives the signed difference (what __vsubss4 gives here, where it takes about eight
-// instructions: sm_90 has no byte-wise subtract).
+// (moved to bits 4-5 by `hshift`): four bytes 0..63, the stored quants. Q6_K's offset of 32 is taken
+// off one of two ways, with the same integers (so the same bits):
+// - OFF_SUMS (one activation row): from the sums, sum((q - 32) x) = sum(q x) - 32 sum(x), with sum(x)
+//   the Q8_K sums of 16 (`q6k_accumulate`), so no byte is subtracted at all;
+// - OFF_BYTES (batched rows, where those sums would be loaded once per row): from each byte. Each is
+//   0..63, so the subtraction runs on the word: with bit 7 set first no byte borrows from the next,
+//   and flipping bit 7 back gives the signed difference (sm_90 has no byte-wise subtract;
+//   `__vsubss4` takes about eight instructions).
+#define OFF_SUMS 0
+#define OFF_BYTES 1
+template <int OFF>
 __device__ __forceinline__ int q6_word(u32 ql, int nib, u32 qh, int hshift) {
     u32 lo = (ql >> nib) & 0x0F0F0F0Fu;
     u32 hi = (hshift >= 0 ? (qh << hshift) : (qh >> -hshift)) & 0x30303030u;
+    if (OFF == OFF_SUMS) return (int)(lo | hi);
     return (int)(((lo | hi | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
 }
 
@@ -268,8 +301,8 @@ struct Q6kLoad {
 
 // `dtab`: the row's f16 scales (in the table after all rows).
 __device__ __forceinline__ Q6kLoad q6k_load(const u8* row, const u16* dtab, int nsb, int sb, int k) {
-    return Q6kLoad{ldg16(row + sb * 64 + k * 16), ldg16(row + nsb * 64 + sb * 64 + k * 16),
-                   ldg16(row + nsb * 128 + sb * 64 + k * 16),
+    return Q6kLoad{ld_weights16(row + sb * 64 + k * 16), ld_weights16(row + nsb * 64 + sb * 64 + k * 16),
+                   ld_weights16(row + nsb * 128 + sb * 64 + k * 16),
                    __ldg((const uint2*)(row + nsb * 192 + sb * 16 + 8 * (k >> 1))), __ldg(dtab + sb)};
 }
 
@@ -278,6 +311,7 @@ struct Q6kLane {
     int s1, s2, s3, s4, v1[4], v2[4], v3[4], v4[4];
 };
 
+template <int OFF>
 __device__ __forceinline__ Q6kLane q6k_unpack(const Q6kLoad& w, int k) {
     Q6kLane l;
     // Signed scale bytes g, g + 2, g + 4 and g + 6 of the half, taken from the words (a lane-dependent
@@ -290,19 +324,23 @@ __device__ __forceinline__ Q6kLane q6k_unpack(const Q6kLoad& w, int k) {
     u32 H4[4] = {w.qh.x, w.qh.y, w.qh.z, w.qh.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        l.v1[i] = q6_word(A4[i], 0, H4[i], 4);
-        l.v2[i] = q6_word(B4[i], 0, H4[i], 2);
-        l.v3[i] = q6_word(A4[i], 4, H4[i], 0);
-        l.v4[i] = q6_word(B4[i], 4, H4[i], -2);
+        l.v1[i] = q6_word<OFF>(A4[i], 0, H4[i], 4);
+        l.v2[i] = q6_word<OFF>(B4[i], 0, H4[i], 2);
+        l.v3[i] = q6_word<OFF>(A4[i], 4, H4[i], 0);
+        l.v4[i] = q6_word<OFF>(B4[i], 4, H4[i], -2);
     }
     return l;
 }
 
-template <class Act>
+template <int OFF, class Act>
 __device__ __forceinline__ void q6k_accumulate(const Q6kLane& l, const Act& act, int t, int sb, int k, float& acc) {
     int p0 = 8 * (k >> 1) + (k & 1);
     int isum = l.s1 * dot16(l.v1, act.q(t, sb, p0, 0, k)) + l.s2 * dot16(l.v2, act.q(t, sb, p0 + 2, 1, k)) +
                l.s3 * dot16(l.v3, act.q(t, sb, p0 + 4, 2, k)) + l.s4 * dot16(l.v4, act.q(t, sb, p0 + 6, 3, k));
+    if (OFF == OFF_SUMS) {
+        int4 bs = act.q6_sums(t, sb, k);
+        isum -= 32 * (l.s1 * bs.x + l.s2 * bs.y + l.s3 * bs.z + l.s4 * bs.w);
+    }
     float dx = act.d(t, sb);
     acc += dx * l.d * (float)isum;
 }
@@ -390,10 +428,11 @@ struct Q6kStep {
         for (int u = 0; u < U; u++) {
             int sb = base + 8 * S * u;
             if (sb >= nsb) break;
-            Q6kLane l = q6k_unpack(w[u], k);
+            constexpr int OFF = NB == 1 ? OFF_SUMS : OFF_BYTES;
+            Q6kLane l = q6k_unpack<OFF>(w[u], k);
 #pragma unroll
             for (int t = 0; t < NB; t++) {
-                if (t < m[0].nt) q6k_accumulate(l, act, m[0].t0 + t, sb, k, m[0].acc[t]);
+                if (t < m[0].nt) q6k_accumulate<OFF>(l, act, m[0].t0 + t, sb, k, m[0].acc[t]);
             }
         }
     }
@@ -408,10 +447,14 @@ __device__ __forceinline__ void steps_from(Step& st, WarpRow<NB>* m, const Act& 
     }
 }
 
-// Q8_0 activations (Q8 blocks of 32) read from global memory.
+// Q8_0 activations (Q8 blocks of 32) read from global memory: row t0's quants and scales, formed once.
 struct GlobalQ8 {
-    const u8* A;
-    int n_t, cols;
+    const signed char* qs;
+    const float* dd;
+    int cols;
+    __device__ __forceinline__ static GlobalQ8 at(const u8* A, int n_t, int cols, int t0) {
+        return GlobalQ8{act_qs(A, t0, cols), act_d(A, n_t, t0, cols, 32), cols};
+    }
 };
 
 // Q8_0 (repacked): two lanes per 32-element block (16 quants each), sixteen blocks per step.
@@ -428,7 +471,7 @@ struct Q8Step {
     __device__ __forceinline__ void at_rows(const WarpRow<NB>* m, const u8* W, int rows, int cols) {
         nb = cols / 32;
         half = m[0].lane & 1;
-        row = W + (size_t)m[0].r * cols;
+        row = W + (size_t)m[0].r * cols + half * 16;  // this lane's half of each block
         dtab = (const u16*)(W + (size_t)rows * cols) + (size_t)m[0].r * nb;
     }
     __device__ __forceinline__ int first(int lane, int part) const { return (lane >> 1) + 16 * part; }
@@ -439,7 +482,7 @@ struct Q8Step {
         for (int u = 0; u < U; u++) {
             int ib = base + 16 * S * u;
             if (ib < nb) {
-                uint4 q = ldg16(row + ib * 32 + half * 16);
+                uint4 q = ld_weights16(row + ib * 32);
                 w[u] = make_int4((int)q.x, (int)q.y, (int)q.z, (int)q.w);
                 dw[u] = __ldg(dtab + ib);
             }
@@ -456,8 +499,8 @@ struct Q8Step {
 #pragma unroll
             for (int t = 0; t < NB; t++) {
                 if (t < m[0].nt) {
-                    int s = dot16(wv, ldx16(act_qs(act.A, m[0].t0 + t, act.cols) + ib * 32 + half * 16));
-                    float dx = __ldg(act_d(act.A, act.n_t, m[0].t0 + t, act.cols, 32) + ib);
+                    int s = dot16(wv, ldx16(act.qs + (t * act.cols + ib * 32 + half * 16)));
+                    float dx = __ldg(act.dd + t * (act.cols / 32) + ib);
                     m[0].acc[t] += d * dx * (float)s;
                 }
             }
@@ -557,7 +600,7 @@ __device__ __forceinline__ void mmvq_unstaged(const u8* __restrict__ W0, const u
     }
     WAIT_PRIOR_GRID();
     if (!mine) return;
-    Act act{A, n_t, cols};
+    Act act = Act::at(A, n_t, cols, m[0].t0);
     if (st.live(base)) {
         st.template consume<NB>(m, act, base);
         steps_from<NB>(st, m, act, st.next(base));

@@ -361,7 +361,7 @@ __device__ __forceinline__ void matvec2_16bit(const u8* W, const float* X, float
         uint4 raw[MV2_WIDE_U];
 #pragma unroll
         for (int k = 0; k < MV2_WIDE_U; k++)
-            if (c0 + 32 * k < nc) raw[k] = __ldg(row + c0 + 32 * k);
+            if (c0 + 32 * k < nc) raw[k] = ld_weights16(row + c0 + 32 * k);  // first out of L2
         // One activation row: its chunks are loaded up front too, so they arrive while the weights
         // do (loaded beside their use, each would wait its own round trip to the cache).
         float4 xs[NB == 1 ? 2 * MV2_WIDE_U : 1];
