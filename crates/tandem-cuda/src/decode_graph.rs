@@ -4,17 +4,18 @@
 //! replay it: the layer graph runs "dry" on the host only (placement updates; per-step values such as
 //! positions, cache rows and tile spans written to the parameter arena in the same order as during
 //! capture), the arena is uploaded, and the graph is launched (the dry pass of the next step is made
-//! while the GPU runs this one: `Ahead`); the logits come back through the
-//! graph's page-locked buffer. Kernels read every per-step value from the arena, so replays compute
+//! while the GPU runs this one: `Ahead`); the logits come back in page-locked memory, lent to the
+//! caller (`LentHost`). Kernels read every per-step value from the arena, so replays compute
 //! exactly what a direct launch would (`tandem gpu-check` compares bits).
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, DevicePtr};
 use tandem_model::kv::RingPlacement;
-use tandem_model::{graph, LogitRows, ModelError, Span};
+use tandem_model::{graph, LentLogits, LogitRows, Logits, ModelError, Span};
 
 use crate::device::driver;
 use crate::kv::GpuSequenceKv;
@@ -47,8 +48,6 @@ pub(crate) struct DecodeGraph {
     graph: CudaGraph,
     /// The logits buffer the graph writes.
     out: DevBuf<f32>,
-    /// Page-locked host memory the logits are copied into after each replay.
-    host: HostLogits,
 }
 
 /// Page-locked host memory for a graph's logits. A copy into pageable memory goes through the
@@ -68,8 +67,8 @@ impl HostLogits {
         Ok(HostLogits { ptr: ptr.cast(), len })
     }
 
-    /// Copies `out` in and returns it as a vector, once the stream has finished everything before.
-    fn download(&mut self, model: &CudaModel, out: &DevBuf<f32>) -> Result<Vec<f32>, CudaError> {
+    /// Copies `out` in, once the stream has finished everything before; returns how many logits.
+    fn download(&mut self, model: &CudaModel, out: &DevBuf<f32>) -> Result<usize, CudaError> {
         let n = out.len().min(self.len);
         let stream = &model.gpu.stream;
         let (src, _sync) = out.device_ptr(stream);
@@ -79,7 +78,76 @@ impl HostLogits {
         let copied = unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, stream.cu_stream()) };
         driver("cuMemcpyDtoHAsync (logits)", copied)?;
         model.gpu.synchronize()?;
-        Ok(dst.to_vec())
+        Ok(n)
+    }
+
+    fn slice(&self, n: usize) -> &[f32] {
+        // SAFETY: `ptr` holds `len` >= n f32s, written by a finished copy (or zeroed by no one: a
+        // buffer is only read after `download`).
+        unsafe { std::slice::from_raw_parts(self.ptr, n.min(self.len)) }
+    }
+}
+
+/// The page-locked buffers of a model's decode graphs, all of one length (the vocabulary): taken for
+/// a step's logits, given back when the caller drops them. Two are in use in a generation loop (the
+/// logits sampled from, and the next step's); a new one is allocated only when none is free.
+#[derive(Default)]
+pub(crate) struct PinnedLogits {
+    free: Mutex<Vec<HostLogits>>,
+}
+
+impl PinnedLogits {
+    fn take(&self, len: usize) -> Result<HostLogits, CudaError> {
+        let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match reused {
+            Some(h) if h.len >= len => Ok(h),
+            _ => HostLogits::new(len),
+        }
+    }
+
+    fn give_back(&self, h: HostLogits) {
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(h);
+    }
+}
+
+/// A step's logits in a page-locked buffer, lent to the caller as `Logits`.
+struct LentHost {
+    host: Option<HostLogits>,
+    n: usize,
+    pool: Arc<PinnedLogits>,
+}
+
+impl LentLogits for LentHost {
+    fn logits(&self) -> &[f32] {
+        self.host.as_ref().map_or(&[], |h| h.slice(self.n))
+    }
+}
+
+impl Drop for LentHost {
+    fn drop(&mut self) {
+        if let Some(h) = self.host.take() {
+            self.pool.give_back(h);
+        }
+    }
+}
+
+impl CudaModel {
+    /// The graph's logits of the step just launched, copied into a page-locked buffer from the pool
+    /// once the GPU is done, and lent out.
+    fn lend_logits(&self, out: &DevBuf<f32>) -> Result<Logits, CudaError> {
+        let mut host = self.pinned_logits.take(out.len())?;
+        let n = match host.download(self, out) {
+            Ok(n) => n,
+            Err(e) => {
+                self.pinned_logits.give_back(host);
+                return Err(e);
+            }
+        };
+        Ok(Logits::lent(Box::new(LentHost {
+            host: Some(host),
+            n,
+            pool: self.pinned_logits.clone(),
+        })))
     }
 }
 
@@ -140,6 +208,18 @@ impl Ahead {
     }
 }
 
+/// A pass launched kernel by kernel, its logits in vectors of their own.
+fn direct(
+    model: &CudaModel,
+    scratch: &mut GpuScratch,
+    spans: &mut [Span<GpuSequenceKv>],
+) -> Result<Vec<Logits>, ModelError> {
+    Ok(graph::forward(model, scratch, spans)?
+        .into_iter()
+        .map(Logits::from)
+        .collect())
+}
+
 fn placements(kv: &GpuSequenceKv) -> Vec<RingPlacement> {
     kv.layers.iter().map(|l| l.placement).collect()
 }
@@ -151,7 +231,8 @@ fn set_placements(kv: &mut GpuSequenceKv, to: &[RingPlacement]) {
 }
 
 /// Host times within a timed replay (`TANDEM_CUDA_PASS_TIMES=1`): the dry pass, the parameter
-/// upload, the graph launch call, the wait for the graph and the logits' copy.
+/// upload, the graph launch call, the wait for the graph and the logits' copy into page-locked
+/// memory (lent to the caller from there: no copy into a vector).
 struct ReplayMarks {
     start: Option<Instant>,
     at: [Option<Instant>; 5],
@@ -192,14 +273,14 @@ impl CudaModel {
         &self,
         scratch: &mut GpuScratch,
         spans: &mut [Span<GpuSequenceKv>],
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
+    ) -> Result<Vec<Logits>, ModelError> {
         let decode_step = spans.len() == 1 && spans[0].tokens.len() == 1 && spans[0].logits == LogitRows::Last;
         if !self.graphs_enabled.get() || !decode_step {
             let Some(clock) = &self.pass_clock else {
-                return graph::forward(self, scratch, spans);
+                return direct(self, scratch, spans);
             };
             clock.begin(&self.gpu)?;
-            let out = graph::forward(self, scratch, spans)?;
+            let out = direct(self, scratch, spans)?;
             clock.end(spans.iter().map(|s| s.tokens.len()).sum())?;
             return Ok(out);
         }
@@ -212,7 +293,7 @@ impl CudaModel {
         }
         if warm_up(&mut self.warmed.borrow_mut(), seq) {
             // First decode step of this sequence: run it directly, which sizes the pool.
-            return graph::forward(self, scratch, spans);
+            return direct(self, scratch, spans);
         }
         self.capture(scratch, spans, seq)
     }
@@ -237,7 +318,7 @@ impl CudaModel {
         scratch: &mut GpuScratch,
         spans: &mut [Span<GpuSequenceKv>],
         i: usize,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
+    ) -> Result<Vec<Logits>, ModelError> {
         // Timed (`TANDEM_CUDA_PASS_TIMES=1`): the host's part (the dry pass, the parameters, the
         // launch) is the enqueue time; the GPU is idle until it ends.
         let clock = self.pass_clock.as_ref();
@@ -270,7 +351,7 @@ impl CudaModel {
             self.gpu.synchronize()?;
             marks.mark(3);
         }
-        let logits = g.host.download(self, &g.out)?;
+        let logits = self.lend_logits(&g.out)?;
         marks.mark(4);
         if let Some(clock) = clock {
             clock.end(1)?;
@@ -332,7 +413,7 @@ impl CudaModel {
         scratch: &mut GpuScratch,
         spans: &mut [Span<GpuSequenceKv>],
         seq: u64,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
+    ) -> Result<Vec<Logits>, ModelError> {
         let saved = placements(spans[0].kv);
         self.staging.borrow_mut().clear();
         self.captured_out.borrow_mut().take();
@@ -351,15 +432,14 @@ impl CudaModel {
         let out = self.captured_out.borrow_mut().take();
         match (recorded, ended, out) {
             (Ok(_), Ok(Some(graph)), Some(out)) => {
-                let mut host = HostLogits::new(out.len())?;
                 self.upload_params()?;
                 driver("cuGraphLaunch", graph.launch())?;
-                let logits = host.download(self, &out)?;
+                let logits = self.lend_logits(&out)?;
                 let mut graphs = self.graphs.borrow_mut();
                 if graphs.len() == MAX_GRAPHS {
                     graphs.remove(0);
                 }
-                graphs.push(DecodeGraph { seq, graph, out, host });
+                graphs.push(DecodeGraph { seq, graph, out });
                 Ok(vec![logits])
             }
             (recorded, ended, _) => {
@@ -372,7 +452,7 @@ impl CudaModel {
                 };
                 eprintln!("tandem: CUDA graph capture failed ({why}); decoding without graphs");
                 self.graphs_enabled.set(false);
-                graph::forward(self, scratch, spans)
+                direct(self, scratch, spans)
             }
         }
     }

@@ -9,15 +9,16 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use tandem_backend::cpu::ops::RopeParams;
 use tandem_model::backend::{AttendRows, Backend, QkvRows};
 use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm, Weights};
-use tandem_model::{Model, ModelConfig, ModelError, Span};
+use tandem_model::{Logits, Model, ModelConfig, ModelError, Span};
 
-use crate::decode_graph::{Ahead, DecodeGraph};
+use crate::decode_graph::{Ahead, DecodeGraph, PinnedLogits};
 use crate::device::{driver, Gpu};
 use crate::int8::ActQuant;
 use crate::kv::GpuSequenceKv;
@@ -128,6 +129,8 @@ pub struct CudaModel {
     /// The next decode step's dry pass, made while the GPU ran this one (`decode_graph.rs`);
     /// `TANDEM_CUDA_AHEAD=0` turns it off.
     pub(crate) ahead: RefCell<Option<Ahead>>,
+    /// Page-locked buffers the decode graphs' logits are copied into and lent out from.
+    pub(crate) pinned_logits: Arc<PinnedLogits>,
     pub ahead_enabled: bool,
     /// Replayed steps that took their parameters from a dry pass made ahead (for checks).
     pub ahead_taken: Cell<u64>,
@@ -295,7 +298,7 @@ impl Backend for CudaModel {
         Ok(self.new_sequence(n_ctx)?)
     }
 
-    fn run(&self, scratch: &mut GpuScratch, spans: &mut [Span<GpuSequenceKv>]) -> Result<Vec<Vec<f32>>, ModelError> {
+    fn run(&self, scratch: &mut GpuScratch, spans: &mut [Span<GpuSequenceKv>]) -> Result<Vec<Logits>, ModelError> {
         self.run_with_graphs(scratch, spans)
     }
 

@@ -372,6 +372,7 @@ impl CudaModel {
             captured_out: RefCell::new(None),
             graphs: RefCell::new(Vec::new()),
             ahead: RefCell::new(None),
+            pinned_logits: Default::default(),
             ahead_enabled: std::env::var("TANDEM_CUDA_AHEAD").map_or(true, |v| v != "0"),
             ahead_taken: Cell::new(0),
             token_slot: Cell::new(None),

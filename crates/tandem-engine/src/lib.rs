@@ -6,7 +6,7 @@ pub mod serve;
 
 use std::time::{Duration, Instant};
 
-use tandem_model::{Backend, LogitRows, Model, ModelError, SequenceCache, SequenceKv, Span};
+use tandem_model::{Backend, LogitRows, Logits, Model, ModelError, SequenceCache, SequenceKv, Span};
 
 pub use sampling::{Sampler, SamplingParams};
 
@@ -78,20 +78,20 @@ impl<B: Backend> Engine<B> {
     }
 
     /// One forward pass of one sequence's tokens.
-    pub fn forward(&mut self, kv: &mut B::Kv, tokens: &[u32], logits: LogitRows) -> Result<Vec<f32>, EngineError> {
+    pub fn forward(&mut self, kv: &mut B::Kv, tokens: &[u32], logits: LogitRows) -> Result<Logits, EngineError> {
         let mut spans = [Span { kv, tokens, logits }];
         let mut out = self.model.run(&mut self.ws, &mut spans)?;
         Ok(out.pop().unwrap_or_default())
     }
 
     /// Feeds `tokens` in chunks of `chunk` rows; returns the logits of the last token.
-    pub fn prefill(&mut self, kv: &mut B::Kv, tokens: &[u32], chunk: usize) -> Result<Vec<f32>, EngineError> {
+    pub fn prefill(&mut self, kv: &mut B::Kv, tokens: &[u32], chunk: usize) -> Result<Logits, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
         kv.check_room(tokens.len())?;
         let chunk = chunk.max(1);
-        let mut logits = Vec::new();
+        let mut logits = Logits::default();
         for (i, piece) in tokens.chunks(chunk).enumerate() {
             let last = (i + 1) * chunk >= tokens.len();
             let want = if last { LogitRows::Last } else { LogitRows::None };

@@ -8,6 +8,7 @@ use tandem_backend::cpu::ops::RopeParams;
 
 use crate::config::{Activation, ModelConfig};
 use crate::graph::{self, Span};
+use crate::logits::Logits;
 use crate::weights::{Matrix, Norm, Weights};
 use crate::ModelError;
 
@@ -50,11 +51,14 @@ pub trait Backend {
     fn new_kv(&self, n_ctx: usize) -> Result<Self::Kv, ModelError>;
     /// One forward pass: the layer graph, unless the backend has a faster way to the same result for
     /// some shapes (the CUDA backend replays captured graphs for decode steps).
-    fn run(&self, scratch: &mut Self::Scratch, spans: &mut [Span<Self::Kv>]) -> Result<Vec<Vec<f32>>, ModelError>
+    fn run(&self, scratch: &mut Self::Scratch, spans: &mut [Span<Self::Kv>]) -> Result<Vec<Logits>, ModelError>
     where
         Self: Sized,
     {
-        graph::forward(self, scratch, spans)
+        Ok(graph::forward(self, scratch, spans)?
+            .into_iter()
+            .map(Logits::from)
+            .collect())
     }
 
     /// Rows of the token embedding table for `tokens`, scaled for Gemma.

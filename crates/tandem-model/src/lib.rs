@@ -6,6 +6,7 @@
 //! - `graph`: the layer graph, written once for one row (decode) or many (prefill), any mix of sequences
 //!   and any backend.
 //! - `kv`: per-sequence f16 caches with ring placement for sliding-window layers.
+//! - `logits`: a span's logits as a backend hands them over (its own vector, or memory it lends).
 //! - `serving`: what the serving engine asks of a backend (request sizing, KV budget, prefix reuse).
 
 pub mod backend;
@@ -13,6 +14,7 @@ pub mod config;
 pub mod cpu;
 pub mod graph;
 pub mod kv;
+pub mod logits;
 pub mod serving;
 pub mod weights;
 
@@ -27,6 +29,7 @@ pub use config::{Arch, ModelConfig};
 pub use cpu::{Rows, Workspace};
 pub use graph::{LogitRows, Span};
 pub use kv::{KvPool, SequenceKv};
+pub use logits::{LentLogits, Logits};
 pub use serving::{KvCheckpoint, KvSizing, ServingBackend, ServingCache};
 
 #[derive(Debug, thiserror::Error)]

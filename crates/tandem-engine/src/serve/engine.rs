@@ -28,7 +28,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tandem_model::{
-    Backend, KvCheckpoint, KvSizing, LogitRows, Model, ModelError, SequenceCache, ServingBackend, ServingCache, Span,
+    Backend, KvCheckpoint, KvSizing, LogitRows, Logits, Model, ModelError, SequenceCache, ServingBackend, ServingCache,
+    Span,
 };
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
@@ -289,7 +290,7 @@ fn timed_forward<B: Backend>(
     model: &B,
     ws: &mut B::Scratch,
     spans: &mut [Span<B::Kv>],
-) -> (Result<Vec<Vec<f32>>, ModelError>, f64) {
+) -> (Result<Vec<Logits>, ModelError>, f64) {
     let t0 = Instant::now();
     let result = model.run(ws, spans);
     (result, t0.elapsed().as_secs_f64())
