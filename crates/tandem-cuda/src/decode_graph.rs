@@ -82,8 +82,8 @@ impl HostLogits {
     }
 
     fn slice(&self, n: usize) -> &[f32] {
-        // SAFETY: `ptr` holds `len` >= n f32s, written by a finished copy (or zeroed by no one: a
-        // buffer is only read after `download`).
+        // SAFETY: `ptr` holds `len` f32s; a buffer is lent (and so read) only after `download` has
+        // copied into it and synchronized.
         unsafe { std::slice::from_raw_parts(self.ptr, n.min(self.len)) }
     }
 }
@@ -208,18 +208,6 @@ impl Ahead {
     }
 }
 
-/// A pass launched kernel by kernel, its logits in vectors of their own.
-fn direct(
-    model: &CudaModel,
-    scratch: &mut GpuScratch,
-    spans: &mut [Span<GpuSequenceKv>],
-) -> Result<Vec<Logits>, ModelError> {
-    Ok(graph::forward(model, scratch, spans)?
-        .into_iter()
-        .map(Logits::from)
-        .collect())
-}
-
 fn placements(kv: &GpuSequenceKv) -> Vec<RingPlacement> {
     kv.layers.iter().map(|l| l.placement).collect()
 }
@@ -277,10 +265,10 @@ impl CudaModel {
         let decode_step = spans.len() == 1 && spans[0].tokens.len() == 1 && spans[0].logits == LogitRows::Last;
         if !self.graphs_enabled.get() || !decode_step {
             let Some(clock) = &self.pass_clock else {
-                return direct(self, scratch, spans);
+                return graph::forward_logits(self, scratch, spans);
             };
             clock.begin(&self.gpu)?;
-            let out = direct(self, scratch, spans)?;
+            let out = graph::forward_logits(self, scratch, spans)?;
             clock.end(spans.iter().map(|s| s.tokens.len()).sum())?;
             return Ok(out);
         }
@@ -293,7 +281,7 @@ impl CudaModel {
         }
         if warm_up(&mut self.warmed.borrow_mut(), seq) {
             // First decode step of this sequence: run it directly, which sizes the pool.
-            return direct(self, scratch, spans);
+            return graph::forward_logits(self, scratch, spans);
         }
         self.capture(scratch, spans, seq)
     }
@@ -452,7 +440,7 @@ impl CudaModel {
                 };
                 eprintln!("tandem: CUDA graph capture failed ({why}); decoding without graphs");
                 self.graphs_enabled.set(false);
-                direct(self, scratch, spans)
+                graph::forward_logits(self, scratch, spans)
             }
         }
     }

@@ -55,10 +55,7 @@ pub trait Backend {
     where
         Self: Sized,
     {
-        Ok(graph::forward(self, scratch, spans)?
-            .into_iter()
-            .map(Logits::from)
-            .collect())
+        graph::forward_logits(self, scratch, spans)
     }
 
     /// Rows of the token embedding table for `tokens`, scaled for Gemma.

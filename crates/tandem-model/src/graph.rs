@@ -13,6 +13,7 @@ use tandem_backend::cpu::ops::RopeParams;
 
 use crate::backend::{AttendRows, Backend, QkvRows, SequenceCache};
 use crate::kv::SequenceKv;
+use crate::logits::Logits;
 use crate::ModelError;
 
 /// Which rows of a sequence's chunk produce logits.
@@ -29,6 +30,16 @@ pub struct Span<'a, K = SequenceKv> {
     pub kv: &'a mut K,
     pub tokens: &'a [u32],
     pub logits: LogitRows,
+}
+
+/// `forward`, each span's logits in a vector of its own: what `Backend::run` returns when the layer
+/// graph is launched op by op.
+pub fn forward_logits<B: Backend>(
+    b: &B,
+    scratch: &mut B::Scratch,
+    spans: &mut [Span<B::Kv>],
+) -> Result<Vec<Logits>, ModelError> {
+    Ok(forward(b, scratch, spans)?.into_iter().map(Logits::from).collect())
 }
 
 /// Runs the layer graph over every span's tokens; returns, per span, the logits of the rows it asked
