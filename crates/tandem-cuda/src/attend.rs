@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
-use tandem_model::backend::{AttendRows, QkvRows};
+use tandem_model::backend::{AttendRows, Backend, QkvRows};
 use tandem_model::{graph, ModelError, Span};
 
 use crate::device::driver;
@@ -60,12 +60,14 @@ impl KvCache<'_> {
 /// as the projections' f32 rows (one row of the KV heads each). The kernel applies RoPE to q and K as
 /// `rope_kv_store` does, attends to the step's key from the rotated row, and stores K and V to cache
 /// row `cache_row[0]` (-1: not stored), so the cache and the output have the bits of `rope_kv_store`
-/// followed by `attend_tiles_d<D>`.
+/// followed by `attend_tiles_d<D>`. With `head_norms` (QK-norm: the q and k norms' weights, one head
+/// wide, and the norm's epsilon) it first norms each head of q and K as `rms_norm` does.
 pub struct FreshRow<'a> {
     pub k: CudaView<'a, f32>,
     pub v: CudaView<'a, f32>,
     pub cache_row: CudaView<'a, i32>,
     pub rope: RopeParams,
+    pub head_norms: Option<(CudaView<'a, f32>, CudaView<'a, f32>, f32)>,
 }
 
 /// Its buffers. `meta` = {origin_logical, origin_physical, first tile, live tiles}; `partial` holds
@@ -119,6 +121,14 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
         short("arrival counters", b.arrivals.len(), s.t * s.n_head),
         short("step's own K and V", fresh_lens.0, kvw),
         short("step's cache row", fresh_lens.1, 1),
+        short(
+            "head norms",
+            b.fresh
+                .as_ref()
+                .and_then(|f| f.head_norms.as_ref())
+                .map_or(s.head_dim, |(q, k, _)| q.len().min(k.len())),
+            s.head_dim,
+        ),
     ]
     .into_iter()
     .flatten()
@@ -189,10 +199,15 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
         .fresh
         .as_ref()
         .map_or(0, |f| i32::from(f.rope.style == RopeStyle::Neox));
+    let (no_norm, no_eps) = (0u64, 0f32);
     match &b.fresh {
         Some(f) => {
             l.arg(&f.k).arg(&f.v).arg(&f.cache_row).arg(&n_rot);
-            l.arg(&f.rope.freq_base).arg(&f.rope.freq_scale).arg(&neox)
+            l.arg(&f.rope.freq_base).arg(&f.rope.freq_scale).arg(&neox);
+            match &f.head_norms {
+                Some((qn, kn, eps)) => l.arg(qn).arg(kn).arg(eps),
+                None => l.arg(&no_norm).arg(&no_norm).arg(&no_eps),
+            }
         }
         None => l.arg(&n_t),
     };
@@ -210,6 +225,8 @@ struct FreshInputs<'a> {
     v: &'a GpuAct,
     cache_row: Param,
     rope: RopeParams,
+    /// The q and k head norms' weights (QK-norm).
+    head_norms: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>)>,
 }
 
 impl CudaModel {
@@ -299,6 +316,7 @@ impl CudaModel {
                 v: f.v.buf()?.as_view(),
                 cache_row: self.view(&f.cache_row),
                 rope: f.rope,
+                head_norms: f.head_norms.map(|(q, k)| (q.as_view(), k.as_view(), c.eps)),
             }),
             None => None,
         };
@@ -433,10 +451,15 @@ impl CudaModel {
         let (quant, window, tile_cap) = self.attend_setup(layer, kv, qkv.out.rows, &rows);
         let lc = &mut kv.layers[layer];
         let (dst, after) = routes::store_rows(&lc.placement, rows.len());
-        // One row: the attention kernel applies RoPE and stores the row itself (one launch).
+        // One row: the attention kernel applies the head norms and RoPE and stores the row itself (one
+        // launch). More: the head norms, then `rope_kv_store`.
         let fresh_row = if rows.len() == 1 {
             Some(self.param_ints(dst)?)
         } else {
+            if let Some(n) = qkv.head_norms {
+                self.rms_norm(qkv.q, n.head_dim, n.q)?;
+                self.rms_norm(qkv.k, n.head_dim, n.k)?;
+            }
             self.rope_kv_store(qkv.q, qkv.k, qkv.v, dst, (&mut lc.k, &mut lc.v), positions, rope)?;
             None
         };
@@ -456,6 +479,10 @@ impl CudaModel {
                     v: io.v,
                     cache_row,
                     rope: *rope,
+                    head_norms: match qkv.head_norms {
+                        Some(n) => Some((self.norm(n.q)?, self.norm(n.k)?)),
+                        None => None,
+                    },
                 };
                 let cache = KvCache::Write(lc.k.as_view_mut(), lc.v.as_view_mut());
                 self.attend_tiles(

@@ -25,6 +25,7 @@ use crate::kv::GpuSequenceKv;
 use crate::launch::{blocks, i32_of, launch_cfg};
 use crate::pool::{BufPool, DevBuf};
 use crate::profile::{OpProfile, PassClock};
+use crate::rows::rms_norm_into;
 use crate::upload::{GpuMatrix, GpuMemory};
 use crate::CudaError;
 
@@ -357,16 +358,15 @@ impl Backend for CudaModel {
                 return Ok(());
             }
             let w = self.norm(weight)?;
-            let groups = x.rows * x.width / group;
-            let (g, eps) = (i32_of(group, "group")?, self.cpu.config.eps);
-            let f = self.gpu.function("rms_norm")?;
-            let mut b = self.gpu.launch_builder(f)?;
-            b.arg(x.buf_mut()?).arg(w).arg(&g).arg(&eps);
-            let threads = if group >= 1024 { 256 } else { 128 };
-            driver("rms_norm", unsafe {
-                b.launch(launch_cfg((groups as u32, 1, 1), threads))
-            })?;
-            Ok(())
+            let len = x.rows * x.width;
+            Ok(rms_norm_into(
+                &self.gpu,
+                x.buf_mut()?,
+                len,
+                w,
+                group,
+                self.cpu.config.eps,
+            )?)
         })
     }
 

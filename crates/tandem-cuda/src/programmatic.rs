@@ -183,6 +183,8 @@ mod tests {
                 "Placement pl = read_placement(meta, pos);",
                 "int d_row = cache_row[0];",
                 "float2 cs = rope_pair_angle(pl.p, n_rot, base, freq_scale);",
+                "__shared__ float head_norms[2 * D];",
+                "load_head_norms<D>(qn, kn, head_norms);",
             ],
         ),
     ];

@@ -45,6 +45,37 @@ pub(crate) fn quant_flag(fmt: ActQuant) -> i32 {
     }
 }
 
+/// The `rms_norm` kernel: each `group`-wide slice of `x` (its first `len` elements) normed and times
+/// `weight`, in place (QK-norm: a slice per head). Public for `tandem gpu-check`.
+pub fn rms_norm_into(
+    gpu: &Gpu,
+    x: &mut CudaSlice<f32>,
+    len: usize,
+    weight: &CudaSlice<f32>,
+    group: usize,
+    eps: f32,
+) -> Result<(), CudaError> {
+    if group == 0 || !len.is_multiple_of(group) || x.len() < len || weight.len() < group {
+        return Err(CudaError::Driver {
+            what: "rms_norm".into(),
+            err: format!(
+                "{len} of {} elements in slices of {group} with {} weights",
+                x.len(),
+                weight.len()
+            ),
+        });
+    }
+    let g = i32_of(group, "group")?;
+    let f = gpu.function("rms_norm")?;
+    let mut b = gpu.launch_builder(f)?;
+    b.arg(x).arg(weight).arg(&g).arg(&eps);
+    let threads = if group >= 1024 { 256 } else { 128 };
+    driver("rms_norm", unsafe {
+        b.launch(launch_cfg(((len / group) as u32, 1, 1), threads))
+    })?;
+    Ok(())
+}
+
 /// The `add_norm_rows` kernel: `x += y` (normed by `post` when given; `y` absent: no add), then
 /// `h = f16(norm(x) * weight)` for `rows × width` rows (`shape`: rows, width, eps). Public for
 /// `tandem gpu-check`.

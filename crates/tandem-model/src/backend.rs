@@ -115,8 +115,9 @@ pub trait Backend {
     /// `gate = act(gate) * up`; `reader` is the matrix that multiplies the result next, and its only
     /// reader (so a backend may keep the result only in the input form that kernel reads).
     fn gated(&self, gate: &mut Self::Act, up: &Self::Act, act: Activation, reader: &Matrix) -> Result<(), ModelError>;
-    /// One layer's attention over the batch: `rope_qk`, then `store_and_attend` for each span
-    /// (`span_rows[i]`: span i's rows). A backend may rotate K as it stores it.
+    /// One layer's attention over the batch: the head norms (`qkv.head_norms`), `rope_qk`, then
+    /// `store_and_attend` for each span (`span_rows[i]`: span i's rows). A backend may norm and rotate
+    /// K as it stores it.
     #[allow(clippy::too_many_arguments)]
     fn rope_store_and_attend(
         &self,
@@ -153,12 +154,23 @@ pub trait Backend {
     fn to_host(&self, x: Self::Act) -> Result<Vec<f32>, ModelError>;
 }
 
-/// A layer's projections before RoPE, and its attention output.
+/// A layer's projections before RoPE (and before their per-head norms, when it has them), and its
+/// attention output.
 pub struct QkvRows<'a, A> {
     pub q: &'a mut A,
     pub k: &'a mut A,
     pub v: &'a A,
     pub out: &'a mut A,
+    pub head_norms: Option<HeadNorms<'a>>,
+}
+
+/// QK-norm (Gemma 3, Qwen3): an RMS norm over each `head_dim`-wide head of q and of k, applied
+/// before RoPE (`Backend::rms_norm` with that group).
+#[derive(Clone, Copy)]
+pub struct HeadNorms<'a> {
+    pub q: &'a Norm,
+    pub k: &'a Norm,
+    pub head_dim: usize,
 }
 
 /// The activations one attention call reads and writes.

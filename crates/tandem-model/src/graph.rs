@@ -11,7 +11,7 @@ use std::ops::Range;
 
 use tandem_backend::cpu::ops::RopeParams;
 
-use crate::backend::{AttendRows, Backend, QkvRows, SequenceCache};
+use crate::backend::{AttendRows, Backend, HeadNorms, QkvRows, SequenceCache};
 use crate::kv::SequenceKv;
 use crate::logits::Logits;
 use crate::ModelError;
@@ -78,16 +78,21 @@ pub fn forward<B: Backend>(
             .ok_or_else(|| ModelError::Kernel(format!("layer {l}: no pre-norm")))?;
         let [mut q, mut k, v] = exactly(b.matmuls(&lw.qkv(), &attn_in)?)?;
         drop(attn_in);
-        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-            b.rms_norm(&mut q, c.head_dim, qn)?;
-            b.rms_norm(&mut k, c.head_dim, kn)?;
-        }
+        let head_norms = match (&lw.q_norm, &lw.k_norm) {
+            (Some(q), Some(k)) => Some(HeadNorms {
+                q,
+                k,
+                head_dim: c.head_dim,
+            }),
+            _ => None,
+        };
         let mut attn = b.output_rows(t, c.q_width())?;
         let qkv = QkvRows {
             q: &mut q,
             k: &mut k,
             v: &v,
             out: &mut attn,
+            head_norms,
         };
         b.rope_store_and_attend(scratch, l, spans, &span_rows, qkv, &positions, &spec.rope)?;
         let o = b.matmul(&lw.wo, &attn)?;
@@ -124,8 +129,8 @@ pub fn forward<B: Backend>(
     Ok(out)
 }
 
-/// `Backend::rope_store_and_attend`'s default: RoPE on every row of q and k, then each span's
-/// `store_and_attend`.
+/// `Backend::rope_store_and_attend`'s default: the head norms and RoPE on every row of q and k, then
+/// each span's `store_and_attend`.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_then_attend_each<B: Backend>(
     b: &B,
@@ -137,6 +142,10 @@ pub fn rope_then_attend_each<B: Backend>(
     positions: &[usize],
     rope: &RopeParams,
 ) -> Result<(), ModelError> {
+    if let Some(n) = qkv.head_norms {
+        b.rms_norm(qkv.q, n.head_dim, n.q)?;
+        b.rms_norm(qkv.k, n.head_dim, n.k)?;
+    }
     b.rope_qk(qkv.q, qkv.k, positions, rope)?;
     for (span, rows) in spans.iter_mut().zip(span_rows) {
         let io = AttendRows {

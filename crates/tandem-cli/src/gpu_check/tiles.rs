@@ -11,6 +11,7 @@ use half::f16;
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_cuda::attend::{tile_attention_into, FreshRow, KvCache, TileBuffers, TileShape};
 use tandem_cuda::routes::{first_key, tile_span};
+use tandem_cuda::rows::rms_norm_into;
 use tandem_cuda::Gpu;
 
 use super::flash::attend_f64;
@@ -139,7 +140,12 @@ fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut
     let row = c.physical(p) * kvw..c.physical(p) * kvw + kvw;
     k[row.clone()].fill(f16::NAN);
     v[row.clone()].fill(f16::NAN);
-    let fresh = Fresh { k: &fk, v: &fv, rope };
+    let fresh = Fresh {
+        k: &fk,
+        v: &fv,
+        rope,
+        norms: None,
+    };
     let (out, kc, vc) = run(gpu, c, &[p], &q, (&k, &v), Some(&fresh))?;
     let rotated = |x: &[f32]| -> Vec<f64> { x.chunks(hd).flat_map(|h| rotate(h, p, &rope)).collect() };
     // The stored row: K within an f16 ulp of the host's rotation, V bit-equal, all else untouched.
@@ -174,6 +180,35 @@ fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut
     let (out_cached, _, _) = run(gpu, c, &[p], &q, (&k_cached, &v_cached), None)?;
     let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
     let bit_equal = same(&out_fused, &out_cached);
+    // QK-norm in the kernel: the bits of `rms_norm` over each head of q and K first.
+    let weights = |rng: &mut Rng| (0..hd).map(|_| 1.0 + 0.25 * rng.normal()).collect::<Vec<f32>>();
+    let (qn, kn) = (weights(rng), weights(rng));
+    let normed_fused = run(
+        gpu,
+        c,
+        &[p],
+        &q,
+        (&k, &v),
+        Some(&Fresh {
+            norms: Some((&qn, &kn)),
+            ..fresh
+        }),
+    )?;
+    let normed_first = |x: &[f32], w: &[f32]| -> Result<Vec<f32>> {
+        let mut d = gpu.upload(x)?;
+        rms_norm_into(gpu, &mut d, x.len(), &gpu.upload(w)?, hd, HEAD_NORM_EPS)?;
+        Ok(gpu.download(&d)?)
+    };
+    let (qn_first, kn_first) = (normed_first(&q, &qn)?, normed_first(&fk, &kn)?);
+    let plain = run(
+        gpu,
+        c,
+        &[p],
+        &qn_first,
+        (&k, &v),
+        Some(&Fresh { k: &kn_first, ..fresh }),
+    )?;
+    let norm_equal = same(&normed_fused.0, &plain.0) && normed_fused.1 == plain.1 && normed_fused.2 == plain.2;
     table.push(Row {
         check: format!(
             "fused RoPE + store + attention d{hd} {}/{} heads, position {p}, window {:?}, {} rows from {:?}, \
@@ -182,19 +217,26 @@ fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut
         ),
         result: format!(
             "rel err {err:.2e} (bound {FRESH_BOUND:.0e}); stored K within an f16 ulp: {k_close}, V bit-equal: \
-             {v_equal}, other rows untouched: {untouched}; unrotated bit-equal to the cached kernel: {bit_equal}"
+             {v_equal}, other rows untouched: {untouched}; unrotated bit-equal to the cached kernel: {bit_equal}; \
+             QK-norm (output, K, V) bit-equal to rms_norm first: {norm_equal}"
         ),
-        pass: err < FRESH_BOUND && k_close && v_equal && untouched && bit_equal,
+        pass: err < FRESH_BOUND && k_close && v_equal && untouched && bit_equal && norm_equal,
     });
     Ok(())
 }
 
-/// The step's own row for the fused kernel: unrotated K and V (f32, one row of KV heads) and RoPE.
+/// The step's own row for the fused kernel: unrotated K and V (f32, one row of KV heads) and RoPE;
+/// with `norms`, the q and k head norms' weights (QK-norm, one head wide each).
+#[derive(Clone, Copy)]
 struct Fresh<'a> {
     k: &'a [f32],
     v: &'a [f32],
     rope: RopeParams,
+    norms: Option<(&'a [f32], &'a [f32])>,
 }
+
+/// The norm's epsilon in the QK-norm check.
+const HEAD_NORM_EPS: f32 = 1e-6;
 
 /// The kernel's output for `positions` (each query's rows of `q`), from the case's buffer; with
 /// `fresh` (one query), the fused kernel's output and the buffer's K and V after it.
@@ -239,6 +281,10 @@ fn run(
         )),
         None => None,
     };
+    let norms = match fresh.and_then(|f| f.norms) {
+        Some((qn, kn)) => Some((gpu.upload(qn)?, gpu.upload(kn)?)),
+        None => None,
+    };
     let (cache, fresh) = match (&fresh_rows, fresh) {
         (Some((fk, fv, row)), Some(f)) => (
             KvCache::Write(kc.as_view_mut(), vc.as_view_mut()),
@@ -247,6 +293,7 @@ fn run(
                 v: fv.as_view(),
                 cache_row: row.as_view(),
                 rope: f.rope,
+                head_norms: norms.as_ref().map(|(q, k)| (q.as_view(), k.as_view(), HEAD_NORM_EPS)),
             }),
         ),
         _ => (KvCache::Read(kc.as_view(), vc.as_view()), None),

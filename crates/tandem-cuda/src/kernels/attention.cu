@@ -39,6 +39,12 @@
 // `rope_angle` and `rope_rotate`, so q, the cache and the scores have the bits of `rope_kv_store`
 // followed by `attend_tiles`. No other block of the grid reads the stored row (it lies in this tile,
 // whose blocks read it from shared memory), so the store needs no ordering within the launch.
+//
+// With QK-norm (Gemma 3, Qwen3) the kernel also applies the per-head RMS norms before RoPE: `norms`
+// holds the q and k norm weights (copied to shared memory before the wait: model vectors, which no
+// kernel writes), and each head's sum of squares runs in the order of `rms_norm` (ops.cu) over a
+// head with ATT_TILE threads (thread i: elements i, i + ATT_TILE, ...; then `block_total`'s tree), so
+// q and K have the bits of `rms_norm` followed by `rope_kv_store`.
 struct FreshRow {
     const float* k;
     const float* v;
@@ -48,7 +54,21 @@ struct FreshRow {
     int n_rot, neox, key;
     // Thread i's pair angle (pair i < n_rot / 2), formed before the kernel's wait.
     float2 cs;
+    // The q norm's weights then the k norm's (shared memory, 2 * head_dim), or null without QK-norm.
+    const float* norms;
+    float eps;
 };
+
+// Copies the head norms' weights (`qn`, `kn`: head_dim each, or null) to `norms` in shared memory.
+template <int D>
+__device__ __forceinline__ void load_head_norms(const float* __restrict__ qn, const float* __restrict__ kn,
+                                                float* norms) {
+    if (qn == nullptr) return;
+    for (int i = threadIdx.x; i < D; i += ATT_TILE) {
+        norms[i] = qn[i];
+        norms[D + i] = kn[i];
+    }
+}
 
 // Where a block's query and keys are: the buffer's placement and tile span (`meta`) and the query's
 // position. Both are parameters the host wrote before the launch (the graph's arena or a direct
@@ -134,6 +154,32 @@ __device__ __forceinline__ void tile_partial(const float* __restrict__ q, const 
             qp[j] = d < D ? qr[d] : 0.f;
             kp[j] = d < D && fresh_tile ? kx[d] : 0.f;
             vp[j] = e < D && fresh_tile ? vx[e] : 0.f;
+        }
+        if (fr.norms != nullptr) {
+            // QK-norm: each head's sums of squares in `rms_norm`'s order, then x * scale * weight.
+            float sq = 0.f, sk = 0.f;
+#pragma unroll
+            for (int j = 0; j < PASSES; j++) {
+                int e = threadIdx.x + j * ATT_TILE;
+                if (e < D) {
+                    float x = qr[e], y = fresh_tile ? kx[e] : 0.f;
+                    sq = fmaf(x, x, sq);
+                    sk = fmaf(y, y, sk);
+                }
+            }
+            float2 tot = block_total2(sq, sk);
+            float qs_ = rsqrtf(tot.x / D + fr.eps), ks_ = rsqrtf(tot.y / D + fr.eps);
+            const float *wq = fr.norms, *wk = fr.norms + D;
+            q0 = q0 * qs_ * wq[a], q1 = q1 * qs_ * wq[b];
+            k0 = k0 * ks_ * wk[a], k1 = k1 * ks_ * wk[b];
+#pragma unroll
+            for (int j = 0; j < PASSES; j++) {
+                int d = fr.n_rot + threadIdx.x + j * ATT_TILE;
+                if (d < D) {
+                    qp[j] = qp[j] * qs_ * wq[d];
+                    kp[j] = kp[j] * ks_ * wk[d];
+                }
+            }
         }
         if (rot) {
             float2 y = rope_rotate(q0, q1, fr.cs);
@@ -411,12 +457,14 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
         int window, int tile_cap, float* partial, int* __restrict__ arrivals, float* __restrict__ dst,   \
         int group, int quant, u8* __restrict__ a, const float* __restrict__ k,                           \
         const float* __restrict__ v, const int* __restrict__ cache_row, int n_rot, float base,           \
-        float freq_scale, int neox) {                                                                   \
+        float freq_scale, int neox, const float* __restrict__ qn, const float* __restrict__ kn, float eps) { \
         Placement pl = read_placement(meta, pos);                                                       \
         int d_row = cache_row[0];                                                                       \
         float2 cs = rope_pair_angle(pl.p, n_rot, base, freq_scale);                                     \
+        __shared__ float head_norms[2 * D];                                                             \
+        load_head_norms<D>(qn, kn, head_norms);                                                         \
         WAIT_PRIOR_GRID();                                                                              \
-        FreshRow fr{k, v, kc, vc, d_row, n_rot, neox, pl.p, cs};                                        \
+        FreshRow fr{k, v, kc, vc, d_row, n_rot, neox, pl.p, cs, qn ? head_norms : nullptr, eps};        \
         attend_tiles_body<D, true>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window,   \
                                    tile_cap, partial, arrivals, dst, group, quant, a, 1, fr);            \
     }

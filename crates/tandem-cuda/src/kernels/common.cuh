@@ -92,6 +92,25 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// The sums over the block of each thread's `a` and `b`: warp butterflies, then the warps' sums in a
+// fixed tree, each as `block_total` (ops.cu) sums one value, so a sum has the bits it has there.
+__device__ __forceinline__ float2 block_total2(float a, float b) {
+    __shared__ float2 part2[32];
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) part2[threadIdx.x >> 5] = make_float2(a, b);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float2 v = threadIdx.x < (blockDim.x >> 5) ? part2[threadIdx.x] : make_float2(0.f, 0.f);
+        v.x = warp_sum(v.x);
+        v.y = warp_sum(v.y);
+        if (threadIdx.x == 0) part2[0] = v;
+    }
+    __syncthreads();
+    return part2[0];
+}
+
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
