@@ -170,8 +170,11 @@ __device__ __forceinline__ void tile_partial(const float* __restrict__ q, const 
             float2 tot = block_total2(sq, sk);
             float qs_ = rsqrtf(tot.x / D + fr.eps), ks_ = rsqrtf(tot.y / D + fr.eps);
             const float *wq = fr.norms, *wk = fr.norms + D;
-            q0 = q0 * qs_ * wq[a], q1 = q1 * qs_ * wq[b];
-            k0 = k0 * ks_ * wk[a], k1 = k1 * ks_ * wk[b];
+            // Only rotating threads hold a pair (a and b are past the head for the others).
+            if (rot) {
+                q0 = q0 * qs_ * wq[a], q1 = q1 * qs_ * wq[b];
+                k0 = k0 * ks_ * wk[a], k1 = k1 * ks_ * wk[b];
+            }
 #pragma unroll
             for (int j = 0; j < PASSES; j++) {
                 int d = fr.n_rot + threadIdx.x + j * ATT_TILE;
