@@ -326,6 +326,9 @@ impl CudaModel {
         marks.mark(1);
         let mut graphs = self.graphs.borrow_mut();
         let g = &mut graphs[i];
+        if let Some(w) = &self.profiler_window {
+            w.before_replay()?;
+        }
         driver("cuGraphLaunch", g.graph.launch())?;
         marks.mark(2);
         // The GPU runs this step for about 2 ms; the host's dry pass of the next one (tens of µs)
@@ -341,6 +344,9 @@ impl CudaModel {
         }
         let logits = self.lend_logits(&g.out)?;
         marks.mark(4);
+        if let Some(w) = &self.profiler_window {
+            w.after_replay()?;
+        }
         if let Some(clock) = clock {
             clock.end(1)?;
             eprintln!("{}", marks.line());

@@ -24,7 +24,7 @@ use crate::int8::ActQuant;
 use crate::kv::GpuSequenceKv;
 use crate::launch::{blocks, i32_of, launch_cfg};
 use crate::pool::{BufPool, DevBuf};
-use crate::profile::{OpProfile, PassClock};
+use crate::profile::{OpProfile, PassClock, ProfilerWindow};
 use crate::rows::rms_norm_into;
 use crate::upload::{GpuMatrix, GpuMemory};
 use crate::CudaError;
@@ -144,6 +144,8 @@ pub struct CudaModel {
     pub(crate) profile: Option<OpProfile>,
     /// Enqueue, GPU and wall time per pass (`TANDEM_CUDA_PASS_TIMES=1`).
     pub(crate) pass_clock: Option<PassClock>,
+    /// The decode-graph replays a profiler collects (`TANDEM_CUDA_PROFILE_REPLAYS=FROM-TO`).
+    pub(crate) profiler_window: Option<ProfilerWindow>,
     /// Kernels left out of every pass (`TANDEM_CUDA_SKIP=add_norm_to,gated_quant,...`, names from
     /// `upload::SKIPPABLE_KERNELS`): a timing
     /// experiment only, which measures what those launches cost inside a decode step's graph. The

@@ -137,3 +137,75 @@ impl PassClock {
         Ok(())
     }
 }
+
+/// `TANDEM_CUDA_PROFILE_REPLAYS=FROM-TO`: a profiler collects only around the decode-graph replays
+/// FROM to TO (numbered from 1 per model), as `cuProfilerStart` and `cuProfilerStop` bracket them.
+/// Run under `ncu --profile-from-start off` (or `nsys --capture-range=cudaProfilerApi`), a profile
+/// then holds the kernels of decode steps as the graph runs them, not the load-time timing's
+/// thousands of launches of the same kernels (the ring session's profiles all landed there).
+#[derive(Debug)]
+pub(crate) struct ProfilerWindow {
+    from: u64,
+    to: u64,
+    replays: std::cell::Cell<u64>,
+}
+
+impl ProfilerWindow {
+    const VAR: &'static str = "TANDEM_CUDA_PROFILE_REPLAYS";
+
+    /// The window the environment asks for, `None` when unset, or an error naming the variable.
+    pub(crate) fn from_env() -> Result<Option<Self>, CudaError> {
+        let Ok(spec) = std::env::var(Self::VAR) else {
+            return Ok(None);
+        };
+        let (from, to) = Self::parse(&spec).ok_or_else(|| CudaError::Driver {
+            what: Self::VAR.into(),
+            err: format!("{spec:?}: expected FROM-TO, replay numbers from 1 with FROM <= TO"),
+        })?;
+        Ok(Some(ProfilerWindow {
+            from,
+            to,
+            replays: std::cell::Cell::new(0),
+        }))
+    }
+
+    fn parse(spec: &str) -> Option<(u64, u64)> {
+        let (a, b) = spec.trim().split_once('-')?;
+        let (from, to) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        (1 <= from && from <= to).then_some((from, to))
+    }
+
+    /// Counts a replay about to launch; the first of the window starts the profiler.
+    pub(crate) fn before_replay(&self) -> Result<(), CudaError> {
+        let n = self.replays.get() + 1;
+        self.replays.set(n);
+        if n == self.from {
+            // SAFETY: no arguments; the context is current on this thread (the model's stream).
+            driver("cuProfilerStart", unsafe { sys::cuProfilerStart() }.result())?;
+        }
+        Ok(())
+    }
+
+    /// After a replay's logits arrived (the GPU is done with it): the last of the window stops it.
+    pub(crate) fn after_replay(&self) -> Result<(), CudaError> {
+        if self.replays.get() == self.to {
+            // SAFETY: as in `before_replay`.
+            driver("cuProfilerStop", unsafe { sys::cuProfilerStop() }.result())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProfilerWindow;
+
+    #[test]
+    fn a_profiler_window_is_two_replay_numbers_from_one() {
+        assert_eq!(ProfilerWindow::parse("20-22"), Some((20, 22)));
+        assert_eq!(ProfilerWindow::parse(" 5 - 5 "), Some((5, 5)));
+        for bad in ["", "7", "0-3", "9-3", "a-b", "3-", "-3", "1-2-3"] {
+            assert_eq!(ProfilerWindow::parse(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -17,7 +17,7 @@ use crate::device::{driver, Gpu};
 use crate::int8::{self, int8_format};
 use crate::launch::{dequant_f16, tune_decode, tune_group, type_suffix, DecodeKernel, GroupMember, Tuning};
 use crate::model::{CudaModel, Mode, ARENA_INTS};
-use crate::profile::{OpProfile, PassClock};
+use crate::profile::{OpProfile, PassClock, ProfilerWindow};
 use crate::routes;
 use crate::CudaError;
 
@@ -380,6 +380,7 @@ impl CudaModel {
             warmed: RefCell::new(VecDeque::new()),
             profile,
             pass_clock: PassClock::enabled().then(PassClock::default),
+            profiler_window: ProfilerWindow::from_env()?,
             skipped_kernels,
         })
     }
