@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
-use tandem_model::backend::{AttendRows, Backend, QkvRows};
+use tandem_model::backend::{AttendRows, QkvRows};
 use tandem_model::{graph, ModelError, Span};
 
 use crate::device::driver;
@@ -457,8 +457,7 @@ impl CudaModel {
             Some(self.param_ints(dst)?)
         } else {
             if let Some(n) = qkv.head_norms {
-                self.rms_norm(qkv.q, n.head_dim, n.q)?;
-                self.rms_norm(qkv.k, n.head_dim, n.k)?;
+                graph::norm_heads(self, qkv.q, qkv.k, n)?;
             }
             self.rope_kv_store(qkv.q, qkv.k, qkv.v, dst, (&mut lc.k, &mut lc.v), positions, rope)?;
             None

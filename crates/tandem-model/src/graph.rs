@@ -143,8 +143,7 @@ pub fn rope_then_attend_each<B: Backend>(
     rope: &RopeParams,
 ) -> Result<(), ModelError> {
     if let Some(n) = qkv.head_norms {
-        b.rms_norm(qkv.q, n.head_dim, n.q)?;
-        b.rms_norm(qkv.k, n.head_dim, n.k)?;
+        norm_heads(b, qkv.q, qkv.k, n)?;
     }
     b.rope_qk(qkv.q, qkv.k, positions, rope)?;
     for (span, rows) in spans.iter_mut().zip(span_rows) {
@@ -157,6 +156,12 @@ pub fn rope_then_attend_each<B: Backend>(
         b.store_and_attend(scratch, layer, span.kv, io, rows.clone(), &positions[rows.clone()])?;
     }
     Ok(())
+}
+
+/// QK-norm on every head of q and of k (`Backend::rms_norm`, one head a group).
+pub fn norm_heads<B: Backend>(b: &B, q: &mut B::Act, k: &mut B::Act, n: HeadNorms<'_>) -> Result<(), ModelError> {
+    b.rms_norm(q, n.head_dim, n.q)?;
+    b.rms_norm(k, n.head_dim, n.k)
 }
 
 /// The `N` products a backend's `matmuls` returned for `N` matrices.
