@@ -16,7 +16,7 @@ use crate::int8::ActQuant;
 use crate::kv::GpuSequenceKv;
 use crate::launch::{blocks, i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct, GpuScratch, Mode, Param};
-use crate::routes::{self, AttentionRoute, KvRoute, ATT_TILE, MATVEC_MAX_ROWS};
+use crate::routes::{self, AttentionRoute, KvRoute, ATT_THREADS, ATT_TILE, MATVEC_MAX_ROWS};
 use crate::rows::quant_flag;
 use crate::{CudaError, Gpu};
 
@@ -214,7 +214,7 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
     let grid = (s.tile_cap as u32, s.n_head as u32, s.t as u32);
     // SAFETY: the arguments match the kernel's signature in order and type, and every buffer holds
     // what the grid reads or writes (checked above).
-    driver(&name, unsafe { l.launch(launch_cfg(grid, ATT_TILE as u32)) })?;
+    driver(&name, unsafe { l.launch(launch_cfg(grid, ATT_THREADS as u32)) })?;
     Ok(())
 }
 

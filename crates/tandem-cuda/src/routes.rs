@@ -43,6 +43,8 @@ use crate::int8::ActQuant;
 pub const MATVEC_MAX_ROWS: usize = 8;
 /// Keys per attention tile (must match `ATT_TILE` in `kernels/attention.cu`).
 pub const ATT_TILE: usize = 128;
+/// Threads of an attention block (must match `ATT_THREADS` in `kernels/attention.cu`).
+pub const ATT_THREADS: usize = 256;
 /// Rows one matvec block batches (must match `MV_BATCH` in `kernels/quant.cu`).
 pub const MV_BATCH: usize = 8;
 
@@ -172,10 +174,14 @@ mod tests {
 
     #[test]
     fn the_tile_size_matches_the_attention_kernel() {
-        // The launch gives a block ATT_TILE threads and the host's tile spans assume its tiles.
+        // The launch gives a block ATT_THREADS threads and the host's tile spans assume its tiles.
         let body = crate::nvrtc::ATTENTION.body;
-        let line = format!("#define ATT_TILE {ATT_TILE}");
-        assert!(body.lines().any(|l| l.trim() == line), "{line} in attention.cu");
+        for line in [
+            format!("#define ATT_TILE {ATT_TILE}"),
+            format!("#define ATT_THREADS {ATT_THREADS}"),
+        ] {
+            assert!(body.lines().any(|l| l.trim() == line), "{line} in attention.cu");
+        }
     }
 
     #[test]

@@ -18,18 +18,31 @@
 #define MAX_HEAD_DIM 256
 
 // partial layout: [(q * n_head + h) * tile_cap + tile] * (head_dim + 2): m, l, acc[head_dim].
-// One block of ATT_WARPS warps per (tile, head, query); warp w takes keys 32w .. 32w + 31 of the tile.
-// Scores: lane i takes key i, a whole-row dot in ascending dimension order, every load of the row
-// issued before the first product. Weighted V: the row is C = head_dim / 8 chunks of 8 dimensions;
-// lane l takes chunk l % C of keys l / C, l / C + P, ... (P = 32 / C lanes share a chunk), all their
-// loads in flight at once, and the P lanes of a chunk then sum in a fixed butterfly. The warps'
-// partials merge in ascending order. Every sum's order is fixed by the tile and the key positions
-// alone. The head size D is a template parameter, a power of two from 32 to MAX_HEAD_DIM, with one
-// kernel per size (`attend_tiles_d<D>`): with D known, every loop over a row unrolls and no load or
-// product sits behind a runtime bound (the runtime-D kernel ran about 1,550 instructions a warp, 9 µs
-// a decode step's layer on the H200).
-#define ATT_WARPS (ATT_TILE / 32)
-#define ATT_BATCH 16
+// One block of ATT_THREADS threads per (tile, head, query); warp w takes the tile's keys
+// ATT_KEYS * w .. ATT_KEYS * w + ATT_KEYS - 1. Scores: ATT_KEY_LANES lanes a key, lane part p of a
+// key taking its 16-byte pieces p, p + ATT_KEY_LANES, ... (a dot over them in ascending order), then
+// the key's lanes summed in a fixed butterfly. Weighted V: the row is C = head_dim / 8 chunks of 8
+// dimensions; lane l takes chunk l % C of the warp's keys l / C, l / C + P, ... (P = 32 / C lanes
+// share a chunk), all their loads in flight at once, and the P lanes of a chunk then sum in a fixed
+// butterfly. The warps' partials merge in ascending order. Every sum's order is fixed by the tile
+// and the key positions alone. The head size D is a template parameter, a power of two from 32 to
+// MAX_HEAD_DIM, with one kernel per size (`attend_tiles_d<D>`): with D known, every loop over a row
+// unrolls and no load or product sits behind a runtime bound (the runtime-D kernel ran about 1,550
+// instructions a warp, 9 µs a decode step's layer on the H200).
+//
+// Eight warps of 16 keys, two lanes a key: a decode step has one block per head, so a block's time
+// is one warp's dependent chain. With four warps of 32 keys, a lane ran a 128-term dot per key and
+// the weighted sums of 16 keys, about 750 instructions issued every 9 cycles (Nsight Compute,
+// docs/gpu-runs/2026-11-30-host); here a lane's share of both is half. Sixteen warps of eight keys
+// were slower in the graph (docs/gpu-runs/2026-11-30-fold: 7.6 µs a layer against 7.0; tg128 -1.2%
+// where eight warps gained 0.8-1.7%).
+#define ATT_THREADS 256
+#define ATT_WARPS (ATT_THREADS / 32)
+#define ATT_KEYS (ATT_TILE / ATT_WARPS)
+#define ATT_KEY_LANES (32 / ATT_KEYS)
+// Threads of the fresh row's RoPE and QK-norm: `rms_norm` runs a head with 128 threads, and the head
+// norms' sums must run in its order.
+#define ATT_FRESH 128
 
 // A decode step's own row, fused in (`attend_rope_d<D>`): q arrives before RoPE, and K and V of the
 // step's position `key` arrive as f32 rows (`k`, `v`: one row of n_kv_head heads) instead of from the
@@ -43,8 +56,8 @@
 // With QK-norm (Gemma 3, Qwen3) the kernel also applies the per-head RMS norms before RoPE: `norms`
 // holds the q and k norm weights (copied to shared memory before the wait: model vectors, which no
 // kernel writes), and each head's sum of squares runs in the order of `rms_norm` (ops.cu) over a
-// head with ATT_TILE threads (thread i: elements i, i + ATT_TILE, ...; then `block_total`'s tree), so
-// q and K have the bits of `rms_norm` followed by `rope_kv_store`.
+// head with ATT_FRESH threads (thread i: elements i, i + ATT_FRESH, ...; then `block_total`'s tree,
+// the other warps adding zeros), so q and K have the bits of `rms_norm` followed by `rope_kv_store`.
 struct FreshRow {
     const float* k;
     const float* v;
@@ -64,7 +77,7 @@ template <int D>
 __device__ __forceinline__ void load_head_norms(const float* __restrict__ qn, const float* __restrict__ kn,
                                                 float* norms) {
     if (qn == nullptr) return;
-    for (int i = threadIdx.x; i < D; i += ATT_TILE) {
+    for (int i = threadIdx.x; i < D; i += ATT_THREADS) {
         norms[i] = qn[i];
         norms[D + i] = kn[i];
     }
@@ -88,6 +101,101 @@ __device__ __forceinline__ float2 rope_pair_angle(int key, int n_rot, float base
     return (int)threadIdx.x < n_rot / 2 ? rope_angle(key, threadIdx.x, n_rot, base, freq_scale) : make_float2(1.f, 0.f);
 }
 
+// The fused step's q head and fresh K/V row (FRESH): QK-norm when given, RoPE, rounded to f16; q into
+// `qs`, K and V into `fresh_kv` (the tile holding the row) and the cache row (`store`). Threads below
+// ATT_FRESH do the work, in the order described above FreshRow; all threads call it.
+template <int D>
+__device__ __forceinline__ void fresh_row(const float* __restrict__ qr, const FreshRow& fr, int kvh, bool fresh_tile,
+                                          bool store, int kv_width, float* qs, u16* fresh_kv) {
+    constexpr int head_dim = D;
+    const float* kx = fr.k + kvh * head_dim;
+    const float* vx = fr.v + kvh * head_dim;
+    size_t d_row = store ? (size_t)fr.d_row : 0;
+    u16* kd = fr.kc + d_row * kv_width + kvh * head_dim;
+    u16* vd = fr.vc + d_row * kv_width + kvh * head_dim;
+    // Thread i rotates pair i (at most D / 2 <= ATT_FRESH pairs) by the angle the kernel formed
+    // before its wait, and passes dimensions n_rot + i + ATT_FRESH * j through. Every load is
+    // issued before the first store (the cache rows written here could alias the rows read, as
+    // far as the compiler knows), so the step's rows cost one round trip.
+    constexpr int PASSES = (D + ATT_FRESH - 1) / ATT_FRESH;
+    bool lead = threadIdx.x < ATT_FRESH;
+    int half = fr.n_rot / 2, pp = threadIdx.x;
+    bool rot = lead && pp < half;
+    int a = fr.neox ? pp : 2 * pp, b = fr.neox ? pp + half : 2 * pp + 1;
+    float q0 = rot ? qr[a] : 0.f, q1 = rot ? qr[b] : 0.f;
+    float k0 = rot && fresh_tile ? kx[a] : 0.f, k1 = rot && fresh_tile ? kx[b] : 0.f;
+    float qp[PASSES], kp[PASSES], vp[PASSES];
+#pragma unroll
+    for (int j = 0; j < PASSES; j++) {
+        int d = fr.n_rot + threadIdx.x + j * ATT_FRESH, e = threadIdx.x + j * ATT_FRESH;
+        qp[j] = lead && d < D ? qr[d] : 0.f;
+        kp[j] = lead && d < D && fresh_tile ? kx[d] : 0.f;
+        vp[j] = lead && e < D && fresh_tile ? vx[e] : 0.f;
+    }
+    if (fr.norms != nullptr) {
+        // QK-norm: each head's sums of squares in `rms_norm`'s order, then x * scale * weight.
+        float sq = 0.f, sk = 0.f;
+#pragma unroll
+        for (int j = 0; j < PASSES; j++) {
+            int e = threadIdx.x + j * ATT_FRESH;
+            if (lead && e < D) {
+                float x = qr[e], y = fresh_tile ? kx[e] : 0.f;
+                sq = fmaf(x, x, sq);
+                sk = fmaf(y, y, sk);
+            }
+        }
+        float2 tot = block_total2(sq, sk);
+        float qs_ = rsqrtf(tot.x / D + fr.eps), ks_ = rsqrtf(tot.y / D + fr.eps);
+        const float *wq = fr.norms, *wk = fr.norms + D;
+        // Only rotating threads hold a pair (a and b are past the head for the others).
+        if (rot) {
+            q0 = q0 * qs_ * wq[a], q1 = q1 * qs_ * wq[b];
+            k0 = k0 * ks_ * wk[a], k1 = k1 * ks_ * wk[b];
+        }
+#pragma unroll
+        for (int j = 0; j < PASSES; j++) {
+            int d = fr.n_rot + threadIdx.x + j * ATT_FRESH;
+            if (lead && d < D) {
+                qp[j] = qp[j] * qs_ * wq[d];
+                kp[j] = kp[j] * ks_ * wk[d];
+            }
+        }
+    }
+    if (rot) {
+        float2 y = rope_rotate(q0, q1, fr.cs);
+        qs[a] = h2f(f2h(y.x));
+        qs[b] = h2f(f2h(y.y));
+        if (fresh_tile) {
+            float2 ky = rope_rotate(k0, k1, fr.cs);
+            u16 ka = f2h(ky.x), kb = f2h(ky.y);
+            fresh_kv[a] = ka;
+            fresh_kv[b] = kb;
+            if (store) {
+                kd[a] = ka;
+                kd[b] = kb;
+            }
+        }
+    }
+    if (!lead) return;
+#pragma unroll
+    for (int j = 0; j < PASSES; j++) {
+        int d = fr.n_rot + threadIdx.x + j * ATT_FRESH, e = threadIdx.x + j * ATT_FRESH;
+        if (d < D) {
+            qs[d] = h2f(f2h(qp[j]));
+            if (fresh_tile) {
+                u16 kh = f2h(kp[j]);
+                fresh_kv[d] = kh;
+                if (store) kd[d] = kh;
+            }
+        }
+        if (e < D && fresh_tile) {
+            u16 vh = f2h(vp[j]);
+            fresh_kv[D + e] = vh;
+            if (store) vd[e] = vh;
+        }
+    }
+}
+
 // One tile's partial softmax for (head h, query qi) over keys [lo, hi] into `out` = m, l, acc[head_dim].
 template <int D, bool FRESH>
 __device__ __forceinline__ void tile_partial(const float* __restrict__ q, const u16* __restrict__ kc,
@@ -104,201 +212,91 @@ __device__ __forceinline__ void tile_partial(const float* __restrict__ q, const 
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][D];
     float* qs = (float*)qs4;
-    int key = tile * ATT_TILE + 32 * w + lane;
+    // Scores: lane part `part` of the warp's key `slot` takes pieces part, part + KL, ... of its row.
+    constexpr int n8 = D / 8, KL = ATT_KEY_LANES, per_key = n8 / KL;
+    static_assert(n8 % KL == 0, "a key's lanes share its row evenly");
+    int slot = lane / KL, part = lane % KL;
+    int key = tile * ATT_TILE + ATT_KEYS * w + slot;
     bool valid = key >= lo && key <= hi;
     int phys = valid ? (origin_physical + (key - origin_logical)) % capacity : 0;
-    constexpr int n8 = D / 8;
-    // The first batch of K and of V loads is issued before q is staged: none of them depends on q,
-    // so their memory latencies overlap instead of following one another.
+    // Every K and V load is issued before q is staged: none of them depends on q, so their memory
+    // latencies overlap instead of following one another.
     const uint4* kr = (const uint4*)(kc + (size_t)phys * kv_width + kvh * head_dim);
-    uint4 k_first[ATT_BATCH];
+    uint4 kv[per_key];
     if (valid) {
 #pragma unroll
-        for (int i = 0; i < ATT_BATCH; i++)
-            if (i < n8) k_first[i] = kr[i];
+        for (int i = 0; i < per_key; i++) kv[i] = kr[part + KL * i];
     }
-    constexpr int n_chunks = n8, share = 32 / n_chunks, per_lane = 32 / share;
+    constexpr int n_chunks = n8, share = 32 / n_chunks, per_lane = ATT_KEYS / share;
+    static_assert(per_lane >= 1, "every lane takes a key's chunk");
     int c = lane % n_chunks, first_key = lane / n_chunks;
-    uint4 v_first[ATT_BATCH];
+    uint4 vv[per_lane];
 #pragma unroll
-    for (int j = 0; j < ATT_BATCH; j++) {
-        if (j < per_lane) {
-            int pk = __shfl_sync(0xffffffffu, phys, first_key + share * j);
-            v_first[j] = ((const uint4*)(vc + (size_t)pk * kv_width + kvh * head_dim))[c];
-        }
+    for (int j = 0; j < per_lane; j++) {
+        int pk = __shfl_sync(0xffffffffu, phys, (first_key + share * j) * KL);
+        vv[j] = ((const uint4*)(vc + (size_t)pk * kv_width + kvh * head_dim))[c];
     }
     // The step's own K and V row (FRESH, in the tile holding it), f16 as the cache holds it.
     __shared__ __align__(16) u16 fresh_kv[FRESH ? 2 * D : 8];
     bool fresh_tile = FRESH && tile == fr.key / ATT_TILE;
     if constexpr (FRESH) {
-        const float* kx = fr.k + kvh * head_dim;
-        const float* vx = fr.v + kvh * head_dim;
         bool store = fresh_tile && h % (n_head / n_kv_head) == 0 && fr.d_row >= 0;
-        size_t d_row = store ? (size_t)fr.d_row : 0;
-        u16* kd = fr.kc + d_row * kv_width + kvh * head_dim;
-        u16* vd = fr.vc + d_row * kv_width + kvh * head_dim;
-        // Thread i rotates pair i (at most D / 2 <= ATT_TILE pairs) by the angle the kernel formed
-        // before its wait, and passes dimensions n_rot + i + ATT_TILE * j through. Every load is
-        // issued before the first store (the cache rows written here could alias the rows read, as
-        // far as the compiler knows), so the step's rows cost one round trip.
-        constexpr int PASSES = (D + ATT_TILE - 1) / ATT_TILE;
-        int half = fr.n_rot / 2, pp = threadIdx.x;
-        bool rot = pp < half;
-        int a = fr.neox ? pp : 2 * pp, b = fr.neox ? pp + half : 2 * pp + 1;
-        float q0 = rot ? qr[a] : 0.f, q1 = rot ? qr[b] : 0.f;
-        float k0 = rot && fresh_tile ? kx[a] : 0.f, k1 = rot && fresh_tile ? kx[b] : 0.f;
-        float qp[PASSES], kp[PASSES], vp[PASSES];
-#pragma unroll
-        for (int j = 0; j < PASSES; j++) {
-            int d = fr.n_rot + threadIdx.x + j * ATT_TILE, e = threadIdx.x + j * ATT_TILE;
-            qp[j] = d < D ? qr[d] : 0.f;
-            kp[j] = d < D && fresh_tile ? kx[d] : 0.f;
-            vp[j] = e < D && fresh_tile ? vx[e] : 0.f;
-        }
-        if (fr.norms != nullptr) {
-            // QK-norm: each head's sums of squares in `rms_norm`'s order, then x * scale * weight.
-            float sq = 0.f, sk = 0.f;
-#pragma unroll
-            for (int j = 0; j < PASSES; j++) {
-                int e = threadIdx.x + j * ATT_TILE;
-                if (e < D) {
-                    float x = qr[e], y = fresh_tile ? kx[e] : 0.f;
-                    sq = fmaf(x, x, sq);
-                    sk = fmaf(y, y, sk);
-                }
-            }
-            float2 tot = block_total2(sq, sk);
-            float qs_ = rsqrtf(tot.x / D + fr.eps), ks_ = rsqrtf(tot.y / D + fr.eps);
-            const float *wq = fr.norms, *wk = fr.norms + D;
-            // Only rotating threads hold a pair (a and b are past the head for the others).
-            if (rot) {
-                q0 = q0 * qs_ * wq[a], q1 = q1 * qs_ * wq[b];
-                k0 = k0 * ks_ * wk[a], k1 = k1 * ks_ * wk[b];
-            }
-#pragma unroll
-            for (int j = 0; j < PASSES; j++) {
-                int d = fr.n_rot + threadIdx.x + j * ATT_TILE;
-                if (d < D) {
-                    qp[j] = qp[j] * qs_ * wq[d];
-                    kp[j] = kp[j] * ks_ * wk[d];
-                }
-            }
-        }
-        if (rot) {
-            float2 y = rope_rotate(q0, q1, fr.cs);
-            qs[a] = h2f(f2h(y.x));
-            qs[b] = h2f(f2h(y.y));
-            if (fresh_tile) {
-                float2 ky = rope_rotate(k0, k1, fr.cs);
-                u16 ka = f2h(ky.x), kb = f2h(ky.y);
-                fresh_kv[a] = ka;
-                fresh_kv[b] = kb;
-                if (store) {
-                    kd[a] = ka;
-                    kd[b] = kb;
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < PASSES; j++) {
-            int d = fr.n_rot + threadIdx.x + j * ATT_TILE, e = threadIdx.x + j * ATT_TILE;
-            if (d < D) {
-                qs[d] = h2f(f2h(qp[j]));
-                if (fresh_tile) {
-                    u16 kh = f2h(kp[j]);
-                    fresh_kv[d] = kh;
-                    if (store) kd[d] = kh;
-                }
-            }
-            if (e < D && fresh_tile) {
-                u16 vh = f2h(vp[j]);
-                fresh_kv[D + e] = vh;
-                if (store) vd[e] = vh;
-            }
-        }
+        fresh_row<D>(qr, fr, kvh, fresh_tile, store, kv_width, qs, fresh_kv);
     } else {
 #pragma unroll
-        for (int d = threadIdx.x; d < head_dim; d += ATT_TILE) qs[d] = h2f(f2h(qr[d]));
+        for (int d = threadIdx.x; d < head_dim; d += ATT_THREADS) qs[d] = h2f(f2h(qr[d]));
     }
     __syncthreads();
-    // The lanes holding the fresh key take its K (all of it) and V (their chunk) from shared memory;
-    // what they loaded from its cache row before is dropped unread.
-    const uint4* fresh_k = (const uint4*)fresh_kv;
-    const uint4* fresh_v = (const uint4*)(fresh_kv + D);
-    int warp_key0 = tile * ATT_TILE + 32 * w;
-    bool mine = fresh_tile && key == fr.key;
-    if (fresh_tile) {
-        if (mine) {
+    // The lanes holding the fresh key take its K (their pieces) and V (their chunk) from shared
+    // memory; what they loaded from its cache row before is dropped unread.
+    int warp_key0 = tile * ATT_TILE + ATT_KEYS * w;
+    if constexpr (FRESH) {
+        const uint4* fresh_k = (const uint4*)fresh_kv;
+        const uint4* fresh_v = (const uint4*)(fresh_kv + D);
+        if (fresh_tile && key == fr.key) {
 #pragma unroll
-            for (int i = 0; i < ATT_BATCH; i++)
-                if (i < n8) k_first[i] = fresh_k[i];
+            for (int i = 0; i < per_key; i++) kv[i] = fresh_k[part + KL * i];
         }
 #pragma unroll
-        for (int j = 0; j < ATT_BATCH; j++)
-            if (j < per_lane && warp_key0 + first_key + share * j == fr.key) v_first[j] = fresh_v[c];
+        for (int j = 0; j < per_lane; j++)
+            if (fresh_tile && warp_key0 + first_key + share * j == fr.key) vv[j] = fresh_v[c];
     }
-    float s = -INFINITY;
+    float dot = 0.f;
     if (valid) {
-        float dot = 0.f;
 #pragma unroll
-        for (int b = 0; b < n8; b += ATT_BATCH) {
-            uint4 kv[ATT_BATCH];
-#pragma unroll
-            for (int i = 0; i < ATT_BATCH; i++)
-                if (b + i < n8) kv[i] = b == 0 ? k_first[i] : (FRESH && mine ? fresh_k[b + i] : kr[b + i]);
-#pragma unroll
-            for (int i = 0; i < ATT_BATCH; i++) {
-                if (b + i < n8) {
-                    const u16* hv = (const u16*)&kv[i];
-                    float4 qa = qs4[2 * (b + i)], qb = qs4[2 * (b + i) + 1];
-                    dot = fmaf(qa.x, h2f(hv[0]), dot);
-                    dot = fmaf(qa.y, h2f(hv[1]), dot);
-                    dot = fmaf(qa.z, h2f(hv[2]), dot);
-                    dot = fmaf(qa.w, h2f(hv[3]), dot);
-                    dot = fmaf(qb.x, h2f(hv[4]), dot);
-                    dot = fmaf(qb.y, h2f(hv[5]), dot);
-                    dot = fmaf(qb.z, h2f(hv[6]), dot);
-                    dot = fmaf(qb.w, h2f(hv[7]), dot);
-                }
-            }
+        for (int i = 0; i < per_key; i++) {
+            const u16* hv = (const u16*)&kv[i];
+            int piece = part + KL * i;
+            float4 qa = qs4[2 * piece], qb = qs4[2 * piece + 1];
+            dot = fmaf(qa.x, h2f(hv[0]), dot);
+            dot = fmaf(qa.y, h2f(hv[1]), dot);
+            dot = fmaf(qa.z, h2f(hv[2]), dot);
+            dot = fmaf(qa.w, h2f(hv[3]), dot);
+            dot = fmaf(qb.x, h2f(hv[4]), dot);
+            dot = fmaf(qb.y, h2f(hv[5]), dot);
+            dot = fmaf(qb.z, h2f(hv[6]), dot);
+            dot = fmaf(qb.w, h2f(hv[7]), dot);
         }
-        s = dot * scale;
     }
+    // A key's KL partial dots in a fixed butterfly: every lane of the key gets the same sum.
+#pragma unroll
+    for (int o = 1; o < KL; o <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    float s = valid ? dot * scale : -INFINITY;
     float m = warp_max(s);
     float e = valid ? expf(s - m) : 0.f;
-    float l = warp_sum(e);
+    // Each key counted once: by its first lane.
+    float l = warp_sum(part == 0 ? e : 0.f);
     // Keys out of range have e = 0 and read row 0 (always allocated) without a branch; a zero weight
     // leaves the sum as it was (select, not 0 * v).
     float acc[8];
 #pragma unroll
     for (int d = 0; d < 8; d++) acc[d] = 0.f;
 #pragma unroll
-    for (int i0 = 0; i0 < per_lane; i0 += ATT_BATCH) {
-        uint4 vv[ATT_BATCH];
-        float ek[ATT_BATCH];
+    for (int j = 0; j < per_lane; j++) {
+        float ek = __shfl_sync(0xffffffffu, e, (first_key + share * j) * KL);
+        const u16* hv = (const u16*)&vv[j];
 #pragma unroll
-        for (int j = 0; j < ATT_BATCH; j++) {
-            if (i0 + j < per_lane) {
-                int k = first_key + share * (i0 + j);
-                ek[j] = __shfl_sync(0xffffffffu, e, k);
-                if (i0 == 0) {
-                    vv[j] = v_first[j];
-                } else {
-                    int pk = __shfl_sync(0xffffffffu, phys, k);
-                    vv[j] = FRESH && fresh_tile && warp_key0 + k == fr.key
-                                ? fresh_v[c]
-                                : ((const uint4*)(vc + (size_t)pk * kv_width + kvh * head_dim))[c];
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < ATT_BATCH; j++) {
-            if (i0 + j < per_lane) {
-                const u16* hv = (const u16*)&vv[j];
-#pragma unroll
-                for (int d = 0; d < 8; d++) acc[d] = ek[j] != 0.f ? fmaf(ek[j], h2f(hv[d]), acc[d]) : acc[d];
-            }
-        }
+        for (int d = 0; d < 8; d++) acc[d] = ek != 0.f ? fmaf(ek, h2f(hv[d]), acc[d]) : acc[d];
     }
 #pragma unroll
     for (int o = n_chunks; o < 32; o <<= 1) {
@@ -330,7 +328,7 @@ __device__ __forceinline__ void tile_partial(const float* __restrict__ q, const 
         out[1] = ll;
     }
 #pragma unroll
-    for (int d = threadIdx.x; d < head_dim; d += ATT_TILE) {
+    for (int d = threadIdx.x; d < head_dim; d += ATT_THREADS) {
         float v = 0.f;
 #pragma unroll
         for (int k = 0; k < ATT_WARPS; k++) v += wacc[k][d] * f[k];
@@ -443,7 +441,7 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
 // before still does (formed after the wait, the fused kernel took as long as the two it replaced,
 // 9.15 µs a layer on the 8B Q8_0).
 #define ATTEND_TILES(D)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_tiles_d##D(                           \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attend_tiles_d##D(                           \
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, int capacity, \
         int kv_width, const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head, \
         float scale, int window, int tile_cap, float* partial, int* __restrict__ arrivals,               \
@@ -454,7 +452,7 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
         attend_tiles_body<D, false>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window,  \
                                     tile_cap, partial, arrivals, dst, group, quant, a, n_t, none);       \
     }                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(ATT_TILE) attend_rope_d##D(                            \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attend_rope_d##D(                            \
         const float* __restrict__ q, u16* kc, u16* vc, int capacity, int kv_width,                        \
         const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head, float scale, \
         int window, int tile_cap, float* partial, int* __restrict__ arrivals, float* __restrict__ dst,   \
