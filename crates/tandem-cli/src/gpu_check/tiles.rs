@@ -120,6 +120,34 @@ fn rotate(x: &[f32], pos: usize, r: &RopeParams) -> Vec<f64> {
     y
 }
 
+/// How far each element of `rotate(x, pos, r)` may move when the angle moves by a few f32 ulps: the
+/// kernel forms each angle in f32 on the device (`powf`, then `cosf` and `sinf`), the host in f32 with
+/// Rust's `powf`, then f64 sines. At position 128 an angle's ulp is 7.6e-6, so a rotated element
+/// near zero after cancellation (x0 cos against x1 sin) can move by more than its own f16 ulp while
+/// every input is right; the slack is |x0| + |x1| times two ulps of the angle and of its sine and
+/// cosine. A wrong angle, pair or row still moves an element by about |x|.
+fn rotation_slack(x: &[f32], pos: usize, r: &RopeParams) -> Vec<f64> {
+    let mut slack = vec![0.0; x.len()];
+    let half = r.n_rot / 2;
+    for p in 0..half {
+        let theta = pos as f32 * r.freq_scale * r.freq_base.powf(-2.0 * p as f32 / r.n_rot as f32);
+        let wobble = 2.0 * (f64::from(theta.abs()) * f64::from(f32::EPSILON) + f64::from(f32::EPSILON));
+        let (a, b) = match r.style {
+            RopeStyle::Neox => (p, p + half),
+            RopeStyle::Interleaved => (2 * p, 2 * p + 1),
+        };
+        let reach = (f64::from(x[a]).abs() + f64::from(x[b]).abs()) * wobble;
+        (slack[a], slack[b]) = (reach, reach);
+    }
+    slack
+}
+
+/// A stored K element (f16) against the host's rotation: within an f16 ulp of it, plus the angle's
+/// slack (`rotation_slack`).
+fn k_within(got: f16, want: f64, slack: f64) -> bool {
+    (got.to_f64() - want).abs() <= want.abs() * 2f64.powi(-10) + slack + 1e-7
+}
+
 /// The fused kernel's answer on an angle the host forms to within an f32 ulp: queries rounded to
 /// f16 may move by one f16 ulp, so a looser bound than the cached kernel's (a misplaced or missing
 /// key still gives about 1e-1).
@@ -127,9 +155,9 @@ const FRESH_BOUND: f64 = 1e-3;
 
 /// The fused decode kernel (`attend_rope_d*`) on one query: q, K and V of the step arrive unrotated
 /// and the step's cache row is NaN (the kernel must attend to its key from the fresh row and store
-/// it). Checked: the stored K row against the host's rotation (one f16 ulp), V's bits, every other
-/// row untouched, the output against f64 attention; and, with no rotation, the output's bits
-/// against the cached kernel over a cache already holding the row.
+/// it). Checked: the stored K row against the host's rotation (one f16 ulp, plus the angle's slack),
+/// V's bits, every other row untouched, the output against f64 attention; and, with no rotation, the
+/// output's bits against the cached kernel over a cache already holding the row.
 fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut Vec<Row>) -> Result<()> {
     let (hd, kvw, qw) = (c.head_dim, c.n_kv_head * c.head_dim, c.n_head * c.head_dim);
     let p = c.positions[0];
@@ -150,10 +178,11 @@ fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut
     let rotated = |x: &[f32]| -> Vec<f64> { x.chunks(hd).flat_map(|h| rotate(h, p, &rope)).collect() };
     // The stored row: K within an f16 ulp of the host's rotation, V bit-equal, all else untouched.
     let k_host = rotated(&fk);
-    let k_close = kc[row.clone()].iter().zip(&k_host).all(|(&b, &want)| {
-        let got = f16::from_bits(b).to_f64();
-        (got - want).abs() <= want.abs() * 2f64.powi(-10) + 1e-7
-    });
+    let k_slack: Vec<f64> = fk.chunks(hd).flat_map(|h| rotation_slack(h, p, &rope)).collect();
+    let k_close = kc[row.clone()]
+        .iter()
+        .zip(k_host.iter().zip(&k_slack))
+        .all(|(&b, (&want, &slack))| k_within(f16::from_bits(b), want, slack));
     let v_equal = vc[row.clone()]
         .iter()
         .zip(&fv)
@@ -376,4 +405,39 @@ fn reference(c: &Case, q: &[f32], k: &[f16], v: &[f16]) -> Vec<f64> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rotated_element_near_zero_may_move_with_the_angle_but_a_wrong_angle_may_not() {
+        // Position 128, pair 0: the angle is 128 rad, whose f32 ulp is 7.6e-6. With x1 chosen so
+        // that x0 cos - x1 sin cancels, an angle one ulp off (as the device's f32 angle may be) moves
+        // that element by far more than its own f16 ulp.
+        let rope = RopeParams {
+            n_rot: 2,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            style: RopeStyle::Interleaved,
+        };
+        let x0 = 1.0f32;
+        let x1 = (128f64.cos() / 128f64.sin()) as f32;
+        let x = [x0, x1];
+        let want = rotate(&x, 128, &rope);
+        let slack = rotation_slack(&x, 128, &rope);
+        let device = |theta: f32| {
+            let (sin, cos) = f64::from(theta).sin_cos();
+            f16::from_f64(f64::from(x0) * cos - f64::from(x1) * sin)
+        };
+        let one_ulp_off = device(f32::from_bits(128f32.to_bits() + 1));
+        assert!(!k_within(one_ulp_off, want[0], 0.0), "without the slack this fails");
+        assert!(k_within(one_ulp_off, want[0], slack[0]));
+        // The angle of position 127 is a wrong key's: still caught.
+        assert!(!k_within(device(127.0), want[0], slack[0]));
+        // Unrotated dimensions get no slack.
+        let wide = rotation_slack(&[1.0, 1.0, 1.0, 1.0], 128, &rope);
+        assert_eq!(&wide[2..], &[0.0, 0.0]);
+    }
 }
