@@ -101,18 +101,25 @@ pub(super) fn tile_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Res
     Ok(())
 }
 
-/// RoPE on one head's `x` at position `pos` as the kernels form the angle (f32, `rope_angle` in
-/// `common.cuh`), rotated in f64.
-fn rotate(x: &[f32], pos: usize, r: &RopeParams) -> Vec<f64> {
-    let mut y: Vec<f64> = x.iter().map(|&a| a as f64).collect();
+/// Each rotated pair of one head at position `pos`: its angle as the kernels form it (f32,
+/// `rope_angle` in `common.cuh`) and the indices of its two elements.
+fn rope_pairs(pos: usize, r: &RopeParams) -> impl Iterator<Item = (f32, usize, usize)> + '_ {
     let half = r.n_rot / 2;
-    for p in 0..half {
+    (0..half).map(move |p| {
         let theta = pos as f32 * r.freq_scale * r.freq_base.powf(-2.0 * p as f32 / r.n_rot as f32);
-        let (sin, cos) = (theta as f64).sin_cos();
         let (a, b) = match r.style {
             RopeStyle::Neox => (p, p + half),
             RopeStyle::Interleaved => (2 * p, 2 * p + 1),
         };
+        (theta, a, b)
+    })
+}
+
+/// RoPE on one head's `x` at position `pos`, the angle formed as the kernels form it, rotated in f64.
+fn rotate(x: &[f32], pos: usize, r: &RopeParams) -> Vec<f64> {
+    let mut y: Vec<f64> = x.iter().map(|&a| a as f64).collect();
+    for (theta, a, b) in rope_pairs(pos, r) {
+        let (sin, cos) = (theta as f64).sin_cos();
         let (x0, x1) = (x[a] as f64, x[b] as f64);
         y[a] = x0 * cos - x1 * sin;
         y[b] = x0 * sin + x1 * cos;
@@ -128,14 +135,8 @@ fn rotate(x: &[f32], pos: usize, r: &RopeParams) -> Vec<f64> {
 /// cosine. A wrong angle, pair or row still moves an element by about |x|.
 fn rotation_slack(x: &[f32], pos: usize, r: &RopeParams) -> Vec<f64> {
     let mut slack = vec![0.0; x.len()];
-    let half = r.n_rot / 2;
-    for p in 0..half {
-        let theta = pos as f32 * r.freq_scale * r.freq_base.powf(-2.0 * p as f32 / r.n_rot as f32);
+    for (theta, a, b) in rope_pairs(pos, r) {
         let wobble = 2.0 * (f64::from(theta.abs()) * f64::from(f32::EPSILON) + f64::from(f32::EPSILON));
-        let (a, b) = match r.style {
-            RopeStyle::Neox => (p, p + half),
-            RopeStyle::Interleaved => (2 * p, 2 * p + 1),
-        };
         let reach = (f64::from(x[a]).abs() + f64::from(x[b]).abs()) * wobble;
         (slack[a], slack[b]) = (reach, reach);
     }
