@@ -145,6 +145,8 @@ fn cuda_device_without_a_gpu_is_a_clear_error() {
         assert!(err.contains("--device cuda: CUDA unavailable"), "{err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+    // gpu-check takes back a failed run's printed kernel-check seed.
+    assert!(ok(&["gpu-check", "--seed", "12345", "--help"]).contains("--seed <SEED>"));
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -70,6 +70,10 @@ pub struct GpuCheckArgs {
     /// `--bench-kernels`): a kernel barely faster hot is bound by its instructions, not memory.
     #[arg(long)]
     pub bench_l2: bool,
+    /// The kernel checks' random seed, to run again the inputs of a failed check (each run prints
+    /// its seed; a fresh one when not given).
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
 
 /// A small xorshift generator: fresh seeds each run (printed), reproducible given the seed.
@@ -115,7 +119,7 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let gpu = Gpu::new(args.gpu)?;
-    kernel_checks(&gpu, &mut table)?;
+    kernel_checks(&gpu, args.seed, &mut table)?;
     if args.bench_kernels || args.bench_matvec {
         kernel_bench(&gpu, &mut table)?;
     }
@@ -146,9 +150,15 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     Ok(())
 }
 
-fn kernel_checks(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
-    let seed = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64 | 1;
-    eprintln!("gpu: {} ({}); kernel check seed {seed}", gpu.name, gpu.arch);
+fn kernel_checks(gpu: &Gpu, seed: Option<u64>, table: &mut Vec<Row>) -> Result<()> {
+    let seed = match seed {
+        Some(s) => s,
+        None => SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64,
+    } | 1;
+    eprintln!(
+        "gpu: {} ({}); kernel check seed {seed} (--seed {seed} runs these inputs again)",
+        gpu.name, gpu.arch
+    );
     let mut rng = Rng(seed);
     let types = [
         GgmlType::Q4_K,
