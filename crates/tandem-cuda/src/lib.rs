@@ -25,6 +25,7 @@ mod decode_graph;
 pub mod device;
 pub mod ffn;
 pub mod flash;
+pub mod handover;
 pub mod int8;
 pub mod kv;
 pub mod launch;

@@ -70,6 +70,11 @@ pub struct GpuCheckArgs {
     /// `--bench-kernels`): a kernel barely faster hot is bound by its instructions, not memory.
     #[arg(long)]
     pub bench_l2: bool,
+    /// Time a hand-over between dependent steps: launches under programmatic edges, plain graph
+    /// edges, and one resident grid crossing grid-wide barriers (what a persistent decode kernel
+    /// would pay instead).
+    #[arg(long)]
+    pub bench_handover: bool,
     /// The kernel checks' random seed, to run again the inputs of a failed check (each run prints
     /// its seed; a fresh one when not given).
     #[arg(long)]
@@ -132,6 +137,9 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     if args.bench_kernels || args.bench_l2 {
         int8::l2_bench(&gpu, &mut table)?;
     }
+    if args.bench_handover {
+        handover_bench(&gpu, &mut table)?;
+    }
     for m in &args.models {
         model_checks(args, m, threads, &mut table)?;
     }
@@ -146,6 +154,27 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
             table.iter().filter(|r| !r.pass).count(),
             table.len()
         );
+    }
+    Ok(())
+}
+
+/// `tandem_cuda::handover` at a grid of one block an SM and at the grid sizes of a decode step's
+/// matvecs (four and five blocks an SM).
+fn handover_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
+    let steps = 256;
+    for per_sm in [1, 4, 5] {
+        let h = tandem_cuda::handover::bench_handover(gpu, per_sm * gpu.sm_count, steps)?;
+        let resident = h
+            .resident_us
+            .map_or_else(|| "not resident at once".to_string(), |us| format!("{us:.2} us"));
+        table.push(Row {
+            check: format!("hand-over a step, {} blocks of 128 threads, {steps} steps", h.blocks),
+            result: format!(
+                "programmatic edges {:.2} us; plain edges {:.2} us; resident grid, barrier {resident}",
+                h.programmatic_us, h.plain_us
+            ),
+            pass: true,
+        });
     }
     Ok(())
 }

@@ -510,3 +510,42 @@ extern "C" __global__ void gpu_hold(long long ns) {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     } while (t - t0 < ns);
 }
+
+// ---- What a hand-over between two dependent steps costs (`tandem gpu-check --bench-handover`,
+// `handover.rs`): a decode step is about 260 dependent steps, each now a launch under a programmatic
+// edge. `handover_link` is one such step: every thread reads what a thread of another block wrote in
+// the launch before (from L2), so no launch can skip its predecessor. `handover_resident` runs
+// `steps` of the same steps in one resident grid, with a grid-wide barrier between them (an arrival
+// counter every block's first thread counts into and polls), as a persistent decode kernel would.
+extern "C" __global__ void handover_link(const float* __restrict__ in, float* __restrict__ out) {
+    WAIT_PRIOR_GRID();
+    int n = gridDim.x * blockDim.x, i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = __ldcg(in + (i + blockDim.x) % n) + 1.f;
+}
+
+__device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// `buf`: two rows of gridDim.x * blockDim.x floats (read one, write the other); `arrived`: zero at
+// launch. The grid must be resident at once (the host sizes it by occupancy).
+extern "C" __global__ void handover_resident(float* __restrict__ buf, u32* __restrict__ arrived, int steps) {
+    WAIT_PRIOR_GRID();
+    int n = gridDim.x * blockDim.x, i = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int s = 1; s <= steps; s++) {
+        const float* in = buf + (size_t)((s - 1) & 1) * n;
+        float* out = buf + (size_t)(s & 1) * n;
+        out[i] = __ldcg(in + (i + blockDim.x) % n) + 1.f;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(arrived, 1u);
+            u32 target = (u32)s * gridDim.x;
+            while (ld_acquire_gpu(arrived) < target) {
+            }
+        }
+        __syncthreads();
+    }
+}
