@@ -305,10 +305,17 @@ mod tests {
                 }
             }
         }
-        for k in ["repack_q4_k_regions", "repack_q6_k_regions", "mmvqp_q6_k_u2_r1_s1"] {
+        // Besides the quantizers, the repacks and the variants: the tensor-core kernels of chunks.
+        for k in [
+            "repack_q4_k_regions",
+            "repack_q6_k_regions",
+            "mmvqp_q6_k_u2_r1_s1",
+            "mmq_q4_k",
+            "mmq_q6_k",
+        ] {
             assert!(mmvq.contains(&k.to_string()), "{k} in {mmvq:?}");
         }
-        assert_eq!(mmvq.len(), 5 + offered.len());
+        assert_eq!(mmvq.len(), 7 + offered.len());
     }
 
     #[test]

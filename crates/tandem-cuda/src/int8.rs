@@ -299,9 +299,46 @@ pub fn mmvq_into(
     mmvq_group_into(gpu, suffix, variant, &mut [MmvqTarget { w, rows, out }], a, t, cols)
 }
 
+/// Activation rows from which a product of a split-1 variant takes the tensor cores (`mmq_*` in
+/// mmvq.cu: the same integers through `mma.sync`, the same float steps and order, so the same bits).
+pub const MMQ_MIN_ROWS: usize = 16;
+
+/// Whether `t` activation rows times matrices of `rows` of type `suffix`, under `variant`, take the
+/// tensor-core kernel: K-quants of four and six bits, the split-1 order it reproduces, whole groups
+/// of eight weight rows (one mma's n).
+pub fn mmq_takes(suffix: &str, variant: MmvqVariant, t: usize, rows: &[usize]) -> bool {
+    t >= MMQ_MIN_ROWS
+        && matches!(suffix, "q4_k" | "q6_k")
+        && variant.split == 1
+        && rows.iter().all(|r| r.is_multiple_of(8))
+}
+
+/// `out[t] = W · x[t]` for all `t` rows on the tensor cores (`mmq_takes` must hold).
+fn mmq_into(
+    gpu: &Gpu,
+    suffix: &str,
+    target: &mut MmvqTarget<'_>,
+    a: &CudaSlice<u8>,
+    t: usize,
+    cols: usize,
+) -> Result<(), CudaError> {
+    let name = format!("mmq_{suffix}");
+    let f = gpu.function(&name)?;
+    let (rows, c, n) = (i32_of(target.rows, "rows")?, i32_of(cols, "cols")?, i32_of(t, "t")?);
+    let mut b = gpu.launch_builder(f)?;
+    b.arg(target.w).arg(a).arg(&mut *target.out);
+    b.arg(&rows).arg(&c).arg(&n);
+    let cfg = launch_cfg((blocks(t, 16), blocks(target.rows, 32), 1), 128);
+    // SAFETY: weights in the integer-route layout of rows x cols, `a` quantized for t rows of cols,
+    // out holds t x rows floats; the kernel reads and writes inside those.
+    driver(&name, unsafe { b.launch(cfg) })?;
+    Ok(())
+}
+
 /// One launch for up to three matrices of type `suffix` and width `cols` that read the same
 /// quantized activations `a` (q, k and v; gate and up): fewer launches, and the small matrices'
-/// rows fill the GPU alongside the big one's. Each output row has the bits it has alone.
+/// rows fill the GPU alongside the big one's. Each output row has the bits it has alone. Chunks of
+/// `MMQ_MIN_ROWS` or more take the tensor cores where `mmq_takes` allows (one launch a matrix).
 pub fn mmvq_group_into(
     gpu: &Gpu,
     suffix: &str,
@@ -311,6 +348,28 @@ pub fn mmvq_group_into(
     t: usize,
     cols: usize,
 ) -> Result<(), CudaError> {
+    mmvq_group_into_with(gpu, suffix, variant, targets, a, t, cols, true)
+}
+
+/// `mmvq_group_into`, with the tensor-core kernel allowed or not (gpu-check compares the two).
+#[allow(clippy::too_many_arguments)]
+pub fn mmvq_group_into_with(
+    gpu: &Gpu,
+    suffix: &str,
+    variant: MmvqVariant,
+    targets: &mut [MmvqTarget<'_>],
+    a: &CudaSlice<u8>,
+    t: usize,
+    cols: usize,
+    tensor_cores: bool,
+) -> Result<(), CudaError> {
+    let row_counts: Vec<usize> = targets.iter().map(|g| g.rows).collect();
+    if tensor_cores && mmq_takes(suffix, variant, t, &row_counts) {
+        for target in targets.iter_mut() {
+            mmq_into(gpu, suffix, target, a, t, cols)?;
+        }
+        return Ok(());
+    }
     if targets.is_empty() || targets.len() > 3 {
         return Err(CudaError::Driver {
             what: format!("mmvq_{suffix}"),
@@ -320,7 +379,6 @@ pub fn mmvq_group_into(
     // One row takes the single kernel, more the batched one: same sums, same bits.
     let name = variant.kernel(suffix, t > 1);
     let per_block = if t > 1 { MV_BATCH } else { 1 };
-    let row_counts: Vec<usize> = targets.iter().map(|g| g.rows).collect();
     if !variant.fits(&row_counts, cols) {
         return Err(CudaError::Driver {
             what: name,
@@ -451,6 +509,20 @@ mod tests {
             .chain(&variants("q6_k"))
             .filter(|v| v.staged)
             .all(|v| v.split == 1));
+    }
+
+    #[test]
+    fn chunks_of_many_rows_take_the_tensor_cores_only_in_the_order_they_reproduce() {
+        let one = variant(2, 1, 1, false);
+        assert!(mmq_takes("q4_k", one, MMQ_MIN_ROWS, &[4096, 1024, 1024]));
+        assert!(mmq_takes("q6_k", variant(1, 1, 1, true), 512, &[128256]));
+        // Decode steps and very short chunks keep the matvec.
+        assert!(!mmq_takes("q4_k", one, MMQ_MIN_ROWS - 1, &[4096]));
+        // The split-4 order is not the one the tensor-core kernels' chains reproduce.
+        assert!(!mmq_takes("q6_k", variant(2, 1, 4, false), 512, &[4096]));
+        // Weight rows come eight to an mma; Q8_0 has no tensor-core kernel.
+        assert!(!mmq_takes("q4_k", one, 512, &[4096, 300]));
+        assert!(!mmq_takes("q8_0", one, 512, &[4096]));
     }
 
     #[test]

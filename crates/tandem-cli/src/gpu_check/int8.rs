@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use tandem_backend::cpu::act_quant::{quantize_row_q8, quantize_row_q8k};
 use tandem_backend::Isa;
 use tandem_cuda::int8::{
-    int8_format, mmvq_group_into, mmvq_into, quantize_act_into, repack, repacked_source, ActQuant, MmvqTarget,
+    int8_format, mmq_takes, mmvq_group_into, mmvq_group_into_with, mmvq_into, quantize_act_into, repack,
+    repacked_source, ActQuant, MmvqTarget,
 };
 use tandem_cuda::launch::{time_cold_and_hot, type_suffix};
 use tandem_cuda::Gpu;
@@ -185,6 +186,66 @@ pub(super) fn int8_checks(
         ),
         pass: worst < bound && batch_equal && variant_equal && group_equal && tall_equal,
     });
+    Ok(())
+}
+
+/// The tensor-core kernels (`mmq_*`) for chunks of many rows: the same bits as the split-1 batched
+/// matvec (`dp4a`) on every row, for widths whose super-blocks do not fill the eight chains evenly,
+/// weight rows that leave a block's last warps idle, and chunks with a partial last tile.
+pub(super) fn mmq_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+    let rows = 8 * 37;
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        let fmt = int8_format(ty).context("an integer type")?;
+        let suffix = type_suffix(ty).context("type has kernels")?;
+        let variant = tandem_cuda::int8::variants(suffix)
+            .into_iter()
+            .find(|v| v.split == 1 && !v.staged)
+            .context("a split-1 variant")?;
+        let (mut equal, mut cases) = (true, Vec::new());
+        for cols in [2560, 4352] {
+            let w = super::tiled_weights(gpu, rng, ty, rows, cols, 1)?.remove(0);
+            let wq = repack(gpu, ty, &w, rows, cols)?.unwrap_or(w);
+            for t in [16, 37, 64] {
+                if !mmq_takes(suffix, variant, t, &[rows]) {
+                    anyhow::bail!("{ty} {rows}x{cols} at t={t} does not take the tensor cores");
+                }
+                let x: Vec<f32> = (0..t * cols).map(|_| rng.normal()).collect();
+                let x_dev = gpu.upload(&x)?;
+                let mut a = gpu.alloc::<u8>(fmt.bytes(t, cols))?;
+                quantize_act_into(gpu, fmt, &x_dev, t, cols, &mut a)?;
+                let mut outs = Vec::new();
+                for tensor_cores in [false, true] {
+                    let mut out = gpu.upload(&vec![f32::NAN; t * rows])?;
+                    let mut targets = [MmvqTarget {
+                        w: &wq,
+                        rows,
+                        out: &mut out,
+                    }];
+                    mmvq_group_into_with(gpu, suffix, variant, &mut targets, &a, t, cols, tensor_cores)?;
+                    outs.push(gpu.download(&out)?);
+                }
+                let same = outs[0]
+                    .iter()
+                    .zip(&outs[1])
+                    .all(|(x, y)| x.to_bits() == y.to_bits() && x.is_finite());
+                if !same {
+                    let first = outs[0]
+                        .iter()
+                        .zip(&outs[1])
+                        .position(|(x, y)| x.to_bits() != y.to_bits());
+                    cases.push(format!("{cols} wide, t={t}: first differing element {first:?}"));
+                }
+                equal &= same;
+            }
+        }
+        table.push(Row {
+            check: format!(
+                "int8 on the tensor cores ({ty}, {rows} rows, 2560 and 4352 wide, t=16,37,64) = split-1 batched matvec bits"
+            ),
+            result: if equal { "bit-equal".into() } else { cases.join("; ") },
+            pass: equal,
+        });
+    }
     Ok(())
 }
 

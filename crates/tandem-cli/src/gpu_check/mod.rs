@@ -296,6 +296,7 @@ fn kernel_checks(gpu: &Gpu, seed: Option<u64>, table: &mut Vec<Row>) -> Result<(
     tiles::tile_checks(gpu, &mut rng, table)?;
     rows::row_checks(gpu, &mut rng, table)?;
     gemm::pair_checks(gpu, &mut rng, table)?;
+    int8::mmq_checks(gpu, &mut rng, table)?;
     Ok(())
 }
 

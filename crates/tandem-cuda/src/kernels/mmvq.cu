@@ -258,6 +258,14 @@ __device__ __forceinline__ Q4kLane q4k_unpack(const Q4kLoad& w, int c) {
     return l;
 }
 
+// A super-block's float step of a lane's sum, from its exact integers: shared by the matvecs and the
+// tensor-core kernels (`mmq_*`), so both contract the same expression into the same instructions.
+__device__ __forceinline__ float q4k_fold(float acc, float dx, float d, float dmin, int isum, int msum) {
+    return acc + dx * (d * (float)isum - dmin * (float)msum);
+}
+
+__device__ __forceinline__ float q6k_fold(float acc, float dx, float d, int isum) { return acc + dx * d * (float)isum; }
+
 // acc += this lane's 64 products with activation row t.
 template <class Act>
 __device__ __forceinline__ void q4k_accumulate(const Q4kLane& l, const Act& act, int t, int sb, int c, float& acc) {
@@ -268,7 +276,7 @@ __device__ __forceinline__ void q4k_accumulate(const Q4kLane& l, const Act& act,
     int dl = dot16(l.lo + 4, x1) + dot16(l.lo, x0);
     int dh = (dot16_us(l.hi16 + 4, x3) + dot16_us(l.hi16, x2)) >> 4;  // exact: a multiple of 16
     int isum = l.sc0 * dl + l.sc1 * dh, msum = l.m0 * (bs.x + bs.y) + l.m1 * (bs.z + bs.w);
-    acc += dx * (l.d * (float)isum - l.dmin * (float)msum);
+    acc = q4k_fold(acc, dx, l.d, l.dmin, isum, msum);
 }
 
 // Six bits per quant from a word of low nibbles (`ql >> nib`) and the matching 2-bit field of `qh`
@@ -341,8 +349,7 @@ __device__ __forceinline__ void q6k_accumulate(const Q6kLane& l, const Act& act,
         int4 bs = act.q6_sums(t, sb, k);
         isum -= 32 * (l.s1 * bs.x + l.s2 * bs.y + l.s3 * bs.z + l.s4 * bs.w);
     }
-    float dx = act.d(t, sb);
-    acc += dx * l.d * (float)isum;
+    acc = q6k_fold(acc, act.d(t, sb), l.d, isum);
 }
 
 // One step at a time: eight super-blocks of a row per step (lane l takes super-blocks l / 4, l / 4 +
@@ -712,3 +719,217 @@ MMVQ_STAGED(q4_k, 0, 4, 1)
 MMVQ_STAGED(q6_k, 1, 1, 1)
 MMVQ_STAGED(q6_k, 1, 2, 1)
 MMVQ_STAGED(q6_k, 1, 4, 1)
+
+// ---- The integer matvecs' sums on the tensor cores, for chunks of many rows (`mmq_*`; `int8::mmq_takes`
+// says when). In deterministic mode every matmul takes the integer route, and a prefill chunk ran the
+// batched matvec: each weight unpacked and met by `dp4a` once per eight rows, about 1,300 tok/s of pp512
+// on the 8B Q4_K_M. Here `mma.sync` s8 computes each (activation row, weight row, 32 or 16 quants)
+// integer dot product, which is exact, so it is the integer the matvec lane forms with `dp4a`; the float
+// steps then run as the matvec runs them: the same `q4k_fold` / `q6k_fold` per super-block, in chains
+// per (super-block offset j, lane position c) over super-blocks j, j + 8, ... in ascending order (the
+// matvec lane 4j + c's sum), merged in `warp_sum`'s butterfly order (lanes l and l ^ 16, then ^ 8, ^ 4,
+// ^ 2, ^ 1). So each output has the split-1 matvecs' bits, whatever the chunk.
+//
+// A block is four warps; warp w takes weight rows 32 * blockIdx.y + 8 * w .. + 8 (the mma's n) and
+// activation rows 16 * blockIdx.x .. + 16 (its m). Fragments (PTX ISA, mma .s8): lane = 4 g + i; A row
+// g and g + 8, quants 4 i .. + 4 (and 16 + 4 i for k32); B weight row g, the same quants; C rows g and
+// g + 8, weight rows 2 i and 2 i + 1. Rows past the chunk read zeros and are not stored.
+
+__device__ __forceinline__ void imma_k32(int (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void imma_k16(int (&d)[4], u32 a0, u32 a1, u32 b0) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+                 "{%0, %1, %2, %3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// A chunk's activation rows as the fragments read them: word `k4` (4 quants) of piece `p16` (16
+// quants) of super-block sb, row t, or zero past the chunk.
+struct MmqAct {
+    GlobalQ8K q;
+    int n_t;
+    __device__ __forceinline__ u32 word(int t, int sb, int q16, int k4) const {
+        if (t >= n_t) return 0u;
+        return *(const u32*)(q.qs + ((size_t)t * q.cols + sb * 256 + q16 * 16 + k4 * 4));
+    }
+};
+
+// The per-output chains and their butterfly: chain (j, c) of output e is the matvec lane 4 j + c's sum.
+// Chains are formed one j at a time in the order 0, 4, 2, 6, 1, 5, 3, 7, so that each butterfly pair
+// is merged as soon as both halves exist (16 floats an output live at most).
+struct MmqMerge {
+    float q2[4][4], q1[4][4], half[4][4];
+    // Chain j (p: its four positions c for each output e) is done; `oi`: its place in the order.
+    __device__ __forceinline__ void done(int oi, const float (&p)[4][4]) {
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                if (oi % 2 == 0) {
+                    half[e][c] = p[e][c];
+                    continue;
+                }
+                float v1 = half[e][c] + p[e][c];  // lanes l and l ^ 16: chains j and j + 4
+                if (oi == 1) q2[e][c] = v1;
+                if (oi == 3) q2[e][c] = q2[e][c] + v1;  // ^ 8: j and j + 2
+                if (oi == 5) q1[e][c] = v1;
+                if (oi == 7) q2[e][c] = q2[e][c] + (q1[e][c] + v1);  // ^ 8, then ^ 4: j and j + 1
+            }
+    }
+    // ^ 2 then ^ 1 over the lane positions c.
+    __device__ __forceinline__ float total(int e) const {
+        return (q2[e][0] + q2[e][2]) + (q2[e][1] + q2[e][3]);
+    }
+};
+
+__device__ __forceinline__ void mmq_store(const MmqMerge& mg, float* Y, int rows, int n_t, int t0, int r0) {
+    int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int t = t0 + g + 8 * (e >> 1), r = r0 + 2 * i + (e & 1);
+        if (t < n_t) Y[(size_t)t * rows + r] = mg.total(e);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict__ W, const u8* __restrict__ A,
+                                                           float* __restrict__ Y, int rows, int cols, int n_t) {
+    WAIT_PRIOR_GRID();
+    int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
+    int r0 = blockIdx.y * 32 + (threadIdx.x >> 5) * 8, t0 = blockIdx.x * 16;
+    if (r0 >= rows) return;
+    int nsb = cols / 256;
+    MmqAct act{GlobalQ8K::at(A, n_t, cols, 0), n_t};
+    const u8* wrow = W + (size_t)(r0 + g) * nsb * 144;
+    // This lane's outputs: e = 2 * (row half) + (weight row parity).
+    int te[2] = {t0 + g, t0 + g + 8};
+    const u8* hrow[2] = {W + (size_t)(r0 + 2 * i) * nsb * 144 + nsb * 128, W + (size_t)(r0 + 2 * i + 1) * nsb * 144 + nsb * 128};
+    MmqMerge mg;
+    const int order[8] = {0, 4, 2, 6, 1, 5, 3, 7};
+#pragma unroll
+    for (int oi = 0; oi < 8; oi++) {
+        int j = order[oi];
+        float p[4][4];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) p[e][c] = 0.f;
+        for (int sb = j; sb < nsb; sb += 8) {
+            int d[8][4];
+#pragma unroll
+            for (int s = 0; s < 8; s++) {
+                int c = s >> 1;
+                u32 wa = *(const u32*)(wrow + sb * 64 + c * 16 + 4 * i);
+                u32 wb = *(const u32*)(wrow + nsb * 64 + sb * 64 + c * 16 + 4 * i);
+                int sh = 4 * (s & 1);
+                d[s][0] = d[s][1] = d[s][2] = d[s][3] = 0;
+                imma_k32(d[s], act.word(te[0], sb, 2 * s, i), act.word(te[1], sb, 2 * s, i),
+                         act.word(te[0], sb, 2 * s + 1, i), act.word(te[1], sb, 2 * s + 1, i),
+                         (wa >> sh) & 0x0F0F0F0Fu, (wb >> sh) & 0x0F0F0F0Fu);
+            }
+            float dx[2];
+            int4 bs[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                bool live = te[h] < n_t;
+                dx[h] = live ? act.q.d(te[h], sb) : 0.f;
+#pragma unroll
+                for (int c = 0; c < 4; c++) bs[h][c] = live ? act.q.sums(te[h], sb, c) : make_int4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                uint4 head = ld_weights16(hrow[w] + sb * 16);
+                float dw = h2f((u16)(head.x & 0xFFFF)), dmin = h2f((u16)(head.x >> 16));
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    int sc0, m0, sc1, m1;
+                    q4k_lane_scales(head, c, &sc0, &m0, &sc1, &m1);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        int e = 2 * h + w;
+                        int isum = sc0 * d[2 * c][e] + sc1 * d[2 * c + 1][e];
+                        int4 b = bs[h][c];
+                        int msum = m0 * (b.x + b.y) + m1 * (b.z + b.w);
+                        p[e][c] = q4k_fold(p[e][c], dx[h], dw, dmin, isum, msum);
+                    }
+                }
+            }
+        }
+        mg.done(oi, p);
+    }
+    mmq_store(mg, Y, rows, n_t, t0, r0);
+}
+
+extern "C" __global__ void __launch_bounds__(128) mmq_q6_k(const u8* __restrict__ W, const u8* __restrict__ A,
+                                                           float* __restrict__ Y, int rows, int cols, int n_t) {
+    WAIT_PRIOR_GRID();
+    int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
+    int r0 = blockIdx.y * 32 + (threadIdx.x >> 5) * 8, t0 = blockIdx.x * 16;
+    if (r0 >= rows) return;
+    int nsb = cols / 256;
+    MmqAct act{GlobalQ8K::at(A, n_t, cols, 0), n_t};
+    const u8* wrow = W + (size_t)(r0 + g) * nsb * 208;
+    int te[2] = {t0 + g, t0 + g + 8};
+    const u8* srow[2] = {W + (size_t)(r0 + 2 * i) * nsb * 208 + nsb * 192, W + (size_t)(r0 + 2 * i + 1) * nsb * 208 + nsb * 192};
+    const u16* dtab = (const u16*)(W + (size_t)rows * nsb * 208);
+    MmqMerge mg;
+    const int order[8] = {0, 4, 2, 6, 1, 5, 3, 7};
+#pragma unroll
+    for (int oi = 0; oi < 8; oi++) {
+        int j = order[oi];
+        float p[4][4];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) p[e][c] = 0.f;
+        for (int sb = j; sb < nsb; sb += 8) {
+            // Piece p16 = 8 h + 2 q + k2 (16 quants): lane position k = 2 h + k2's quarter q, as
+            // `q6k_unpack` forms it (v1..v4), minus 32 on the word.
+            int d[16][4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                u32 la = *(const u32*)(wrow + sb * 64 + k * 16 + 4 * i);
+                u32 lb = *(const u32*)(wrow + nsb * 64 + sb * 64 + k * 16 + 4 * i);
+                u32 lh = *(const u32*)(wrow + nsb * 128 + sb * 64 + k * 16 + 4 * i);
+                u32 v[4] = {(u32)q6_word<OFF_BYTES>(la, 0, lh, 4), (u32)q6_word<OFF_BYTES>(lb, 0, lh, 2),
+                            (u32)q6_word<OFF_BYTES>(la, 4, lh, 0), (u32)q6_word<OFF_BYTES>(lb, 4, lh, -2)};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    int p16 = 8 * (k >> 1) + 2 * q + (k & 1);
+                    d[p16][0] = d[p16][1] = d[p16][2] = d[p16][3] = 0;
+                    imma_k16(d[p16], act.word(te[0], sb, p16, i), act.word(te[1], sb, p16, i), v[q]);
+                }
+            }
+            float dx[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) dx[h] = te[h] < n_t ? act.q.d(te[h], sb) : 0.f;
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                uint4 sc = ld_weights16(srow[w] + sb * 16);
+                u32 scw[4] = {sc.x, sc.y, sc.z, sc.w};
+                float dw = h2f(__ldg(dtab + (size_t)(r0 + 2 * i + w) * nsb + sb));
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        int e = 2 * h + w, isum = 0;
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                            int p16 = 8 * (k >> 1) + 2 * q + (k & 1);
+                            int s = (int)(scw[p16 >> 2] << (24 - 8 * (p16 & 3))) >> 24;
+                            isum += s * d[p16][e];
+                        }
+                        p[e][k] = q6k_fold(p[e][k], dx[h], dw, isum);
+                    }
+                }
+            }
+        }
+        mg.done(oi, p);
+    }
+    mmq_store(mg, Y, rows, n_t, t0, r0);
+}
