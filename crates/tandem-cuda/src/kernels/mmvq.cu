@@ -758,33 +758,42 @@ struct MmqAct {
         if (t >= n_t) return 0u;
         return *(const u32*)(q.qs + ((size_t)t * q.cols + sb * 256 + q16 * 16 + k4 * 4));
     }
+    // Quants 8 i .. + 8 of sub-block s (32 quants) of super-block sb, row t, or zeros past the chunk.
+    __device__ __forceinline__ uint2 pair(int t, int sb, int s, int i) const {
+        if (t >= n_t) return make_uint2(0u, 0u);
+        return *(const uint2*)(q.qs + ((size_t)t * q.cols + sb * 256 + s * 32 + i * 8));
+    }
 };
 
 // The per-output chains and their butterfly: chain (j, c) of output e is the matvec lane 4 j + c's sum.
 // Chains are formed one j at a time in the order 0, 4, 2, 6, 1, 5, 3, 7, so that each butterfly pair
-// is merged as soon as both halves exist (16 floats an output live at most).
+// is merged as soon as both halves exist. The merge's partial sums wait in shared memory (48 floats a
+// thread, touched once a chain), which keeps the registers for the products.
+#define MMQ_PARTIALS 48
 struct MmqMerge {
-    float q2[4][4], q1[4][4], half[4][4];
+    float* mine;  // this thread's partials: slot k at mine[k * 128]
+    __device__ __forceinline__ float& at(int k) const { return mine[k * 128]; }
     // Chain j (p: its four positions c for each output e) is done; `oi`: its place in the order.
-    __device__ __forceinline__ void done(int oi, const float (&p)[4][4]) {
+    __device__ __forceinline__ void done(int oi, const float (&p)[4][4]) const {
 #pragma unroll
         for (int e = 0; e < 4; e++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
+                float &half = at(e * 4 + c), &q2 = at(16 + e * 4 + c), &q1 = at(32 + e * 4 + c);
                 if (oi % 2 == 0) {
-                    half[e][c] = p[e][c];
+                    half = p[e][c];
                     continue;
                 }
-                float v1 = half[e][c] + p[e][c];  // lanes l and l ^ 16: chains j and j + 4
-                if (oi == 1) q2[e][c] = v1;
-                if (oi == 3) q2[e][c] = q2[e][c] + v1;  // ^ 8: j and j + 2
-                if (oi == 5) q1[e][c] = v1;
-                if (oi == 7) q2[e][c] = q2[e][c] + (q1[e][c] + v1);  // ^ 8, then ^ 4: j and j + 1
+                float v1 = half + p[e][c];  // lanes l and l ^ 16: chains j and j + 4
+                if (oi == 1) q2 = v1;
+                if (oi == 3) q2 = q2 + v1;  // ^ 8: j and j + 2
+                if (oi == 5) q1 = v1;
+                if (oi == 7) q2 = q2 + (q1 + v1);  // ^ 8, then ^ 4: j and j + 1
             }
     }
     // ^ 2 then ^ 1 over the lane positions c.
     __device__ __forceinline__ float total(int e) const {
-        return (q2[e][0] + q2[e][2]) + (q2[e][1] + q2[e][3]);
+        return (at(16 + e * 4 + 0) + at(16 + e * 4 + 2)) + (at(16 + e * 4 + 1) + at(16 + e * 4 + 3));
     }
 };
 
@@ -800,6 +809,7 @@ __device__ __forceinline__ void mmq_store(const MmqMerge& mg, float* Y, int rows
 extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict__ W, const u8* __restrict__ A,
                                                            float* __restrict__ Y, int rows, int cols, int n_t) {
     WAIT_PRIOR_GRID();
+    __shared__ float partials[MMQ_PARTIALS * 128];
     int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
     int r0 = blockIdx.y * 32 + (threadIdx.x >> 5) * 8, t0 = blockIdx.x * 16;
     if (r0 >= rows) return;
@@ -809,7 +819,7 @@ extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict_
     // This lane's outputs: e = 2 * (row half) + (weight row parity).
     int te[2] = {t0 + g, t0 + g + 8};
     const u8* hrow[2] = {W + (size_t)(r0 + 2 * i) * nsb * 144 + nsb * 128, W + (size_t)(r0 + 2 * i + 1) * nsb * 144 + nsb * 128};
-    MmqMerge mg;
+    MmqMerge mg{partials + threadIdx.x};
     const int order[8] = {0, 4, 2, 6, 1, 5, 3, 7};
 #pragma unroll
     for (int oi = 0; oi < 8; oi++) {
@@ -820,41 +830,38 @@ extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict_
 #pragma unroll
             for (int c = 0; c < 4; c++) p[e][c] = 0.f;
         for (int sb = j; sb < nsb; sb += 8) {
-            int d[8][4];
-#pragma unroll
-            for (int s = 0; s < 8; s++) {
-                int c = s >> 1;
-                u32 wa = *(const u32*)(wrow + sb * 64 + c * 16 + 4 * i);
-                u32 wb = *(const u32*)(wrow + nsb * 64 + sb * 64 + c * 16 + 4 * i);
-                int sh = 4 * (s & 1);
-                d[s][0] = d[s][1] = d[s][2] = d[s][3] = 0;
-                imma_k32(d[s], act.word(te[0], sb, 2 * s, i), act.word(te[1], sb, 2 * s, i),
-                         act.word(te[0], sb, 2 * s + 1, i), act.word(te[1], sb, 2 * s + 1, i),
-                         (wa >> sh) & 0x0F0F0F0Fu, (wb >> sh) & 0x0F0F0F0Fu);
-            }
+            uint4 head[2] = {ld_weights16(hrow[0] + sb * 16), ld_weights16(hrow[1] + sb * 16)};
             float dx[2];
-            int4 bs[2][4];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                bool live = te[h] < n_t;
-                dx[h] = live ? act.q.d(te[h], sb) : 0.f;
+            for (int h = 0; h < 2; h++) dx[h] = te[h] < n_t ? act.q.d(te[h], sb) : 0.f;
 #pragma unroll
-                for (int c = 0; c < 4; c++) bs[h][c] = live ? act.q.sums(te[h], sb, c) : make_int4(0, 0, 0, 0);
-            }
+            for (int c = 0; c < 4; c++) {
+                // Sub-blocks 2 c (low nibbles) and 2 c + 1 (high) of chunk c. The mma's k positions
+                // 4 i .. + 4 and 16 + 4 i .. + 4 of lane i hold quants 8 i .. + 8 of a sub-block (one
+                // 8-byte load each for activations and weights): the integer sum is the same for any
+                // pairing of positions that A and B share.
+                uint2 wq = *(const uint2*)(wrow + (i < 2 ? 0 : nsb * 64) + sb * 64 + c * 16 + 8 * (i & 1));
+                int d[2][4];
 #pragma unroll
-            for (int w = 0; w < 2; w++) {
-                uint4 head = ld_weights16(hrow[w] + sb * 16);
-                float dw = h2f((u16)(head.x & 0xFFFF)), dmin = h2f((u16)(head.x >> 16));
+                for (int hi = 0; hi < 2; hi++) {
+                    int s = 2 * c + hi, sh = 4 * hi;
+                    uint2 x0 = act.pair(te[0], sb, s, i), x1 = act.pair(te[1], sb, s, i);
+                    d[hi][0] = d[hi][1] = d[hi][2] = d[hi][3] = 0;
+                    imma_k32(d[hi], x0.x, x1.x, x0.y, x1.y, (wq.x >> sh) & 0x0F0F0F0Fu, (wq.y >> sh) & 0x0F0F0F0Fu);
+                }
+                int4 bs[2];
 #pragma unroll
-                for (int c = 0; c < 4; c++) {
+                for (int h = 0; h < 2; h++) bs[h] = te[h] < n_t ? act.q.sums(te[h], sb, c) : make_int4(0, 0, 0, 0);
+#pragma unroll
+                for (int w = 0; w < 2; w++) {
+                    float dw = h2f((u16)(head[w].x & 0xFFFF)), dmin = h2f((u16)(head[w].x >> 16));
                     int sc0, m0, sc1, m1;
-                    q4k_lane_scales(head, c, &sc0, &m0, &sc1, &m1);
+                    q4k_lane_scales(head[w], c, &sc0, &m0, &sc1, &m1);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         int e = 2 * h + w;
-                        int isum = sc0 * d[2 * c][e] + sc1 * d[2 * c + 1][e];
-                        int4 b = bs[h][c];
-                        int msum = m0 * (b.x + b.y) + m1 * (b.z + b.w);
+                        int isum = sc0 * d[0][e] + sc1 * d[1][e];
+                        int msum = m0 * (bs[h].x + bs[h].y) + m1 * (bs[h].z + bs[h].w);
                         p[e][c] = q4k_fold(p[e][c], dx[h], dw, dmin, isum, msum);
                     }
                 }
@@ -868,6 +875,7 @@ extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict_
 extern "C" __global__ void __launch_bounds__(128) mmq_q6_k(const u8* __restrict__ W, const u8* __restrict__ A,
                                                            float* __restrict__ Y, int rows, int cols, int n_t) {
     WAIT_PRIOR_GRID();
+    __shared__ float partials[MMQ_PARTIALS * 128];
     int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
     int r0 = blockIdx.y * 32 + (threadIdx.x >> 5) * 8, t0 = blockIdx.x * 16;
     if (r0 >= rows) return;
@@ -877,7 +885,7 @@ extern "C" __global__ void __launch_bounds__(128) mmq_q6_k(const u8* __restrict_
     int te[2] = {t0 + g, t0 + g + 8};
     const u8* srow[2] = {W + (size_t)(r0 + 2 * i) * nsb * 208 + nsb * 192, W + (size_t)(r0 + 2 * i + 1) * nsb * 208 + nsb * 192};
     const u16* dtab = (const u16*)(W + (size_t)rows * nsb * 208);
-    MmqMerge mg;
+    MmqMerge mg{partials + threadIdx.x};
     const int order[8] = {0, 4, 2, 6, 1, 5, 3, 7};
 #pragma unroll
     for (int oi = 0; oi < 8; oi++) {
