@@ -806,138 +806,164 @@ __device__ __forceinline__ void mmq_store(const MmqMerge& mg, float* Y, int rows
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict__ W, const u8* __restrict__ A,
-                                                           float* __restrict__ Y, int rows, int cols, int n_t) {
-    WAIT_PRIOR_GRID();
+// The warp's tile and this lane's place in it: weight rows r0 .. + 8 (B's n), activation rows t0 ..
+// + 16 (A's m); the lane's outputs are rows te[h] (h = 0, 1) times weight rows r0 + 2 i + w (w = 0,
+// 1), output e = 2 h + w.
+struct MmqTile {
+    int g, i, r0, t0, nsb, n_t;
+    int te[2];
+    __device__ __forceinline__ static MmqTile at(int cols, int n_t) {
+        int lane = threadIdx.x & 31;
+        MmqTile tl;
+        tl.g = lane >> 2, tl.i = lane & 3;
+        tl.r0 = blockIdx.y * 32 + (threadIdx.x >> 5) * 8, tl.t0 = blockIdx.x * 16;
+        tl.nsb = cols / 256, tl.n_t = n_t;
+        tl.te[0] = tl.t0 + tl.g, tl.te[1] = tl.t0 + tl.g + 8;
+        return tl;
+    }
+};
+
+// Q4_K: one super-block's products into the chains p[e][c] (c: the matvec lane's chunk).
+struct MmqQ4k {
+    const u8* wrow;     // weight row r0 + g (the B fragments)
+    const u8* hrow[2];  // the heads of weight rows r0 + 2 i + w (the scales of this lane's outputs)
+    __device__ __forceinline__ MmqQ4k(const u8* W, const MmqTile& tl) {
+        wrow = W + (size_t)(tl.r0 + tl.g) * tl.nsb * 144;
+#pragma unroll
+        for (int w = 0; w < 2; w++) hrow[w] = W + (size_t)(tl.r0 + 2 * tl.i + w) * tl.nsb * 144 + tl.nsb * 128;
+    }
+    __device__ __forceinline__ void fold(const MmqTile& tl, const MmqAct& act, int sb, float (&p)[4][4]) const {
+        int i = tl.i, nsb = tl.nsb;
+        uint4 head[2] = {ld_weights16(hrow[0] + sb * 16), ld_weights16(hrow[1] + sb * 16)};
+        float dx[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) dx[h] = tl.te[h] < tl.n_t ? act.q.d(tl.te[h], sb) : 0.f;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            // Sub-blocks 2 c (low nibbles) and 2 c + 1 (high) of chunk c. The mma's k positions
+            // 4 i .. + 4 and 16 + 4 i .. + 4 of lane i hold quants 8 i .. + 8 of a sub-block (one
+            // 8-byte load each for activations and weights): the integer sum is the same for any
+            // pairing of positions that A and B share.
+            uint2 wq = *(const uint2*)(wrow + (i < 2 ? 0 : nsb * 64) + sb * 64 + c * 16 + 8 * (i & 1));
+            int d[2][4];
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                int s = 2 * c + hi, sh = 4 * hi;
+                uint2 x0 = act.pair(tl.te[0], sb, s, i), x1 = act.pair(tl.te[1], sb, s, i);
+                d[hi][0] = d[hi][1] = d[hi][2] = d[hi][3] = 0;
+                imma_k32(d[hi], x0.x, x1.x, x0.y, x1.y, (wq.x >> sh) & 0x0F0F0F0Fu, (wq.y >> sh) & 0x0F0F0F0Fu);
+            }
+            int4 bs[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                bs[h] = tl.te[h] < tl.n_t ? act.q.sums(tl.te[h], sb, c) : make_int4(0, 0, 0, 0);
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                float dw = h2f((u16)(head[w].x & 0xFFFF)), dmin = h2f((u16)(head[w].x >> 16));
+                int sc0, m0, sc1, m1;
+                q4k_lane_scales(head[w], c, &sc0, &m0, &sc1, &m1);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int e = 2 * h + w;
+                    int isum = sc0 * d[0][e] + sc1 * d[1][e];
+                    int msum = m0 * (bs[h].x + bs[h].y) + m1 * (bs[h].z + bs[h].w);
+                    p[e][c] = q4k_fold(p[e][c], dx[h], dw, dmin, isum, msum);
+                }
+            }
+        }
+    }
+};
+
+// Q6_K: one super-block's products into the chains p[e][k] (k: the matvec lane's position).
+struct MmqQ6k {
+    const u8* wrow;     // weight row r0 + g
+    const u8* srow[2];  // the scale bytes of weight rows r0 + 2 i + w
+    const u16* drow[2];  // their f16 super-block scales
+    __device__ __forceinline__ MmqQ6k(const u8* W, const MmqTile& tl, int rows) {
+        wrow = W + (size_t)(tl.r0 + tl.g) * tl.nsb * 208;
+        const u16* dtab = (const u16*)(W + (size_t)rows * tl.nsb * 208);
+#pragma unroll
+        for (int w = 0; w < 2; w++) {
+            srow[w] = W + (size_t)(tl.r0 + 2 * tl.i + w) * tl.nsb * 208 + tl.nsb * 192;
+            drow[w] = dtab + (size_t)(tl.r0 + 2 * tl.i + w) * tl.nsb;
+        }
+    }
+    __device__ __forceinline__ void fold(const MmqTile& tl, const MmqAct& act, int sb, float (&p)[4][4]) const {
+        int i = tl.i, nsb = tl.nsb;
+        // Piece p16 = 8 h + 2 q + k2 (16 quants): lane position k = 2 h + k2's quarter q, as
+        // `q6k_unpack` forms it (v1..v4), minus 32 on the word.
+        int d[16][4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 la = *(const u32*)(wrow + sb * 64 + k * 16 + 4 * i);
+            u32 lb = *(const u32*)(wrow + nsb * 64 + sb * 64 + k * 16 + 4 * i);
+            u32 lh = *(const u32*)(wrow + nsb * 128 + sb * 64 + k * 16 + 4 * i);
+            u32 v[4] = {(u32)q6_word<OFF_BYTES>(la, 0, lh, 4), (u32)q6_word<OFF_BYTES>(lb, 0, lh, 2),
+                        (u32)q6_word<OFF_BYTES>(la, 4, lh, 0), (u32)q6_word<OFF_BYTES>(lb, 4, lh, -2)};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                int p16 = 8 * (k >> 1) + 2 * q + (k & 1);
+                d[p16][0] = d[p16][1] = d[p16][2] = d[p16][3] = 0;
+                imma_k16(d[p16], act.word(tl.te[0], sb, p16, i), act.word(tl.te[1], sb, p16, i), v[q]);
+            }
+        }
+        float dx[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) dx[h] = tl.te[h] < tl.n_t ? act.q.d(tl.te[h], sb) : 0.f;
+#pragma unroll
+        for (int w = 0; w < 2; w++) {
+            uint4 sc = ld_weights16(srow[w] + sb * 16);
+            u32 scw[4] = {sc.x, sc.y, sc.z, sc.w};
+            float dw = h2f(__ldg(drow[w] + sb));
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int e = 2 * h + w, isum = 0;
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        int p16 = 8 * (k >> 1) + 2 * q + (k & 1);
+                        int s = (int)(scw[p16 >> 2] << (24 - 8 * (p16 & 3))) >> 24;
+                        isum += s * d[p16][e];
+                    }
+                    p[e][k] = q6k_fold(p[e][k], dx[h], dw, isum);
+                }
+            }
+        }
+    }
+};
+
+// The chains of the warp's outputs, j in the merge's order, each over super-blocks j, j + 8, ...
+template <class Type>
+__device__ __forceinline__ void mmq_run(const Type& ty, const MmqTile& tl, const MmqAct& act, float* Y, int rows) {
     __shared__ float partials[MMQ_PARTIALS * 128];
-    int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
-    int r0 = blockIdx.y * 32 + (threadIdx.x >> 5) * 8, t0 = blockIdx.x * 16;
-    if (r0 >= rows) return;
-    int nsb = cols / 256;
-    MmqAct act{GlobalQ8K::at(A, n_t, cols, 0), n_t};
-    const u8* wrow = W + (size_t)(r0 + g) * nsb * 144;
-    // This lane's outputs: e = 2 * (row half) + (weight row parity).
-    int te[2] = {t0 + g, t0 + g + 8};
-    const u8* hrow[2] = {W + (size_t)(r0 + 2 * i) * nsb * 144 + nsb * 128, W + (size_t)(r0 + 2 * i + 1) * nsb * 144 + nsb * 128};
     MmqMerge mg{partials + threadIdx.x};
     const int order[8] = {0, 4, 2, 6, 1, 5, 3, 7};
 #pragma unroll
     for (int oi = 0; oi < 8; oi++) {
-        int j = order[oi];
         float p[4][4];
 #pragma unroll
         for (int e = 0; e < 4; e++)
 #pragma unroll
             for (int c = 0; c < 4; c++) p[e][c] = 0.f;
-        for (int sb = j; sb < nsb; sb += 8) {
-            uint4 head[2] = {ld_weights16(hrow[0] + sb * 16), ld_weights16(hrow[1] + sb * 16)};
-            float dx[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) dx[h] = te[h] < n_t ? act.q.d(te[h], sb) : 0.f;
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                // Sub-blocks 2 c (low nibbles) and 2 c + 1 (high) of chunk c. The mma's k positions
-                // 4 i .. + 4 and 16 + 4 i .. + 4 of lane i hold quants 8 i .. + 8 of a sub-block (one
-                // 8-byte load each for activations and weights): the integer sum is the same for any
-                // pairing of positions that A and B share.
-                uint2 wq = *(const uint2*)(wrow + (i < 2 ? 0 : nsb * 64) + sb * 64 + c * 16 + 8 * (i & 1));
-                int d[2][4];
-#pragma unroll
-                for (int hi = 0; hi < 2; hi++) {
-                    int s = 2 * c + hi, sh = 4 * hi;
-                    uint2 x0 = act.pair(te[0], sb, s, i), x1 = act.pair(te[1], sb, s, i);
-                    d[hi][0] = d[hi][1] = d[hi][2] = d[hi][3] = 0;
-                    imma_k32(d[hi], x0.x, x1.x, x0.y, x1.y, (wq.x >> sh) & 0x0F0F0F0Fu, (wq.y >> sh) & 0x0F0F0F0Fu);
-                }
-                int4 bs[2];
-#pragma unroll
-                for (int h = 0; h < 2; h++) bs[h] = te[h] < n_t ? act.q.sums(te[h], sb, c) : make_int4(0, 0, 0, 0);
-#pragma unroll
-                for (int w = 0; w < 2; w++) {
-                    float dw = h2f((u16)(head[w].x & 0xFFFF)), dmin = h2f((u16)(head[w].x >> 16));
-                    int sc0, m0, sc1, m1;
-                    q4k_lane_scales(head[w], c, &sc0, &m0, &sc1, &m1);
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        int e = 2 * h + w;
-                        int isum = sc0 * d[0][e] + sc1 * d[1][e];
-                        int msum = m0 * (bs[h].x + bs[h].y) + m1 * (bs[h].z + bs[h].w);
-                        p[e][c] = q4k_fold(p[e][c], dx[h], dw, dmin, isum, msum);
-                    }
-                }
-            }
-        }
+        for (int sb = order[oi]; sb < tl.nsb; sb += 8) ty.fold(tl, act, sb, p);
         mg.done(oi, p);
     }
-    mmq_store(mg, Y, rows, n_t, t0, r0);
+    mmq_store(mg, Y, rows, tl.n_t, tl.t0, tl.r0);
+}
+
+extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict__ W, const u8* __restrict__ A,
+                                                           float* __restrict__ Y, int rows, int cols, int n_t) {
+    WAIT_PRIOR_GRID();
+    MmqTile tl = MmqTile::at(cols, n_t);
+    if (tl.r0 >= rows) return;
+    mmq_run(MmqQ4k(W, tl), tl, MmqAct{GlobalQ8K::at(A, n_t, cols, 0), n_t}, Y, rows);
 }
 
 extern "C" __global__ void __launch_bounds__(128) mmq_q6_k(const u8* __restrict__ W, const u8* __restrict__ A,
                                                            float* __restrict__ Y, int rows, int cols, int n_t) {
     WAIT_PRIOR_GRID();
-    __shared__ float partials[MMQ_PARTIALS * 128];
-    int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
-    int r0 = blockIdx.y * 32 + (threadIdx.x >> 5) * 8, t0 = blockIdx.x * 16;
-    if (r0 >= rows) return;
-    int nsb = cols / 256;
-    MmqAct act{GlobalQ8K::at(A, n_t, cols, 0), n_t};
-    const u8* wrow = W + (size_t)(r0 + g) * nsb * 208;
-    int te[2] = {t0 + g, t0 + g + 8};
-    const u8* srow[2] = {W + (size_t)(r0 + 2 * i) * nsb * 208 + nsb * 192, W + (size_t)(r0 + 2 * i + 1) * nsb * 208 + nsb * 192};
-    const u16* dtab = (const u16*)(W + (size_t)rows * nsb * 208);
-    MmqMerge mg{partials + threadIdx.x};
-    const int order[8] = {0, 4, 2, 6, 1, 5, 3, 7};
-#pragma unroll
-    for (int oi = 0; oi < 8; oi++) {
-        int j = order[oi];
-        float p[4][4];
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) p[e][c] = 0.f;
-        for (int sb = j; sb < nsb; sb += 8) {
-            // Piece p16 = 8 h + 2 q + k2 (16 quants): lane position k = 2 h + k2's quarter q, as
-            // `q6k_unpack` forms it (v1..v4), minus 32 on the word.
-            int d[16][4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                u32 la = *(const u32*)(wrow + sb * 64 + k * 16 + 4 * i);
-                u32 lb = *(const u32*)(wrow + nsb * 64 + sb * 64 + k * 16 + 4 * i);
-                u32 lh = *(const u32*)(wrow + nsb * 128 + sb * 64 + k * 16 + 4 * i);
-                u32 v[4] = {(u32)q6_word<OFF_BYTES>(la, 0, lh, 4), (u32)q6_word<OFF_BYTES>(lb, 0, lh, 2),
-                            (u32)q6_word<OFF_BYTES>(la, 4, lh, 0), (u32)q6_word<OFF_BYTES>(lb, 4, lh, -2)};
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    int p16 = 8 * (k >> 1) + 2 * q + (k & 1);
-                    d[p16][0] = d[p16][1] = d[p16][2] = d[p16][3] = 0;
-                    imma_k16(d[p16], act.word(te[0], sb, p16, i), act.word(te[1], sb, p16, i), v[q]);
-                }
-            }
-            float dx[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) dx[h] = te[h] < n_t ? act.q.d(te[h], sb) : 0.f;
-#pragma unroll
-            for (int w = 0; w < 2; w++) {
-                uint4 sc = ld_weights16(srow[w] + sb * 16);
-                u32 scw[4] = {sc.x, sc.y, sc.z, sc.w};
-                float dw = h2f(__ldg(dtab + (size_t)(r0 + 2 * i + w) * nsb + sb));
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        int e = 2 * h + w, isum = 0;
-#pragma unroll
-                        for (int q = 0; q < 4; q++) {
-                            int p16 = 8 * (k >> 1) + 2 * q + (k & 1);
-                            int s = (int)(scw[p16 >> 2] << (24 - 8 * (p16 & 3))) >> 24;
-                            isum += s * d[p16][e];
-                        }
-                        p[e][k] = q6k_fold(p[e][k], dx[h], dw, isum);
-                    }
-                }
-            }
-        }
-        mg.done(oi, p);
-    }
-    mmq_store(mg, Y, rows, n_t, t0, r0);
+    MmqTile tl = MmqTile::at(cols, n_t);
+    if (tl.r0 >= rows) return;
+    mmq_run(MmqQ6k(W, tl, rows), tl, MmqAct{GlobalQ8K::at(A, n_t, cols, 0), n_t}, Y, rows);
 }
