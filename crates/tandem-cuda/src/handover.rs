@@ -9,17 +9,15 @@
 //! - one resident grid crossing a grid-wide barrier between steps, as a persistent decode kernel
 //!   would (the question this answers: what such a kernel would save on hand-overs alone).
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use crate::device::{driver, Gpu};
-use crate::launch::launch_cfg;
+use crate::launch::{launch_cfg, time_back_to_back};
 use crate::CudaError;
 
 /// Threads a block in every variant.
 const THREADS: u32 = 128;
-/// Timed replays (or launches) per variant; the per-step figure is their mean.
-const REPEATS: usize = 20;
 
 /// Mean microseconds a step in each way of chaining `steps` steps over `blocks` blocks.
 #[derive(Clone, Copy, Debug)]
@@ -98,7 +96,7 @@ fn time_chain(
         err: "the capture recorded nothing".into(),
     })?;
     driver("cuGraphLaunch (handover)", graph.launch())?;
-    let secs = time_repeats(gpu, &mut || driver("cuGraphLaunch (handover)", graph.launch()))?;
+    let secs = time_back_to_back(gpu, &mut || driver("cuGraphLaunch (handover)", graph.launch()))?;
     Ok(secs * 1e6 / steps as f64)
 }
 
@@ -124,31 +122,9 @@ fn time_resident(gpu: &Gpu, blocks: u32, steps: usize) -> Result<f64, CudaError>
     };
     run()?;
     // The memset rides inside each timed span: subtract one memset alone.
-    let total = time_repeats(gpu, &mut run)?;
-    let memset = time_repeats(gpu, &mut || {
+    let total = time_back_to_back(gpu, &mut run)?;
+    let memset = time_back_to_back(gpu, &mut || {
         driver("zero the arrival counter", gpu.stream.memset_zeros(&mut arrived))
     })?;
     Ok((total - memset).max(0.0) * 1e6 / steps as f64)
-}
-
-/// Mean seconds of `run`, between events, over `REPEATS` runs.
-fn time_repeats(gpu: &Gpu, run: &mut dyn FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
-    let event = || {
-        driver(
-            "handover event",
-            gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
-        )
-    };
-    let mut marks = Vec::with_capacity(REPEATS);
-    for _ in 0..REPEATS {
-        let start = event()?;
-        run()?;
-        marks.push((start, event()?));
-    }
-    gpu.synchronize()?;
-    let mut ms = 0.0;
-    for (start, end) in &marks {
-        ms += driver("handover elapsed", start.elapsed_ms(end))? as f64;
-    }
-    Ok(ms / 1e3 / REPEATS as f64)
 }

@@ -350,12 +350,16 @@ fn time_launches(
 pub fn time_cold_and_hot(gpu: &Gpu, run: &mut dyn FnMut() -> Result<(), CudaError>) -> Result<[f64; 2], CudaError> {
     let mut flush = l2_flush_buffer(gpu)?;
     let cold = time_launches(gpu, &mut flush, run)?;
-    let mut back_to_back = L2Flush {
+    Ok([cold / TUNE_ITERS as f64, time_back_to_back(gpu, run)?])
+}
+
+/// Mean seconds of `run`, run after run with nothing between (`handover.rs`, the hot half above).
+pub(crate) fn time_back_to_back(gpu: &Gpu, run: &mut dyn FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+    let mut nothing = L2Flush {
         buf: None,
         sink: gpu.alloc::<u32>(1)?,
     };
-    let hot = time_launches(gpu, &mut back_to_back, run)?;
-    Ok([cold / TUNE_ITERS as f64, hot / TUNE_ITERS as f64])
+    Ok(time_launches(gpu, &mut nothing, run)? / TUNE_ITERS as f64)
 }
 
 /// A fixed, non-zero input: timings on zeros can flatter a kernel.
