@@ -797,15 +797,6 @@ struct MmqMerge {
     }
 };
 
-__device__ __forceinline__ void mmq_store(const MmqMerge& mg, float* Y, int rows, int n_t, int t0, int r0) {
-    int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        int t = t0 + g + 8 * (e >> 1), r = r0 + 2 * i + (e & 1);
-        if (t < n_t) Y[(size_t)t * rows + r] = mg.total(e);
-    }
-}
-
 // The warp's tile and this lane's place in it: weight rows r0 .. + 8 (B's n), activation rows t0 ..
 // + 16 (A's m); the lane's outputs are rows te[h] (h = 0, 1) times weight rows r0 + 2 i + w (w = 0,
 // 1), output e = 2 h + w.
@@ -822,6 +813,15 @@ struct MmqTile {
         return tl;
     }
 };
+
+// This lane's four outputs, e = 2 h + w.
+__device__ __forceinline__ void mmq_store(const MmqMerge& mg, const MmqTile& tl, float* Y, int rows) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int t = tl.te[e >> 1], r = tl.r0 + 2 * tl.i + (e & 1);
+        if (t < tl.n_t) Y[(size_t)t * rows + r] = mg.total(e);
+    }
+}
 
 // Q4_K: one super-block's products into the chains p[e][c] (c: the matvec lane's chunk).
 struct MmqQ4k {
@@ -874,6 +874,9 @@ struct MmqQ4k {
     }
 };
 
+// Q6_K's piece (16 quants, one scale) that the matvec lane at position k reads in its quarter q.
+__device__ __forceinline__ int q6k_piece(int k, int q) { return 8 * (k >> 1) + 2 * q + (k & 1); }
+
 // Q6_K: one super-block's products into the chains p[e][k] (k: the matvec lane's position).
 struct MmqQ6k {
     const u8* wrow;     // weight row r0 + g
@@ -902,7 +905,7 @@ struct MmqQ6k {
                         (u32)q6_word<OFF_BYTES>(la, 4, lh, 0), (u32)q6_word<OFF_BYTES>(lb, 4, lh, -2)};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                int p16 = 8 * (k >> 1) + 2 * q + (k & 1);
+                int p16 = q6k_piece(k, q);
                 d[p16][0] = d[p16][1] = d[p16][2] = d[p16][3] = 0;
                 imma_k16(d[p16], act.word(tl.te[0], sb, p16, i), act.word(tl.te[1], sb, p16, i), v[q]);
             }
@@ -922,7 +925,7 @@ struct MmqQ6k {
                     int e = 2 * h + w, isum = 0;
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
-                        int p16 = 8 * (k >> 1) + 2 * q + (k & 1);
+                        int p16 = q6k_piece(k, q);
                         int s = (int)(scw[p16 >> 2] << (24 - 8 * (p16 & 3))) >> 24;
                         isum += s * d[p16][e];
                     }
@@ -949,7 +952,7 @@ __device__ __forceinline__ void mmq_run(const Type& ty, const MmqTile& tl, const
         for (int sb = order[oi]; sb < tl.nsb; sb += 8) ty.fold(tl, act, sb, p);
         mg.done(oi, p);
     }
-    mmq_store(mg, Y, rows, tl.n_t, tl.t0, tl.r0);
+    mmq_store(mg, tl, Y, rows);
 }
 
 extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict__ W, const u8* __restrict__ A,
