@@ -312,10 +312,11 @@ mod tests {
             "mmvqp_q6_k_u2_r1_s1",
             "mmq_q4_k",
             "mmq_q6_k",
+            "mmq_q8_0",
         ] {
             assert!(mmvq.contains(&k.to_string()), "{k} in {mmvq:?}");
         }
-        assert_eq!(mmvq.len(), 7 + offered.len());
+        assert_eq!(mmvq.len(), 8 + offered.len());
     }
 
     #[test]

@@ -304,11 +304,11 @@ pub fn mmvq_into(
 pub const MMQ_MIN_ROWS: usize = 16;
 
 /// Whether `t` activation rows times matrices of `rows` of type `suffix`, under `variant`, take the
-/// tensor-core kernel: K-quants of four and six bits, the split-1 order it reproduces, whole groups
-/// of eight weight rows (one mma's n).
+/// tensor-core kernel: Q4_K, Q6_K and Q8_0, the split-1 order it reproduces, whole groups of eight
+/// weight rows (one mma's n).
 pub fn mmq_takes(suffix: &str, variant: MmvqVariant, t: usize, rows: &[usize]) -> bool {
     t >= MMQ_MIN_ROWS
-        && matches!(suffix, "q4_k" | "q6_k")
+        && matches!(suffix, "q4_k" | "q6_k" | "q8_0")
         && variant.split == 1
         && rows.iter().all(|r| r.is_multiple_of(8))
 }
@@ -520,9 +520,10 @@ mod tests {
         assert!(!mmq_takes("q4_k", one, MMQ_MIN_ROWS - 1, &[4096]));
         // The split-4 order is not the one the tensor-core kernels' chains reproduce.
         assert!(!mmq_takes("q6_k", variant(2, 1, 4, false), 512, &[4096]));
-        // Weight rows come eight to an mma; Q8_0 has no tensor-core kernel.
+        // Weight rows come eight to an mma; Q8_0's split-1 order too, other types have no kernel.
         assert!(!mmq_takes("q4_k", one, 512, &[4096, 300]));
-        assert!(!mmq_takes("q8_0", one, 512, &[4096]));
+        assert!(mmq_takes("q8_0", one, 512, &[4096]));
+        assert!(!mmq_takes("q5_k", one, 512, &[4096]));
     }
 
     #[test]

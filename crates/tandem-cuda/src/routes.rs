@@ -13,7 +13,7 @@
 //!   weights are kept in the form the tensor cores read fastest, at 2 bytes per weight of memory.
 //! - `deterministic`: always `Matvec`, whose per-element summation order depends on the matrix width
 //!   alone, so logits are bit-identical across chunk sizes and batch compositions. There, chunks of
-//!   `int8::MMQ_MIN_ROWS` or more rows times Q4_K or Q6_K matrices run the integer matvec's sums on
+//!   `int8::MMQ_MIN_ROWS` or more rows times Q4_K, Q6_K or Q8_0 matrices run the integer matvec's sums on
 //!   the tensor cores (`mma.sync` s8 forms the same exact integers; the float steps follow the
 //!   matvec lanes' order: `int8::mmq_takes`), so a prefill chunk's bits are still a decode step's.
 //!

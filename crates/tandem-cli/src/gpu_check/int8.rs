@@ -194,7 +194,7 @@ pub(super) fn int8_checks(
 /// weight rows that leave a block's last warps idle, and chunks with a partial last tile.
 pub(super) fn mmq_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
     let rows = 8 * 37;
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
         let fmt = int8_format(ty).context("an integer type")?;
         let suffix = type_suffix(ty).context("type has kernels")?;
         let variant = tandem_cuda::int8::variants(suffix)

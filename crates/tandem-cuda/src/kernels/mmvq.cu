@@ -266,6 +266,8 @@ __device__ __forceinline__ float q4k_fold(float acc, float dx, float d, float dm
 
 __device__ __forceinline__ float q6k_fold(float acc, float dx, float d, int isum) { return acc + dx * d * (float)isum; }
 
+__device__ __forceinline__ float q8_fold(float acc, float d, float dx, int s) { return acc + d * dx * (float)s; }
+
 // acc += this lane's 64 products with activation row t.
 template <class Act>
 __device__ __forceinline__ void q4k_accumulate(const Q4kLane& l, const Act& act, int t, int sb, int c, float& acc) {
@@ -508,7 +510,7 @@ struct Q8Step {
                 if (t < m[0].nt) {
                     int s = dot16(wv, ldx16(act.qs + (t * act.cols + ib * 32 + half * 16)));
                     float dx = __ldg(act.dd + t * (act.cols / 32) + ib);
-                    m[0].acc[t] += d * dx * (float)s;
+                    m[0].acc[t] = q8_fold(m[0].acc[t], d, dx, s);
                 }
             }
         }
@@ -969,4 +971,74 @@ extern "C" __global__ void __launch_bounds__(128) mmq_q6_k(const u8* __restrict_
     MmqTile tl = MmqTile::at(cols, n_t);
     if (tl.r0 >= rows) return;
     mmq_run(MmqQ6k(W, tl, rows), tl, MmqAct{GlobalQ8K::at(A, n_t, cols, 0), n_t}, Y, rows);
+}
+
+// Q8_0: blocks of 32 quants and an f16 scale (repacked: quants in aligned blocks, scales in a table
+// after all rows), Q8 activations of the same blocks. The matvec's lane 2 j + half takes half `half` (16
+// quants) of blocks j, j + 16, ... (`Q8Step`), so a block's two halves are two m16n8k16 products and
+// two chains. Its butterfly pairs lanes l ^ 16 (j ^ 8), ^ 8 (j ^ 4), ^ 4 (j ^ 2), ^ 2 (j ^ 1) and ^ 1
+// (the halves); chains are formed in an order that merges each pair as soon as both exist.
+extern "C" __global__ void __launch_bounds__(128) mmq_q8_0(const u8* __restrict__ W, const u8* __restrict__ A,
+                                                           float* __restrict__ Y, int rows, int cols, int n_t) {
+    WAIT_PRIOR_GRID();
+    MmqTile tl = MmqTile::at(cols, n_t);
+    if (tl.r0 >= rows) return;
+    int nb = cols / 32, g = tl.g, i = tl.i;
+    const signed char* qs = act_qs(A, 0, cols);
+    const float* dd = act_d(A, n_t, 0, cols, 32);
+    const u8* wrow = W + (size_t)(tl.r0 + g) * cols;
+    const u16* dtab = (const u16*)(W + (size_t)rows * cols);
+    const u16* drow[2] = {dtab + (size_t)(tl.r0 + 2 * i) * nb, dtab + (size_t)(tl.r0 + 2 * i + 1) * nb};
+    // Chains j in the butterfly's order: pairs (j, j + 8) merge first, then those sums by j ^ 4, j ^ 2
+    // and j ^ 1. Each output keeps, per half: v3 (j ^ 2 merged), v2 (j ^ 4 merged), v1 (one pair) and
+    // the first chain of a pair.
+    const int order[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+    float v3[2][4][2], v2[4][2], v1[4][2], first[4][2];
+#pragma unroll
+    for (int oi = 0; oi < 16; oi++) {
+        float p[4][2];
+#pragma unroll
+        for (int e = 0; e < 4; e++) p[e][0] = p[e][1] = 0.f;
+        for (int ib = order[oi]; ib < nb; ib += 16) {
+            float dx[2], dw[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) dx[h] = tl.te[h] < n_t ? dd[(size_t)tl.te[h] * nb + ib] : 0.f;
+#pragma unroll
+            for (int w = 0; w < 2; w++) dw[w] = h2f(__ldg(drow[w] + ib));
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                int d[4] = {0, 0, 0, 0};
+                u32 a0 = tl.te[0] < n_t ? *(const u32*)(qs + (size_t)tl.te[0] * cols + ib * 32 + half * 16 + 4 * i) : 0u;
+                u32 a1 = tl.te[1] < n_t ? *(const u32*)(qs + (size_t)tl.te[1] * cols + ib * 32 + half * 16 + 4 * i) : 0u;
+                imma_k16(d, a0, a1, *(const u32*)(wrow + ib * 32 + half * 16 + 4 * i));
+#pragma unroll
+                for (int e = 0; e < 4; e++) p[e][half] = q8_fold(p[e][half], dw[e & 1], dx[e >> 1], d[e]);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (oi % 2 == 0) {
+                    first[e][h] = p[e][h];
+                    continue;
+                }
+                float a = first[e][h] + p[e][h];  // ^ 16: j and j + 8
+                if (oi % 4 == 1) v1[e][h] = a;
+                else {
+                    float b = v1[e][h] + a;  // ^ 8: j and j + 4
+                    if (oi % 8 == 3) v2[e][h] = b;
+                    else {
+                        float c = v2[e][h] + b;  // ^ 4: j and j + 2
+                        v3[oi / 8][e][h] = c;
+                    }
+                }
+            }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int t = tl.te[e >> 1], r = tl.r0 + 2 * i + (e & 1);
+        // ^ 2: j and j + 1; ^ 1: the halves.
+        if (t < n_t) Y[(size_t)t * rows + r] = (v3[0][e][0] + v3[1][e][0]) + (v3[0][e][1] + v3[1][e][1]);
+    }
 }
