@@ -81,6 +81,27 @@ __device__ __forceinline__ uint4 ld_weights16(const void* p) {
     return r;
 }
 
+// Shared-memory address of a generic pointer into shared memory (for `cp.async` and `ldmatrix`).
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 16 bytes global -> shared, zero-filled when `valid` is false (then nothing is read).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+// 4 bytes global -> shared, zero-filled when `valid` is false.
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
 __device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
 
 __device__ __forceinline__ float ld_f16(const u8* p) { return h2f((u16)p[0] | ((u16)p[1] << 8)); }

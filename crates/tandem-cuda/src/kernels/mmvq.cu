@@ -751,19 +751,58 @@ __device__ __forceinline__ void imma_k16(int (&d)[4], u32 a0, u32 a1, u32 b0) {
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
-// A chunk's activation rows as the fragments read them: word `k4` (4 quants) of piece `p16` (16
-// quants) of super-block sb, row t, or zero past the chunk.
-struct MmqAct {
-    GlobalQ8K q;
-    int n_t;
-    __device__ __forceinline__ u32 word(int t, int sb, int q16, int k4) const {
-        if (t >= n_t) return 0u;
-        return *(const u32*)(q.qs + ((size_t)t * q.cols + sb * 256 + q16 * 16 + k4 * 4));
+// A chunk's activations for one super-block, staged in shared memory once a block (the four warps
+// read the same 16 rows): the profile of these kernels reading them from global memory had the L1 at
+// 96-97% of its throughput (docs/gpu-runs/2026-11-30-bulk, call k9). Per row: the 256 quants in a
+// 288-byte slot (the 32 bytes of padding put a warp's 8-byte fragment reads of eight rows in distinct
+// banks), the 16 sums of 16 in an 80-byte slot, then the 16 rows' scales.
+#define MMQ_QS_STRIDE 288
+#define MMQ_SUM_STRIDE 80
+#define MMQ_STAGE_BYTES (16 * MMQ_QS_STRIDE + 16 * MMQ_SUM_STRIDE + 64)
+
+// Copies super-block sb of activation rows t0 .. + 16 (those before n_t) into `tile` by `cp.async`,
+// one block's 128 threads; the caller commits the group.
+__device__ __forceinline__ void mmq_stage(const GlobalQ8K& q, int t0, int n_t, int sb, u8* tile) {
+    int tid = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int chunk = tid + 128 * k, r = chunk >> 4, col = chunk & 15;
+        bool valid = t0 + r < n_t;
+        const signed char* src = q.qs + (size_t)(valid ? t0 + r : t0) * q.cols + sb * 256 + col * 16;
+        cp_async16(smem_u32(tile + r * MMQ_QS_STRIDE + col * 16), src, valid);
     }
-    // Quants 8 i .. + 8 of sub-block s (32 quants) of super-block sb, row t, or zeros past the chunk.
-    __device__ __forceinline__ uint2 pair(int t, int sb, int s, int i) const {
+    if (tid < 64) {
+        int r = tid >> 2, part = tid & 3;
+        bool valid = t0 + r < n_t;
+        const int* src = q.sum + (size_t)(valid ? t0 + r : t0) * (q.cols / 16) + sb * 16 + part * 4;
+        cp_async16(smem_u32(tile + 16 * MMQ_QS_STRIDE + r * MMQ_SUM_STRIDE + part * 16), src, valid);
+    } else if (tid < 80) {
+        int r = tid - 64;
+        bool valid = t0 + r < n_t;
+        const float* src = q.dd + (size_t)(valid ? t0 + r : t0) * (q.cols / 256) + sb;
+        cp_async4(smem_u32(tile + 16 * MMQ_QS_STRIDE + 16 * MMQ_SUM_STRIDE + r * 4), src, valid);
+    }
+}
+
+// The staged super-block as the fragments read it: word `k4` (4 quants) of piece `p16` (16 quants),
+// quants 8 i .. + 8 of sub-block s (32 quants), the sums and the scale of row t, or zeros past the
+// chunk.
+struct MmqAct {
+    const u8* tile;
+    int t0, n_t;
+    __device__ __forceinline__ u32 word(int t, int q16, int k4) const {
+        if (t >= n_t) return 0u;
+        return *(const u32*)(tile + (t - t0) * MMQ_QS_STRIDE + q16 * 16 + k4 * 4);
+    }
+    __device__ __forceinline__ uint2 pair(int t, int s, int i) const {
         if (t >= n_t) return make_uint2(0u, 0u);
-        return *(const uint2*)(q.qs + ((size_t)t * q.cols + sb * 256 + s * 32 + i * 8));
+        return *(const uint2*)(tile + (t - t0) * MMQ_QS_STRIDE + s * 32 + i * 8);
+    }
+    __device__ __forceinline__ int4 sums(int t, int c) const {
+        return *(const int4*)(tile + 16 * MMQ_QS_STRIDE + (t - t0) * MMQ_SUM_STRIDE + c * 16);
+    }
+    __device__ __forceinline__ float d(int t) const {
+        return *(const float*)(tile + 16 * MMQ_QS_STRIDE + 16 * MMQ_SUM_STRIDE + (t - t0) * 4);
     }
 };
 
@@ -839,7 +878,7 @@ struct MmqQ4k {
         uint4 head[2] = {ld_weights16(hrow[0] + sb * 16), ld_weights16(hrow[1] + sb * 16)};
         float dx[2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) dx[h] = tl.te[h] < tl.n_t ? act.q.d(tl.te[h], sb) : 0.f;
+        for (int h = 0; h < 2; h++) dx[h] = tl.te[h] < tl.n_t ? act.d(tl.te[h]) : 0.f;
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             // Sub-blocks 2 c (low nibbles) and 2 c + 1 (high) of chunk c. The mma's k positions
@@ -851,14 +890,14 @@ struct MmqQ4k {
 #pragma unroll
             for (int hi = 0; hi < 2; hi++) {
                 int s = 2 * c + hi, sh = 4 * hi;
-                uint2 x0 = act.pair(tl.te[0], sb, s, i), x1 = act.pair(tl.te[1], sb, s, i);
+                uint2 x0 = act.pair(tl.te[0], s, i), x1 = act.pair(tl.te[1], s, i);
                 d[hi][0] = d[hi][1] = d[hi][2] = d[hi][3] = 0;
                 imma_k32(d[hi], x0.x, x1.x, x0.y, x1.y, (wq.x >> sh) & 0x0F0F0F0Fu, (wq.y >> sh) & 0x0F0F0F0Fu);
             }
             int4 bs[2];
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                bs[h] = tl.te[h] < tl.n_t ? act.q.sums(tl.te[h], sb, c) : make_int4(0, 0, 0, 0);
+                bs[h] = tl.te[h] < tl.n_t ? act.sums(tl.te[h], c) : make_int4(0, 0, 0, 0);
 #pragma unroll
             for (int w = 0; w < 2; w++) {
                 float dw = h2f((u16)(head[w].x & 0xFFFF)), dmin = h2f((u16)(head[w].x >> 16));
@@ -909,12 +948,12 @@ struct MmqQ6k {
             for (int q = 0; q < 4; q++) {
                 int p16 = q6k_piece(k, q);
                 d[p16][0] = d[p16][1] = d[p16][2] = d[p16][3] = 0;
-                imma_k16(d[p16], act.word(tl.te[0], sb, p16, i), act.word(tl.te[1], sb, p16, i), v[q]);
+                imma_k16(d[p16], act.word(tl.te[0], p16, i), act.word(tl.te[1], p16, i), v[q]);
             }
         }
         float dx[2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) dx[h] = tl.te[h] < tl.n_t ? act.q.d(tl.te[h], sb) : 0.f;
+        for (int h = 0; h < 2; h++) dx[h] = tl.te[h] < tl.n_t ? act.d(tl.te[h]) : 0.f;
 #pragma unroll
         for (int w = 0; w < 2; w++) {
             uint4 sc = ld_weights16(srow[w] + sb * 16);
@@ -938,12 +977,29 @@ struct MmqQ6k {
     }
 };
 
-// The chains of the warp's outputs, j in the merge's order, each over super-blocks j, j + 8, ...
+// The super-block staged after sb in chain order `oi` (chains j in `order`, each over j, j + 8, ...), or
+// -1 after the last.
+__device__ __forceinline__ int mmq_next_sb(const int (&order)[8], int oi, int sb, int nsb) {
+    if (sb + 8 < nsb) return sb + 8;
+    for (int o = oi + 1; o < 8; o++)
+        if (order[o] < nsb) return order[o];
+    return -1;
+}
+
+// The chains of the warp's outputs, j in the merge's order, each over super-blocks j, j + 8, ... The
+// block stages each super-block's activations while it folds the one before (two tiles in turn).
+// Every warp takes part in the staging and the barriers; only `live` ones (weight rows inside the
+// matrix) fold and store.
 template <class Type>
-__device__ __forceinline__ void mmq_run(const Type& ty, const MmqTile& tl, const MmqAct& act, float* Y, int rows) {
+__device__ __forceinline__ void mmq_run(const Type& ty, const MmqTile& tl, const GlobalQ8K& q, float* Y, int rows,
+                                        bool live) {
     __shared__ float partials[MMQ_PARTIALS * 128];
+    __shared__ __align__(16) u8 tiles[2][MMQ_STAGE_BYTES];
     MmqMerge mg{partials + threadIdx.x};
     const int order[8] = {0, 4, 2, 6, 1, 5, 3, 7};
+    mmq_stage(q, tl.t0, tl.n_t, 0, tiles[0]);
+    cp_async_commit();
+    int k = 0;  // super-blocks folded so far: tile k % 2 holds the current one
 #pragma unroll
     for (int oi = 0; oi < 8; oi++) {
         float p[4][4];
@@ -951,26 +1007,34 @@ __device__ __forceinline__ void mmq_run(const Type& ty, const MmqTile& tl, const
         for (int e = 0; e < 4; e++)
 #pragma unroll
             for (int c = 0; c < 4; c++) p[e][c] = 0.f;
-        for (int sb = order[oi]; sb < tl.nsb; sb += 8) ty.fold(tl, act, sb, p);
+        for (int sb = order[oi]; sb < tl.nsb; sb += 8, k++) {
+            int next = mmq_next_sb(order, oi, sb, tl.nsb);
+            if (next >= 0) mmq_stage(q, tl.t0, tl.n_t, next, tiles[(k + 1) & 1]);
+            cp_async_commit();  // empty after the last: the wait below still means "all but the newest"
+            cp_async_wait<1>();
+            __syncthreads();
+            if (live) ty.fold(tl, MmqAct{tiles[k & 1], tl.t0, tl.n_t}, sb, p);
+            __syncthreads();  // the tile is free for the super-block after next
+        }
         mg.done(oi, p);
     }
-    mmq_store(mg, tl, Y, rows);
+    if (live) mmq_store(mg, tl, Y, rows);
 }
 
 extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict__ W, const u8* __restrict__ A,
                                                            float* __restrict__ Y, int rows, int cols, int n_t) {
     WAIT_PRIOR_GRID();
     MmqTile tl = MmqTile::at(cols, n_t);
-    if (tl.r0 >= rows) return;
-    mmq_run(MmqQ4k(W, tl), tl, MmqAct{GlobalQ8K::at(A, n_t, cols, 0), n_t}, Y, rows);
+    bool live = tl.r0 < rows;
+    mmq_run(MmqQ4k(W, tl), tl, GlobalQ8K::at(A, n_t, cols, 0), Y, rows, live);
 }
 
 extern "C" __global__ void __launch_bounds__(128) mmq_q6_k(const u8* __restrict__ W, const u8* __restrict__ A,
                                                            float* __restrict__ Y, int rows, int cols, int n_t) {
     WAIT_PRIOR_GRID();
     MmqTile tl = MmqTile::at(cols, n_t);
-    if (tl.r0 >= rows) return;
-    mmq_run(MmqQ6k(W, tl, rows), tl, MmqAct{GlobalQ8K::at(A, n_t, cols, 0), n_t}, Y, rows);
+    bool live = tl.r0 < rows;
+    mmq_run(MmqQ6k(W, tl, rows), tl, GlobalQ8K::at(A, n_t, cols, 0), Y, rows, live);
 }
 
 // Q8_0: blocks of 32 quants and an f16 scale (repacked: quants in aligned blocks, scales in a table
