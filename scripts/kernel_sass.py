@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Compiles one of Tandem's kernel files with NVRTC for sm_90 (as the CUDA backend does, common.cuh
-first, the same options) and disassembles it with nvdisasm: per kernel, its SASS instruction count,
-global loads, and local-memory loads and stores (LDL/STL: a spilled register, or an array indexed
-by a runtime value, which costs a memory round trip). No GPU needed.
+"""Compiles one of Tandem's kernel files with NVRTC for sm_90 (as the CUDA backend does: common.cuh
+and the file's headers first, the same options) and disassembles it with nvdisasm: per kernel, its
+SASS instruction count, global loads, and local-memory loads and stores (LDL/STL: a spilled
+register, or an array indexed by a runtime value, which costs a memory round trip). No GPU needed.
 
     python3 scripts/kernel_sass.py mmvq.cu                # the table, every kernel
     python3 scripts/kernel_sass.py mmvq.cu mmvqp_q4_k     # kernels whose name starts with this
@@ -20,6 +20,8 @@ import sys
 import tempfile
 
 KERNELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "tandem-cuda", "src", "kernels")
+# The headers each file takes after common.cuh (crates/tandem-cuda/src/nvrtc.rs: `headers`).
+HEADERS = {"mmvq.cu": ["int8.cuh"], "mmq.cu": ["int8.cuh"]}
 # The backend's options (crates/tandem-cuda/src/nvrtc.rs: OPTIONS, then the architecture).
 OPTIONS = [b"--std=c++17", b"--fmad=true", b"--gpu-architecture=sm_90"]
 
@@ -29,9 +31,9 @@ def compile_cubin(name):
     # NVRTC loads its builtins library by name: preload it from the same folder.
     ctypes.CDLL(os.path.join(lib_dir, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
     lib = ctypes.CDLL(os.path.join(lib_dir, "libnvrtc.so.13"))
-    common = open(os.path.join(KERNELS, "common.cuh")).read()
-    body = open(os.path.join(KERNELS, name)).read()
-    src = f"// ---- common.cuh ----\n{common}\n// ---- {name} ----\n{body}\n".encode()
+    # As `nvrtc::assemble`: common.cuh, the file's headers (`KernelFile::headers`), then the file.
+    parts = ["common.cuh"] + HEADERS.get(name, []) + [name]
+    src = "".join(f"// ---- {p} ----\n{open(os.path.join(KERNELS, p)).read()}\n" for p in parts).encode()
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src, name.encode(), 0, None, None) != 0:
         sys.exit("nvrtcCreateProgram failed")

@@ -305,18 +305,13 @@ mod tests {
                 }
             }
         }
-        // Besides the quantizers, the repacks and the variants: the tensor-core kernels of chunks.
-        for k in [
-            "repack_q4_k_regions",
-            "repack_q6_k_regions",
-            "mmvqp_q6_k_u2_r1_s1",
-            "mmq_q4_k",
-            "mmq_q6_k",
-            "mmq_q8_0",
-        ] {
+        // Besides the variants: the quantizers and the repacks.
+        for k in ["repack_q4_k_regions", "repack_q6_k_regions", "mmvqp_q6_k_u2_r1_s1"] {
             assert!(mmvq.contains(&k.to_string()), "{k} in {mmvq:?}");
         }
-        assert_eq!(mmvq.len(), 8 + offered.len());
+        assert_eq!(mmvq.len(), 5 + offered.len());
+        // The tensor-core kernels of prefill chunks, one per type `int8::mmq_takes` admits.
+        assert_eq!(kernel_names(nvrtc::MMQ.body), ["mmq_q4_k", "mmq_q6_k", "mmq_q8_0"]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! Launchers of the integer decode route (`kernels/mmvq.cu`): activations quantized to int8 as the CPU
-//! backend quantizes them, weights repacked once into aligned blocks where their ggml layout is not,
-//! and matvecs that multiply the two with `dp4a`.
+//! Launchers of the integer route (`kernels/mmvq.cu`; `kernels/mmq.cu` for prefill chunks): activations
+//! quantized to int8 as the CPU backend quantizes them, weights repacked once into aligned blocks where
+//! their ggml layout is not, and matvecs that multiply the two with `dp4a` (or `mma.sync`).
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use tandem_gguf::GgmlType;
@@ -300,7 +300,7 @@ pub fn mmvq_into(
 }
 
 /// Activation rows from which a product of a split-1 variant takes the tensor cores (`mmq_*` in
-/// mmvq.cu: the same integers through `mma.sync`, the same float steps and order, so the same bits).
+/// mmq.cu: the same integers through `mma.sync`, the same float steps and order, so the same bits).
 pub const MMQ_MIN_ROWS: usize = 16;
 
 /// Whether `t` activation rows times matrices of `rows` of type `suffix`, under `variant`, take the
@@ -433,7 +433,7 @@ pub fn mmvq_group_into_with(
 mod tests {
     use super::*;
 
-    /// `q6_word` in mmvq.cu subtracts 32 from four bytes of 0..63 on the whole word.
+    /// `q6_word` in int8.cuh subtracts 32 from four bytes of 0..63 on the whole word.
     #[test]
     fn six_bit_quants_minus_32_on_the_word_match_per_byte_subtraction() {
         let src = crate::nvrtc::assemble(&crate::nvrtc::MMVQ);

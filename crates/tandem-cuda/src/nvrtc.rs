@@ -1,7 +1,7 @@
 //! Kernel sources and their run-time compilation.
 //!
-//! Each `.cu` file under `kernels/` is compiled on its own with `common.cuh` prepended (NVRTC gets no
-//! include paths and no CUDA headers). NVRTC compiles for the detected architecture straight to a
+//! Each `.cu` file under `kernels/` is compiled on its own with `common.cuh` and its headers prepended
+//! (NVRTC gets no include paths and no CUDA headers). NVRTC compiles for the detected architecture straight to a
 //! cubin, which is cached on disk under a name made of the sha256 of the assembled source, the target
 //! and the options, so a changed kernel or another GPU never reuses a stale binary.
 
@@ -13,47 +13,78 @@ use crate::CudaError;
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 
-/// One compilation unit: a name (for logs and the cache) and its body.
+/// A header some kernel files share, after `common.cuh`: its name (for the assembled text) and body.
+#[derive(Clone, Copy, Debug)]
+pub struct Header {
+    pub name: &'static str,
+    pub body: &'static str,
+}
+
+/// The integer route's shared pieces (activation reads, scale decoding, the float steps), for the
+/// matvecs and the tensor-core kernels alike.
+pub const INT8: Header = Header {
+    name: "int8.cuh",
+    body: include_str!("kernels/int8.cuh"),
+};
+
+/// One compilation unit: a name (for logs and the cache), the headers it takes after `common.cuh`,
+/// and its body.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelFile {
     pub name: &'static str,
+    pub headers: &'static [Header],
     pub body: &'static str,
 }
 
 pub const QUANT: KernelFile = KernelFile {
     name: "quant.cu",
+    headers: &[],
     body: include_str!("kernels/quant.cu"),
 };
 pub const OPS: KernelFile = KernelFile {
     name: "ops.cu",
+    headers: &[],
     body: include_str!("kernels/ops.cu"),
 };
 pub const ATTENTION: KernelFile = KernelFile {
     name: "attention.cu",
+    headers: &[],
     body: include_str!("kernels/attention.cu"),
 };
 
+/// The integer matvecs of decode (and of batched rows), their activation quantizers and repacks.
 pub const MMVQ: KernelFile = KernelFile {
     name: "mmvq.cu",
+    headers: &[INT8],
     body: include_str!("kernels/mmvq.cu"),
+};
+
+/// The integer matvecs' sums on the tensor cores, for deterministic prefill chunks.
+pub const MMQ: KernelFile = KernelFile {
+    name: "mmq.cu",
+    headers: &[INT8],
+    body: include_str!("kernels/mmq.cu"),
 };
 
 pub const FLASH: KernelFile = KernelFile {
     name: "flash.cu",
+    headers: &[],
     body: include_str!("kernels/flash.cu"),
 };
 
-pub const ALL: [KernelFile; 5] = [QUANT, MMVQ, OPS, ATTENTION, FLASH];
+pub const ALL: [KernelFile; 6] = [QUANT, MMVQ, MMQ, OPS, ATTENTION, FLASH];
 
 /// NVRTC options besides the architecture (no fast math: kernels round as written).
 pub const OPTIONS: [&str; 2] = ["--std=c++17", "--fmad=true"];
 
-/// The text NVRTC compiles for `file`.
+/// The text NVRTC compiles for `file`: `common.cuh`, its headers, then its body.
 pub fn assemble(file: &KernelFile) -> String {
-    format!(
-        "// ---- common.cuh ----\n{COMMON}\n// ---- {} ----\n{}\n",
-        file.name, file.body
-    )
+    let mut text = format!("// ---- common.cuh ----\n{COMMON}\n");
+    for h in file.headers {
+        text.push_str(&format!("// ---- {} ----\n{}\n", h.name, h.body));
+    }
+    text.push_str(&format!("// ---- {} ----\n{}\n", file.name, file.body));
+    text
 }
 
 /// `sm_90` for compute capability (9, 0).
@@ -185,6 +216,15 @@ mod tests {
             let common_at = s.find("__device__ __forceinline__ float h2f").unwrap();
             let body_at = s.find(&f.body[..40]).unwrap();
             assert!(common_at < body_at, "{}", f.name);
+            // Its headers in between.
+            for h in f.headers {
+                let at = s.find(&h.body[..40]).unwrap();
+                assert!(common_at < at && at < body_at, "{} in {}", h.name, f.name);
+            }
+        }
+        // Both integer-route files share the header that holds the float steps of their sums.
+        for f in [MMVQ, MMQ] {
+            assert!(assemble(&f).contains("float q4k_fold("), "{}", f.name);
         }
     }
 

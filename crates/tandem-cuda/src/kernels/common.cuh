@@ -183,7 +183,7 @@ __device__ __forceinline__ void warp_row_store(const WarpRow<NB>& m, float* Y, i
     }
 }
 
-// ---- Activations quantized for the integer kernels (mmvq.cu), exactly as the CPU backend quantizes
+// ---- Activations quantized for the integer kernels (mmvq.cu, mmq.cu), exactly as the CPU backend quantizes
 // them. Layout of `n_t` rows of `cols` in one byte buffer (see `ActQuant::bytes`):
 //   qs: n_t * cols int8 | sums: n_t * (cols / 16) int32 (Q8_K only) | d: n_t * (cols / B) f32
 // with B = 256 (Q8_K) or 32 (Q8). Besides the quantize kernels, the norm and gating kernels write
