@@ -305,7 +305,10 @@ extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict_
     mmq_run(MmqQ4k(W, tl), tl, GlobalQ8K::at(A, n_t, cols, 0), Y, rows, live);
 }
 
-extern "C" __global__ void __launch_bounds__(128) mmq_q6_k(const u8* __restrict__ W, const u8* __restrict__ A,
+// Four blocks a multiprocessor: staging took the kernel from 128 registers to 150 (three blocks); the
+// bound brings back 128 with no local memory (call s1 of docs/gpu-runs/2026-11-30-stage: same bits,
+// deterministic pp512 +0.2%, at the edge of the spread).
+extern "C" __global__ void __launch_bounds__(128, 4) mmq_q6_k(const u8* __restrict__ W, const u8* __restrict__ A,
                                                            float* __restrict__ Y, int rows, int cols, int n_t) {
     WAIT_PRIOR_GRID();
     MmqTile tl = MmqTile::at(cols, n_t);
