@@ -321,42 +321,96 @@ extern "C" __global__ void __launch_bounds__(128, 4) mmq_q6_k(const u8* __restri
 // quants) of blocks j, j + 16, ... (`Q8Step`), so a block's two halves are two m16n8k16 products and
 // two chains. Its butterfly pairs lanes l ^ 16 (j ^ 8), ^ 8 (j ^ 4), ^ 4 (j ^ 2), ^ 2 (j ^ 1) and ^ 1
 // (the halves); chains are formed in an order that merges each pair as soon as both exist.
+//
+// The activations are staged in shared memory as for the K-quants, but a tile of consecutive blocks
+// would serve sixteen chains at once. So a tile ("unit") is up to eight blocks of one chain, j + 16 (8
+// part + k), for the block's 16 rows; the block stages the next unit while it folds this one, and a
+// chain's sums carry over its units in ascending block order, as in the matvec lane.
+#define MMQ8_UNIT 8
+#define MMQ8_QS_STRIDE 272  // 256 quant bytes a row, padded: fragment reads of eight rows hit distinct banks
+#define MMQ8_D_STRIDE 9     // eight scales a row, padded likewise
+#define MMQ8_TILE_BYTES (16 * MMQ8_QS_STRIDE + 16 * MMQ8_D_STRIDE * 4 + 16)
+
+// Copies unit (chain j, part) of activation rows t0 .. + 16 (those before n_t; blocks past nb and rows
+// past the chunk are zeros) into `tile` by `cp.async`; the caller commits the group.
+__device__ __forceinline__ void mmq8_stage(const signed char* qs, const float* dd, int cols, int t0, int n_t, int j,
+                                           int part, u8* tile) {
+    int nb = cols / 32, tid = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int chunk = tid + 128 * k, r = chunk >> 4, kk = (chunk >> 1) & 7, half = chunk & 1;
+        int ib = j + 16 * (MMQ8_UNIT * part + kk);
+        bool valid = t0 + r < n_t && ib < nb;
+        const signed char* src = valid ? qs + (size_t)(t0 + r) * cols + ib * 32 + half * 16 : qs;
+        cp_async16(smem_u32(tile + r * MMQ8_QS_STRIDE + kk * 32 + half * 16), src, valid);
+    }
+    int r = tid >> 3, kk = tid & 7;
+    int ib = j + 16 * (MMQ8_UNIT * part + kk);
+    bool valid = t0 + r < n_t && ib < nb;
+    const float* src = valid ? dd + (size_t)(t0 + r) * nb + ib : dd;
+    cp_async4(smem_u32(tile + 16 * MMQ8_QS_STRIDE + (r * MMQ8_D_STRIDE + kk) * 4), src, valid);
+}
+
 extern "C" __global__ void __launch_bounds__(128) mmq_q8_0(const u8* __restrict__ W, const u8* __restrict__ A,
                                                            float* __restrict__ Y, int rows, int cols, int n_t) {
     WAIT_PRIOR_GRID();
+    __shared__ __align__(16) u8 tiles[2][MMQ8_TILE_BYTES];
     MmqTile tl = MmqTile::at(cols, n_t);
-    if (tl.r0 >= rows) return;
+    // Every warp stages and meets the barriers; only live ones (weight rows inside the matrix) fold.
+    bool live = tl.r0 < rows;
     int nb = cols / 32, g = tl.g, i = tl.i;
+    int parts = (nb + 16 * MMQ8_UNIT - 1) / (16 * MMQ8_UNIT);
     const signed char* qs = act_qs(A, 0, cols);
     const float* dd = act_d(A, n_t, 0, cols, 32);
-    const u8* wrow = W + (size_t)(tl.r0 + g) * cols;
+    const u8* wrow = W + (size_t)(live ? tl.r0 + g : 0) * cols;
     const u16* dtab = (const u16*)(W + (size_t)rows * cols);
-    const u16* drow[2] = {dtab + (size_t)(tl.r0 + 2 * i) * nb, dtab + (size_t)(tl.r0 + 2 * i + 1) * nb};
+    const u16* drow[2] = {dtab + (size_t)(live ? tl.r0 + 2 * i : 0) * nb,
+                          dtab + (size_t)(live ? tl.r0 + 2 * i + 1 : 0) * nb};
     // Chains j in the butterfly's order: pairs (j, j + 8) merge first, then those sums by j ^ 4, j ^ 2
     // and j ^ 1. Each output keeps, per half: v3 (j ^ 2 merged), v2 (j ^ 4 merged), v1 (one pair) and
-    // the first chain of a pair.
+    // the first chain of a pair. The first half's v3 waits for the second in shared memory, which keeps
+    // the registers for the products (in registers, the staging's addresses made the compiler spill).
     const int order[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
-    float v3[2][4][2], v2[4][2], v1[4][2], first[4][2];
+    __shared__ float v3_first[8][128];
+    float v3[4][2], v2[4][2], v1[4][2], first[4][2];
+    mmq8_stage(qs, dd, cols, tl.t0, n_t, order[0], 0, tiles[0]);
+    cp_async_commit();
+    int k = 0;  // units folded so far: tile k % 2 holds the current one
 #pragma unroll
     for (int oi = 0; oi < 16; oi++) {
         float p[4][2];
 #pragma unroll
         for (int e = 0; e < 4; e++) p[e][0] = p[e][1] = 0.f;
-        for (int ib = order[oi]; ib < nb; ib += 16) {
-            float dx[2], dw[2];
+        for (int part = 0; part < parts; part++, k++) {
+            if (part + 1 < parts) mmq8_stage(qs, dd, cols, tl.t0, n_t, order[oi], part + 1, tiles[(k + 1) & 1]);
+            else if (oi + 1 < 16) mmq8_stage(qs, dd, cols, tl.t0, n_t, order[oi + 1 < 16 ? oi + 1 : oi], 0, tiles[(k + 1) & 1]);
+            cp_async_commit();  // empty after the last: the wait below still means "all but the newest"
+            cp_async_wait<1>();
+            __syncthreads();
+            const u8* tile = tiles[k & 1];
+            for (int kk = 0; live && kk < MMQ8_UNIT; kk++) {
+                int ib = order[oi] + 16 * (MMQ8_UNIT * part + kk);
+                if (ib >= nb) break;
+                float dx[2], dw[2];
 #pragma unroll
-            for (int h = 0; h < 2; h++) dx[h] = tl.te[h] < n_t ? dd[(size_t)tl.te[h] * nb + ib] : 0.f;
+                for (int h = 0; h < 2; h++)
+                    dx[h] = tl.te[h] < n_t ? *(const float*)(tile + 16 * MMQ8_QS_STRIDE +
+                                                             ((tl.te[h] - tl.t0) * MMQ8_D_STRIDE + kk) * 4)
+                                           : 0.f;
 #pragma unroll
-            for (int w = 0; w < 2; w++) dw[w] = h2f(__ldg(drow[w] + ib));
+                for (int w = 0; w < 2; w++) dw[w] = h2f(__ldg(drow[w] + ib));
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                int d[4] = {0, 0, 0, 0};
-                u32 a0 = tl.te[0] < n_t ? *(const u32*)(qs + (size_t)tl.te[0] * cols + ib * 32 + half * 16 + 4 * i) : 0u;
-                u32 a1 = tl.te[1] < n_t ? *(const u32*)(qs + (size_t)tl.te[1] * cols + ib * 32 + half * 16 + 4 * i) : 0u;
-                imma_k16(d, a0, a1, *(const u32*)(wrow + ib * 32 + half * 16 + 4 * i));
+                for (int half = 0; half < 2; half++) {
+                    int d[4] = {0, 0, 0, 0};
+                    int off = kk * 32 + half * 16 + 4 * i;
+                    u32 a0 = tl.te[0] < n_t ? *(const u32*)(tile + (tl.te[0] - tl.t0) * MMQ8_QS_STRIDE + off) : 0u;
+                    u32 a1 = tl.te[1] < n_t ? *(const u32*)(tile + (tl.te[1] - tl.t0) * MMQ8_QS_STRIDE + off) : 0u;
+                    imma_k16(d, a0, a1, *(const u32*)(wrow + ib * 32 + half * 16 + 4 * i));
 #pragma unroll
-                for (int e = 0; e < 4; e++) p[e][half] = q8_fold(p[e][half], dw[e & 1], dx[e >> 1], d[e]);
+                    for (int e = 0; e < 4; e++) p[e][half] = q8_fold(p[e][half], dw[e & 1], dx[e >> 1], d[e]);
+                }
             }
+            __syncthreads();  // the tile is free for the unit after next
         }
 #pragma unroll
         for (int e = 0; e < 4; e++)
@@ -373,15 +427,18 @@ extern "C" __global__ void __launch_bounds__(128) mmq_q8_0(const u8* __restrict_
                     if (oi % 8 == 3) v2[e][h] = b;
                     else {
                         float c = v2[e][h] + b;  // ^ 4: j and j + 2
-                        v3[oi / 8][e][h] = c;
+                        if (oi < 8) v3_first[e * 2 + h][threadIdx.x] = c;
+                        else v3[e][h] = c;
                     }
                 }
             }
     }
+    if (!live) return;
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         int t = tl.te[e >> 1], r = tl.r0 + 2 * i + (e & 1);
         // ^ 2: j and j + 1; ^ 1: the halves.
-        if (t < n_t) Y[(size_t)t * rows + r] = (v3[0][e][0] + v3[1][e][0]) + (v3[0][e][1] + v3[1][e][1]);
+        if (t < n_t)
+            Y[(size_t)t * rows + r] = (v3_first[e * 2][threadIdx.x] + v3[e][0]) + (v3_first[e * 2 + 1][threadIdx.x] + v3[e][1]);
     }
 }
