@@ -382,8 +382,9 @@ extern "C" __global__ void __launch_bounds__(128) mmq_q8_0(const u8* __restrict_
 #pragma unroll
         for (int e = 0; e < 4; e++) p[e][0] = p[e][1] = 0.f;
         for (int part = 0; part < parts; part++, k++) {
+            // The next unit: this chain's next part, else the next chain's first (none after the last).
             if (part + 1 < parts) mmq8_stage(qs, dd, cols, tl.t0, n_t, order[oi], part + 1, tiles[(k + 1) & 1]);
-            else if (oi + 1 < 16) mmq8_stage(qs, dd, cols, tl.t0, n_t, order[oi + 1 < 16 ? oi + 1 : oi], 0, tiles[(k + 1) & 1]);
+            else if (oi + 1 < 16) mmq8_stage(qs, dd, cols, tl.t0, n_t, order[oi + 1], 0, tiles[(k + 1) & 1]);
             cp_async_commit();  // empty after the last: the wait below still means "all but the newest"
             cp_async_wait<1>();
             __syncthreads();
