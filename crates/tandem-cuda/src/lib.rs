@@ -28,6 +28,7 @@ pub mod flash;
 pub mod handover;
 pub mod int8;
 pub mod kv;
+pub mod latency;
 pub mod launch;
 mod matmul;
 pub mod model;

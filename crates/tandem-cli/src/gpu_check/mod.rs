@@ -75,6 +75,10 @@ pub struct GpuCheckArgs {
     /// would pay instead).
     #[arg(long)]
     pub bench_handover: bool,
+    /// Time a dependent memory round trip alone and while the rest of the GPU streams weights (what
+    /// an overlapping decode step's latency-bound work would pay: docs/OVERLAPPED-DECODE.md).
+    #[arg(long)]
+    pub bench_latency: bool,
     /// The kernel checks' random seed, to run again the inputs of a failed check (each run prints
     /// its seed; a fresh one when not given).
     #[arg(long)]
@@ -140,6 +144,9 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     if args.bench_handover {
         handover_bench(&gpu, &mut table)?;
     }
+    if args.bench_latency {
+        latency_bench(&gpu, &mut table)?;
+    }
     for m in &args.models {
         model_checks(args, m, threads, &mut table)?;
     }
@@ -172,6 +179,28 @@ fn handover_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
             result: format!(
                 "programmatic edges {:.2} us; plain edges {:.2} us; resident grid, barrier {resident}",
                 h.programmatic_us, h.plain_us
+            ),
+            pass: true,
+        });
+    }
+    Ok(())
+}
+
+/// `tandem_cuda::latency`: a cycle that stays in L2 and one that misses it, alone and beside a
+/// stream over 4 GB of weights.
+fn latency_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
+    let sizes = [(64 << 10, 20_000), (4 << 20, 20_000), (256 << 20, 5_000)];
+    for l in tandem_cuda::latency::bench_latency(gpu, &sizes, 4 << 30)? {
+        table.push(Row {
+            check: format!("round trip under a weight stream, {} KB cycle", l.cycle_bytes >> 10),
+            result: format!(
+                "{:.0} ns alone, {:.0} ns beside the stream ({:.2}x); stream {:.2} TB/s alone, {:.2} beside the chase; the stream ran through {:.0}% of the chase",
+                l.alone_ns,
+                l.loaded_ns,
+                l.loaded_ns / l.alone_ns,
+                l.stream_tbs,
+                l.stream_loaded_tbs,
+                100.0 * l.overlap
             ),
             pass: true,
         });

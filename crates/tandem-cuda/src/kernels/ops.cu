@@ -549,3 +549,50 @@ extern "C" __global__ void handover_resident(float* __restrict__ buf, u32* __res
         __syncthreads();
     }
 }
+
+// ---- Memory latency under a weight stream (`tandem gpu-check --bench-latency`, `latency.rs`): the
+// question an overlapping decode design has to answer first (docs/OVERLAPPED-DECODE.md) is how much
+// slower a latency-bound kernel's round trips get while other SMs stream weights at full rate.
+// `chase_latency`: one thread follows `steps` links of a random cycle (`next`) from `start`, each
+// load from L2 (`ld.global.cg`, no L1), so each step is one round trip; the final index keeps the
+// loads alive.
+// `clock` gets the global clock (ns) at its start and end, to check that it ran beside the stream.
+__device__ __forceinline__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+extern "C" __global__ void chase_latency(const u32* __restrict__ next, u32 start, int steps, u32* __restrict__ out,
+                                         unsigned long long* __restrict__ clock) {
+    WAIT_PRIOR_GRID();
+    unsigned long long t0 = now_ns();
+    u32 i = start;
+    for (int s = 0; s < steps; s++) i = __ldcg(next + i);
+    *out = i;
+    clock[0] = t0;
+    clock[1] = now_ns();
+}
+
+// `stream_weights`: every thread reads 16-byte pieces of `p` (n of them) `passes` times, as the
+// matvecs read weights (evict-first from L2, not kept in L1), four loads in flight a thread.
+// `clock`: the earliest block start and the latest block end (ns), zero before the launch.
+extern "C" __global__ void stream_weights(const uint4* __restrict__ p, size_t n, int passes, u32* __restrict__ sink,
+                                          unsigned long long* __restrict__ clock) {
+    WAIT_PRIOR_GRID();
+    if (threadIdx.x == 0) atomicMin(clock, now_ns());
+    u32 acc = 0;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (int pass = 0; pass < passes; pass++) {
+        size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+        for (; i + 3 * stride < n; i += 4 * stride) {
+            uint4 a = ld_weights16(p + i), b = ld_weights16(p + i + stride);
+            uint4 c = ld_weights16(p + i + 2 * stride), d = ld_weights16(p + i + 3 * stride);
+            acc ^= a.x ^ b.y ^ c.z ^ d.w;
+        }
+        for (; i < n; i += stride) acc ^= ld_weights16(p + i).x;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) atomicMax(clock + 1, now_ns());
+}
