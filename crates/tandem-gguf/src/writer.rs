@@ -123,8 +123,13 @@ impl GgufWriter {
             h.extend_from_slice(&t.ty.id().to_le_bytes());
             h.extend_from_slice(&t.offset.to_le_bytes());
         }
-        let padded = align_up(h.len() as u64, self.alignment()).unwrap_or(h.len() as u64);
-        h.resize(padded as usize, 0);
+        // The padding aligns the data section; with no tensors there is none, and a file that parsed
+        // with a huge `general.alignment` (any power of two is valid) must not make gigabytes of zeros
+        // (the fuzzer's oom-0e1e3bff: 2^31 on a tensor-less header).
+        if !self.tensors.is_empty() {
+            let padded = align_up(h.len() as u64, self.alignment()).unwrap_or(h.len() as u64);
+            h.resize(padded as usize, 0);
+        }
         h
     }
 

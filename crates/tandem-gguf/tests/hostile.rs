@@ -210,3 +210,31 @@ fn errors_opening_files_name_the_path() {
     assert!(e.to_string().contains("missing.gguf"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The fuzzer's oom-0e1e3bff: a tensor-less header declaring `general.alignment` 2^31 (a valid power
+/// of two) parses, and re-writing it must not pad the header to 2 GiB: with no data section there is
+/// nothing to align. With tensors the padding stays (a file that parses has its data past it).
+#[test]
+fn a_huge_alignment_without_tensors_rewrites_without_padding() {
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", "llama").unwrap();
+    w.add_metadata("general.alignment", Value::U32(1 << 31)).unwrap();
+    let bytes = w.write_all(Vec::new(), |_| &[]).unwrap();
+    assert!(bytes.len() < 1024, "{} bytes", bytes.len());
+    let f = GgufFile::from_bytes(bytes.clone()).unwrap();
+    assert_eq!(f.alignment, 1 << 31);
+    let again = GgufWriter::from_file(&f)
+        .unwrap()
+        .write_all(Vec::new(), |_| &[])
+        .unwrap();
+    assert_eq!(again, bytes);
+    // With a tensor, the header is still padded to the alignment (32 here).
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", "llama").unwrap();
+    w.add_tensor("v", &[3], GgmlType::F32).unwrap();
+    let bytes = w
+        .write_all(Vec::new(), |t| Box::leak(vec![0u8; t.size as usize].into_boxed_slice()))
+        .unwrap();
+    let f = GgufFile::from_bytes(bytes).unwrap();
+    assert_eq!(f.data_offset % 32, 0);
+}
