@@ -553,16 +553,16 @@ extern "C" __global__ void handover_resident(float* __restrict__ buf, u32* __res
 // ---- Memory latency under a weight stream (`tandem gpu-check --bench-latency`, `latency.rs`): the
 // question an overlapping decode design has to answer first (docs/OVERLAPPED-DECODE.md) is how much
 // slower a latency-bound kernel's round trips get while other SMs stream weights at full rate.
-// `chase_latency`: one thread follows `steps` links of a random cycle (`next`) from `start`, each
-// load from L2 (`ld.global.cg`, no L1), so each step is one round trip; the final index keeps the
-// loads alive.
-// `clock` gets the global clock (ns) at its start and end, to check that it ran beside the stream.
 __device__ __forceinline__ unsigned long long now_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
 
+// `chase_latency`: one thread follows `steps` links of a random cycle (`next`) from `start`, each
+// load from L2 (`ld.global.cg`, no L1), so each step is one round trip; the final index keeps the
+// loads alive. `clock` gets the global clock (ns) at its start and end, to check that it ran beside
+// the stream.
 extern "C" __global__ void chase_latency(const u32* __restrict__ next, u32 start, int steps, u32* __restrict__ out,
                                          unsigned long long* __restrict__ clock) {
     WAIT_PRIOR_GRID();
