@@ -115,7 +115,9 @@ pub fn bench_latency(gpu: &Gpu, sizes: &[(usize, usize)], stream_bytes: usize) -
         sync(&side)?;
         let alone_ns = span_ns(&gpu.download(&chase_clock)?) / steps as f64;
         // Enough passes to outlast the chase even if it runs eight times slower beside them.
-        let passes = ((alone_ns * steps as f64 * 8.0 / pass_ns).ceil() as i32).clamp(2, 400);
+        let passes = (alone_ns * steps as f64 * 8.0 / pass_ns)
+            .ceil()
+            .clamp(2.0, (1 << 24) as f64) as i32;
         let mut clock = gpu.upload(&[u64::MAX, 0])?;
         chase(second, &mut chase_clock)?;
         {
