@@ -75,12 +75,17 @@ pub fn bench_latency(gpu: &Gpu, sizes: &[(usize, usize)], stream_bytes: usize) -
     // One block of 512 threads an SM: four 16-byte loads in flight a thread keep about 4 MB in
     // flight, and leave room on every SM for the chase's one-thread block.
     let grid = gpu.sm_count;
-    let stream_clock = |passes: i32| -> Result<Vec<u64>, CudaError> {
-        let mut clock = gpu.upload(&[u64::MAX, 0])?;
+    // The stream on `main`, `passes` times over `weights`; its clock pair (start, end) in `clock`.
+    let launch_stream = |passes: i32, clock: &mut CudaSlice<u64>| -> Result<(), CudaError> {
         let mut l = main.launch_builder(stream_f);
-        l.arg(&weights).arg(&pieces).arg(&passes).arg(&sink).arg(&mut clock);
+        l.arg(&weights).arg(&pieces).arg(&passes).arg(&sink).arg(clock);
         // SAFETY: `weights` holds `pieces` 16-byte pieces; one sink word; two clock words.
         driver("stream_weights", unsafe { l.launch(launch_cfg((grid, 1, 1), 512)) })?;
+        Ok(())
+    };
+    let stream_clock = |passes: i32| -> Result<Vec<u64>, CudaError> {
+        let mut clock = gpu.upload(&[u64::MAX, 0])?;
+        launch_stream(passes, &mut clock)?;
         sync(main)?;
         gpu.download(&clock)
     };
@@ -120,12 +125,7 @@ pub fn bench_latency(gpu: &Gpu, sizes: &[(usize, usize)], stream_bytes: usize) -
             .clamp(2.0, (1 << 24) as f64) as i32;
         let mut clock = gpu.upload(&[u64::MAX, 0])?;
         chase(second, &mut chase_clock)?;
-        {
-            let mut l = main.launch_builder(stream_f);
-            l.arg(&weights).arg(&pieces).arg(&passes).arg(&sink).arg(&mut clock);
-            // SAFETY: as in `stream_clock`.
-            driver("stream_weights", unsafe { l.launch(launch_cfg((grid, 1, 1), 512)) })?;
-        }
+        launch_stream(passes, &mut clock)?;
         sync(&side)?;
         sync(main)?;
         let (c, st) = (gpu.download(&chase_clock)?, gpu.download(&clock)?);
