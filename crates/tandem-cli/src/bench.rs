@@ -1,7 +1,9 @@
 //! `tandem bench`: prompt processing (pp) and text generation (tg) throughput, measured the way
 //! llama-bench measures them: pp feeds N random tokens to an empty context in chunks of `--ubatch` rows
 //! (llama-bench's default micro-batch, 512); tg decodes N tokens one at a time after an empty context.
-//! Each test runs once to warm up, then `-r` times.
+//! With `--depth D` (llama-bench's `-d`) each test starts after D tokens already in the context, prefilled
+//! untimed, and is named as llama-bench names it ("tg128 @ d4096"). Each test runs once to warm up, then
+//! `-r` times.
 
 use std::time::Instant;
 
@@ -43,6 +45,9 @@ pub struct BenchArgs {
     /// Rows per forward pass of the pp test (llama-bench's `-ub`, whose default is also 512).
     #[arg(long = "ubatch", short = 'u', default_value_t = 512)]
     pub ubatch: usize,
+    /// Tokens already in the context when each test starts, prefilled untimed (llama-bench's `-d`).
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: usize,
     /// Repetitions.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub repetitions: usize,
@@ -116,28 +121,39 @@ type BenchRows = Vec<(String, (f64, f64))>;
 /// logits to the host (a synchronization), so wall-clock time covers the work.
 fn bench_on<B: Backend>(engine: &mut Engine<B>, bos: Option<u32>, args: &BenchArgs) -> Result<BenchRows> {
     let n_vocab = engine.model.config().n_vocab;
-    let n_ctx = (args.n_prompt.max(args.n_gen) + 1).max(16);
-    let mut results = Vec::new();
+    let n_ctx = (args.depth + args.n_prompt.max(args.n_gen) + 1).max(16);
     let reps = args.repetitions.max(1);
+    // The context before a test: the same random tokens (BOS first) every repetition.
+    let depth_tokens = tokens(args.depth, n_vocab, bos);
+    let new_sequence = |engine: &mut Engine<B>| -> Result<_> {
+        let mut kv = engine.try_new_sequence(n_ctx)?;
+        if args.depth > 0 {
+            engine.prefill(&mut kv, &depth_tokens, args.ubatch.clamp(1, args.depth))?;
+        }
+        Ok(kv)
+    };
+    // The test's own tokens follow the context, so only an empty context starts with BOS.
+    let test_bos = bos.filter(|_| args.depth == 0);
+    let mut results = Vec::new();
 
     if args.n_prompt > 0 {
-        let prompt = tokens(args.n_prompt, n_vocab, bos);
+        let prompt = tokens(args.n_prompt, n_vocab, test_bos);
         let mut speeds = Vec::new();
         for rep in 0..=reps {
-            let mut kv = engine.try_new_sequence(n_ctx)?;
+            let mut kv = new_sequence(engine)?;
             let start = Instant::now();
             engine.prefill(&mut kv, &prompt, args.ubatch.clamp(1, args.n_prompt))?;
             if rep > 0 {
                 speeds.push(args.n_prompt as f64 / start.elapsed().as_secs_f64());
             }
         }
-        results.push((format!("pp{}", args.n_prompt), mean_std(&speeds)));
+        results.push((test_name("pp", args.n_prompt, args.depth), mean_std(&speeds)));
     }
     if args.n_gen > 0 {
-        let gen = tokens(args.n_gen, n_vocab, bos);
+        let gen = tokens(args.n_gen, n_vocab, test_bos);
         let mut speeds = Vec::new();
         for rep in 0..=reps {
-            let mut kv = engine.try_new_sequence(n_ctx)?;
+            let mut kv = new_sequence(engine)?;
             let start = Instant::now();
             for &t in &gen {
                 engine.forward(&mut kv, &[t], LogitRows::Last)?;
@@ -146,7 +162,34 @@ fn bench_on<B: Backend>(engine: &mut Engine<B>, bos: Option<u32>, args: &BenchAr
                 speeds.push(args.n_gen as f64 / start.elapsed().as_secs_f64());
             }
         }
-        results.push((format!("tg{}", args.n_gen), mean_std(&speeds)));
+        results.push((test_name("tg", args.n_gen, args.depth), mean_std(&speeds)));
     }
     Ok(results)
+}
+
+/// llama-bench's test names: "pp512", "tg128", and "tg128 @ d4096" after a context of 4096 tokens.
+fn test_name(kind: &str, n: usize, depth: usize) -> String {
+    match depth {
+        0 => format!("{kind}{n}"),
+        d => format!("{kind}{n} @ d{d}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tests_are_named_as_llama_bench_names_them() {
+        assert_eq!(test_name("pp", 512, 0), "pp512");
+        assert_eq!(test_name("tg", 128, 4096), "tg128 @ d4096");
+    }
+
+    #[test]
+    fn only_the_first_token_is_bos() {
+        let t = tokens(5, 100, Some(1));
+        assert_eq!(t[0], 1);
+        assert!(t[1..].iter().all(|&x| x < 100));
+        assert_eq!(tokens(5, 100, None)[1..], t[1..]);
+    }
 }

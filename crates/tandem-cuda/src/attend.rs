@@ -38,6 +38,9 @@ pub struct TileShape {
     /// (`rows::quant_flag`; 0: none).
     pub group: usize,
     pub quant: i32,
+    /// Live tiles from which a block takes all of its KV head's query heads
+    /// (`routes::attention_group_tiles`); `usize::MAX`: never.
+    pub group_tiles: usize,
 }
 
 /// The K/V buffer the kernel attends over: read only, or (the fused decode step, `FreshRow`) read
@@ -165,6 +168,7 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
     let (nh, nkv) = (ints(s.n_head, "heads")?, ints(s.n_kv_head, "kv heads")?);
     let (win, tc) = (ints(s.window.unwrap_or(0), "window")?, ints(s.tile_cap, "tiles")?);
     let (group, n_t) = (ints(s.group, "heads per group")?, ints(s.t, "rows")?);
+    let group_tiles = ints(s.group_tiles.min(i32::MAX as usize), "tiles from which heads group")?;
     let kind = if b.fresh.is_some() { "rope" } else { "tiles" };
     let name = format!("attend_{kind}_d{}", s.head_dim);
     let f = gpu.function(&name)?;
@@ -211,6 +215,7 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
         }
         None => l.arg(&n_t),
     };
+    l.arg(&group_tiles);
     let grid = (s.tile_cap as u32, s.n_head as u32, s.t as u32);
     // SAFETY: the arguments match the kernel's signature in order and type, and every buffer holds
     // what the grid reads or writes (checked above).
@@ -230,6 +235,19 @@ struct FreshInputs<'a> {
 }
 
 impl CudaModel {
+    /// `routes::attention_group_tiles` for a chunk of `t` queries on this GPU, or, for chunks,
+    /// `TANDEM_CUDA_GROUP_TILES` (1: always a block per KV head; a large number: never), which exists
+    /// to measure the threshold.
+    fn attention_group_tiles(&self, t: usize, n_head: usize) -> usize {
+        let by_hand = std::env::var("TANDEM_CUDA_GROUP_TILES")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        match by_hand {
+            Some(tiles) if t > 1 => tiles,
+            _ => routes::attention_group_tiles(t, n_head, self.gpu.sm_count as usize),
+        }
+    }
+
     /// Tiles a single query can span in a layer (the graph's fixed attention grid).
     pub(crate) fn tile_cap(&self, kv: &GpuSequenceKv, window: Option<usize>) -> usize {
         window.unwrap_or(kv.n_ctx).div_ceil(ATT_TILE) + 1
@@ -308,6 +326,7 @@ impl CudaModel {
             tile_cap,
             group,
             quant: quant.map_or(0, quant_flag),
+            group_tiles: self.attention_group_tiles(t, c.n_head),
         };
         let mut arrivals = self.arrivals(t * c.n_head)?;
         let fresh = match &fresh {

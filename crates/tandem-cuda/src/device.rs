@@ -197,9 +197,9 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         ("MMVQ", [t, u, r, w]) => pair("mmvq_", "mmvqb_", format!("{t}_u{u}_r{r}_s{w}")),
         // MMVQ_STAGED(type, shared layout, unroll, rows per group): the staged one-row kernels.
         ("MMVQ_STAGED", [t, _, u, r]) => vec![format!("mmvqp_{t}_u{u}_r{r}_s1")],
-        // ATTEND_TILES(head size): the tile attention kernels for one head size, over the cache and
-        // with a decode step's own row fused in.
-        ("ATTEND_TILES", [d]) => vec![format!("attend_tiles_d{d}"), format!("attend_rope_d{d}")],
+        // ATTEND_TILES(head size, blocks a multiprocessor): the tile attention kernels for one head
+        // size, over the cache and with a decode step's own row fused in.
+        ("ATTEND_TILES", [d, _]) => vec![format!("attend_tiles_d{d}"), format!("attend_rope_d{d}")],
         // FLASH_ENTRY(head size, key tile, m-tiles, r|s): the prefill attention variants.
         ("FLASH_ENTRY", [d, k, m, q]) => vec![format!("flash_prefill_d{d}_k{k}_m{m}_{q}")],
         _ => return None,

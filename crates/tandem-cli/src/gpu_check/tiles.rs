@@ -28,6 +28,8 @@ struct Case {
     window: Option<usize>,
     capacity: usize,
     origin: (usize, usize),
+    /// Heads merged together (the kernel's `group`): a group may span KV heads, or split one.
+    merge_group: usize,
 }
 
 impl Case {
@@ -53,6 +55,7 @@ pub(super) fn tile_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Res
         window,
         capacity,
         origin,
+        merge_group: 1,
     };
     let cases = [
         // A decode step three tiles into the context, the buffer longer than the context.
@@ -63,6 +66,11 @@ pub(super) fn tile_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Res
         case(256, 4, 1, vec![1000, 1001, 1002], Some(512), 512, (491, 491)),
         case(64, 9, 3, (40..48).collect(), Some(20), 64, (0, 0)),
         case(32, 2, 1, vec![1, 2], None, 8, (0, 0)),
+        // Merge groups of four heads over KV heads of three: a block per KV head counts into two.
+        Case {
+            merge_group: 4,
+            ..case(64, 12, 4, (1500..1503).collect(), None, 1600, (0, 0))
+        },
     ];
     for c in &cases {
         check_case(gpu, rng, c, table)?;
@@ -278,6 +286,20 @@ fn run(
     (k, v): (&[f16], &[f16]),
     fresh: Option<&Fresh<'_>>,
 ) -> Result<(Vec<f32>, Vec<u16>, Vec<u16>)> {
+    run_blocks(gpu, c, positions, q, (k, v), fresh, false)
+}
+
+/// `run` with a block per query head (`by_kv_head` false) or, whatever the tile count, a block per
+/// KV head taking its query heads in turn (the cached kernel; the fused one always takes one head).
+fn run_blocks(
+    gpu: &Gpu,
+    c: &Case,
+    positions: &[usize],
+    q: &[f32],
+    (k, v): (&[f16], &[f16]),
+    fresh: Option<&Fresh<'_>>,
+    by_kv_head: bool,
+) -> Result<(Vec<f32>, Vec<u16>, Vec<u16>)> {
     let t = positions.len();
     let span = tile_span(positions, c.window, c.origin.0);
     // One tile more than live: blocks past the live tiles must exit without touching anything.
@@ -291,8 +313,9 @@ fn run(
         window: c.window,
         capacity: c.capacity,
         tile_cap,
-        group: 1,
+        group: c.merge_group,
         quant: 0,
+        group_tiles: if by_kv_head { 1 } else { usize::MAX },
     };
     let ints = |v: &[usize]| v.iter().map(|&x| x as i32).collect::<Vec<i32>>();
     let q = gpu.upload(q)?;
@@ -372,21 +395,26 @@ fn check_case(gpu: &Gpu, rng: &mut Rng, c: &Case, table: &mut Vec<Row>) -> Resul
     let hi = c.positions.iter().copied().max().unwrap_or(0);
     let (out, _, _) = run(gpu, c, &c.positions, &q, (&k, &v), None)?;
     let err = rel_err(&out, &reference(c, &q, &k, &v));
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+    let (grouped, _, _) = run_blocks(gpu, c, &c.positions, &q, (&k, &v), None, true)?;
+    let by_kv_head_equal = bits(&grouped) == bits(&out);
     let mut alone_equal = true;
     if t > 1 {
         for (r, &p) in c.positions.iter().enumerate() {
             let (one, _, _) = run(gpu, c, &[p], &q[r * qw..(r + 1) * qw], (&k, &v), None)?;
-            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
             alone_equal &= bits(&one) == bits(&out[r * qw..(r + 1) * qw]);
         }
     }
     table.push(Row {
         check: format!(
-            "tile attention d{hd} {}/{} heads, positions {}..={hi}, window {:?}, {} rows from {:?}",
-            c.n_head, c.n_kv_head, c.positions[0], c.window, c.capacity, c.origin
+            "tile attention d{hd} {}/{} heads (merged by {}), positions {}..={hi}, window {:?}, {} rows from {:?}",
+            c.n_head, c.n_kv_head, c.merge_group, c.positions[0], c.window, c.capacity, c.origin
         ),
-        result: format!("rel err {err:.2e} (bound {BOUND:.0e}); each query alone bit-equal: {alone_equal}"),
-        pass: err < BOUND && alone_equal,
+        result: format!(
+            "rel err {err:.2e} (bound {BOUND:.0e}); each query alone bit-equal: {alone_equal}; a block per KV \
+             head bit-equal: {by_kv_head_equal}"
+        ),
+        pass: err < BOUND && alone_equal && by_kv_head_equal,
     });
     Ok(())
 }

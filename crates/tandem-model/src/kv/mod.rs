@@ -64,6 +64,17 @@ impl LayerCache {
         Ok(())
     }
 
+    /// Where logical row `pos` lives and how many rows from it are contiguous in memory: to the end of
+    /// its block, the end of the ring, or the last cached row, whichever comes first.
+    fn run_at(&self, pos: usize) -> (usize, usize) {
+        let r = self.placement.physical(pos).expect("attention reads only cached rows");
+        let cached = self.placement.end() - pos;
+        let n = (BLOCK_ROWS - r % BLOCK_ROWS)
+            .min(self.placement.capacity - r)
+            .min(cached);
+        (r, n)
+    }
+
     fn k_at(&self, r: usize) -> &[f16] {
         &self.blocks[r / BLOCK_ROWS].k[(r % BLOCK_ROWS) * self.width..][..self.width]
     }
@@ -168,22 +179,16 @@ struct CacheView<'a> {
 }
 
 impl KvRows for CacheView<'_> {
-    fn k_row(&self, pos: usize) -> &[f16] {
-        let r = self
-            .layer
-            .placement
-            .physical(pos)
-            .expect("attention reads only cached rows");
-        self.layer.k_at(r)
+    fn k_rows(&self, pos: usize) -> &[f16] {
+        let (r, n) = self.layer.run_at(pos);
+        let b = &self.layer.blocks[r / BLOCK_ROWS];
+        &b.k[(r % BLOCK_ROWS) * self.layer.width..][..n * self.layer.width]
     }
 
-    fn v_row(&self, pos: usize) -> &[f16] {
-        let r = self
-            .layer
-            .placement
-            .physical(pos)
-            .expect("attention reads only cached rows");
-        self.layer.v_at(r)
+    fn v_rows(&self, pos: usize) -> &[f16] {
+        let (r, n) = self.layer.run_at(pos);
+        let b = &self.layer.blocks[r / BLOCK_ROWS];
+        &b.v[(r % BLOCK_ROWS) * self.layer.width..][..n * self.layer.width]
     }
 }
 
@@ -195,14 +200,12 @@ struct StagedView<'a> {
 }
 
 impl KvRows for StagedView<'_> {
-    fn k_row(&self, pos: usize) -> &[f16] {
-        let i = pos - self.first;
-        &self.k[i * self.width..(i + 1) * self.width]
+    fn k_rows(&self, pos: usize) -> &[f16] {
+        &self.k[(pos - self.first) * self.width..]
     }
 
-    fn v_row(&self, pos: usize) -> &[f16] {
-        let i = pos - self.first;
-        &self.v[i * self.width..(i + 1) * self.width]
+    fn v_rows(&self, pos: usize) -> &[f16] {
+        &self.v[(pos - self.first) * self.width..]
     }
 }
 
@@ -465,12 +468,17 @@ mod tests {
                     .store_and_attend(&k, &k, t, &mut staging, |view| {
                         for p in start..start + t {
                             for key in (p + 1).saturating_sub(window)..=p {
-                                assert_eq!(
-                                    view.k_row(key)[0].to_f32(),
-                                    (key % 2048) as f32,
-                                    "key {key} for query {p}"
-                                );
-                                assert_eq!(view.v_row(key)[width - 1].to_f32(), (key % 2048) as f32);
+                                // The run from `key`: whole rows of consecutive positions, `key` first.
+                                let (k_run, v_run) = (view.k_rows(key), view.v_rows(key));
+                                assert!(!k_run.is_empty() && k_run.len().is_multiple_of(width));
+                                assert_eq!(k_run.len(), v_run.len(), "key {key}");
+                                for (i, (kr, vr)) in
+                                    k_run.chunks_exact(width).zip(v_run.chunks_exact(width)).enumerate()
+                                {
+                                    let want = ((key + i) % 2048) as f32;
+                                    assert_eq!(kr[0].to_f32(), want, "row {i} of the run at key {key} for query {p}");
+                                    assert_eq!(vr[width - 1].to_f32(), want, "row {i} of the run at key {key}");
+                                }
                             }
                         }
                     })
