@@ -556,6 +556,22 @@ mod tests {
     }
 
     impl Dense {
+        /// `n_pos` rows of `width` random keys (in [-3, 3]) and values (in [-1, 1]), from `seed` and
+        /// `seed + 1`, handed out in runs of `run` rows.
+        fn random(n_pos: usize, width: usize, seed: u32, run: usize) -> Dense {
+            let halves = |seed, scale: f32| {
+                values(n_pos * width, seed)
+                    .into_iter()
+                    .map(move |x| f16::from_f32(scale * x))
+            };
+            Dense {
+                k: halves(seed, 3.0).collect(),
+                v: halves(seed + 1, 1.0).collect(),
+                width,
+                run,
+            }
+        }
+
         fn k_row(&self, pos: usize) -> &[f16] {
             &self.k[pos * self.width..(pos + 1) * self.width]
         }
@@ -568,6 +584,20 @@ mod tests {
         (0..n)
             .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 1000) as f32 / 500.0 - 1.0)
             .collect()
+    }
+
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+
+    fn test_shape(n_head: usize, n_kv_head: usize, head_dim: usize, window: Option<usize>) -> AttentionShape {
+        AttentionShape {
+            n_head,
+            n_kv_head,
+            head_dim,
+            scale: 0.125,
+            window,
+        }
     }
 
     /// Plain softmax attention in f64, the reference.
@@ -657,31 +687,15 @@ mod tests {
             (2, 2, 48, None),
             (4, 2, 40, Some(37)),
         ] {
-            let shape = AttentionShape {
-                n_head,
-                n_kv_head,
-                head_dim,
-                scale: 0.125,
-                window,
-            };
-            let n_pos = 300;
-            let width = n_kv_head * head_dim;
-            let kv = Dense {
-                k: values(n_pos * width, 11)
-                    .into_iter()
-                    .map(|x| f16::from_f32(3.0 * x))
-                    .collect(),
-                v: values(n_pos * width, 12).into_iter().map(f16::from_f32).collect(),
-                width,
-                run: 256,
-            };
+            let shape = test_shape(n_head, n_kv_head, head_dim, window);
+            let kv = Dense::random(300, n_kv_head * head_dim, 11, 256);
             let qw = n_head * head_dim;
             for positions in [vec![0], vec![299], vec![150], (183..300).collect::<Vec<_>>()] {
                 let q = values(positions.len() * qw, 13);
                 let run = |isa: Simd| {
                     let mut out = vec![f32::NAN; q.len()];
                     attend_with(&pool, isa, &q, &positions, &kv, &shape, &mut out);
-                    out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                    bits(&out)
                 };
                 let want = run(Simd::Baseline);
                 for isa in Simd::available() {
@@ -701,24 +715,9 @@ mod tests {
     #[test]
     fn a_long_row_gets_the_bits_it_gets_in_a_chunk() {
         for (n_head, n_kv_head, head_dim, window) in [(9, 3, 64, None), (4, 1, 256, Some(1500)), (4, 2, 40, None)] {
-            let shape = AttentionShape {
-                n_head,
-                n_kv_head,
-                head_dim,
-                scale: 0.125,
-                window,
-            };
+            let shape = test_shape(n_head, n_kv_head, head_dim, window);
             let n_pos = 2100;
-            let width = n_kv_head * head_dim;
-            let kv = Dense {
-                k: values(n_pos * width, 31)
-                    .into_iter()
-                    .map(|x| f16::from_f32(3.0 * x))
-                    .collect(),
-                v: values(n_pos * width, 32).into_iter().map(f16::from_f32).collect(),
-                width,
-                run: 100,
-            };
+            let kv = Dense::random(n_pos, n_kv_head * head_dim, 31, 100);
             let qw = n_head * head_dim;
             let positions: Vec<usize> = (n_pos - 3..n_pos).collect();
             let q = values(positions.len() * qw, 33);
@@ -732,11 +731,8 @@ mod tests {
                         let one = &q[r * qw..(r + 1) * qw];
                         attend_with(&ThreadPool::new(threads), isa, one, &[p], &kv, &shape, &mut single);
                         assert_eq!(
-                            single.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                            chunk[r * qw..(r + 1) * qw]
-                                .iter()
-                                .map(|x| x.to_bits())
-                                .collect::<Vec<_>>(),
+                            bits(&single),
+                            bits(&chunk[r * qw..(r + 1) * qw]),
                             "{isa:?}, head_dim {head_dim}, row at {p}, {threads} threads"
                         );
                     }
@@ -765,11 +761,7 @@ mod tests {
             let (mut a, mut b) = (base.clone(), base.clone());
             weighted_rows(&mut a, &w, &rows);
             Simd::detect().weighted_rows(&mut b, &w, &rows);
-            assert_eq!(
-                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                "d {d}"
-            );
+            assert_eq!(bits(&a), bits(&b), "d {d}");
         }
     }
 
@@ -804,11 +796,7 @@ mod tests {
             for isa in Simd::available() {
                 let mut got = scores.clone();
                 isa.softmax_f16_weights(&mut got);
-                assert_eq!(
-                    got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                    want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                    "{isa:?}, n {n}"
-                );
+                assert_eq!(bits(&got), bits(&want), "{isa:?}, n {n}");
             }
         }
     }
