@@ -239,9 +239,13 @@ impl CudaModel {
     /// `TANDEM_CUDA_GROUP_TILES` (1: always a block per KV head; a large number: never), which exists
     /// to measure the threshold.
     fn attention_group_tiles(&self, t: usize, n_head: usize) -> usize {
-        let by_hand = std::env::var("TANDEM_CUDA_GROUP_TILES")
-            .ok()
-            .and_then(|v| v.parse().ok());
+        // Read once: this runs for every layer of every chunk.
+        static BY_HAND: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        let by_hand = *BY_HAND.get_or_init(|| {
+            std::env::var("TANDEM_CUDA_GROUP_TILES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+        });
         match by_hand {
             Some(tiles) if t > 1 => tiles,
             _ => routes::attention_group_tiles(t, n_head, self.gpu.sm_count as usize),
