@@ -142,14 +142,7 @@ pub(super) unsafe fn softmax_f16_weights(s: &mut [f32]) {
         *x = super::exp_nonpositive(*x - max);
         acc[i] += *x as f64;
     }
-    let mut width = 8;
-    while width > 0 {
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-        width /= 2;
-    }
-    let inv = (1.0 / acc[0]) as f32;
+    let inv = (1.0 / super::tree_sum(acc)) as f32;
     let inv_v = _mm512_set1_ps(inv);
     for c in 0..n / 16 {
         let p = s.as_mut_ptr().add(16 * c);

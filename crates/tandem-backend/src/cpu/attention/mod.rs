@@ -352,6 +352,13 @@ fn finish_dot(mut acc: [f32; 16], a: &[f32], b: &[f32], from: usize) -> f32 {
     for i in from..a.len() {
         acc[i % 16] += a[i] * b[i];
     }
+    tree_sum(acc)
+}
+
+/// Sixteen partial sums combined 16 → 8 → 4 → 2 → 1, upper half onto lower each time: the tree of
+/// `dot`'s sums (f32) and of the softmax normalizer's (f64), which vector lanes follow.
+#[inline(always)]
+fn tree_sum<T: Copy + std::ops::AddAssign>(mut acc: [T; 16]) -> T {
     let mut width = 8;
     while width > 0 {
         for i in 0..width {
@@ -414,14 +421,7 @@ fn sum_f64(s: &[f32]) -> f64 {
     for (i, &x) in s.iter().enumerate() {
         acc[i % 16] += x as f64;
     }
-    let mut width = 8;
-    while width > 0 {
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-        width /= 2;
-    }
-    acc[0]
+    tree_sum(acc)
 }
 
 #[inline(always)]
