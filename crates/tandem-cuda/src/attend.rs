@@ -169,8 +169,22 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
     let (win, tc) = (ints(s.window.unwrap_or(0), "window")?, ints(s.tile_cap, "tiles")?);
     let (group, n_t) = (ints(s.group, "heads per group")?, ints(s.t, "rows")?);
     let group_tiles = ints(s.group_tiles.min(i32::MAX as usize), "tiles from which heads group")?;
-    let kind = if b.fresh.is_some() { "rope" } else { "tiles" };
-    let name = format!("attend_{kind}_d{}", s.head_dim);
+    // The fused decode kernel takes its tiles in one wave of blocks a head (in a deep context `heads`
+    // heads of a KV head a block over as many times the shares); the plain one a block per tile and
+    // head.
+    let (name, grid) = match &b.fresh {
+        Some(_) => {
+            let name = match decode_heads(s) {
+                1 => format!("attend_rope_d{}", s.head_dim),
+                nh => format!("attend_rope_h{nh}_d{}", s.head_dim),
+            };
+            (name, (decode_splits(gpu, s) as u32, s.n_head as u32, 1))
+        }
+        None => (
+            format!("attend_tiles_d{}", s.head_dim),
+            (s.tile_cap as u32, s.n_head as u32, s.t as u32),
+        ),
+    };
     let f = gpu.function(&name)?;
     let mut l = gpu.launch_builder(f)?;
     l.arg(&b.q);
@@ -213,14 +227,38 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
                 None => l.arg(&no_norm).arg(&no_norm).arg(&no_eps),
             }
         }
-        None => l.arg(&n_t),
+        None => l.arg(&n_t).arg(&group_tiles),
     };
-    l.arg(&group_tiles);
-    let grid = (s.tile_cap as u32, s.n_head as u32, s.t as u32);
     // SAFETY: the arguments match the kernel's signature in order and type, and every buffer holds
     // what the grid reads or writes (checked above).
     driver(&name, unsafe { l.launch(launch_cfg(grid, ATT_THREADS as u32)) })?;
     Ok(())
+}
+
+/// A number from the environment, read once (these run for every layer of every step).
+fn by_hand(cell: &'static std::sync::OnceLock<Option<usize>>, var: &str) -> Option<usize> {
+    *cell.get_or_init(|| std::env::var(var).ok().and_then(|v| v.parse().ok()))
+}
+
+/// `routes::decode_attention_heads`, or `TANDEM_CUDA_DECODE_HEADS` (where the kernel has that form for
+/// the shape), which exists to measure the choice.
+fn decode_heads(s: &TileShape) -> usize {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    match by_hand(&CELL, "TANDEM_CUDA_DECODE_HEADS") {
+        Some(nh) if routes::decode_attention_heads_fit(s.n_head, s.n_kv_head, s.head_dim, nh) => nh,
+        _ => routes::decode_attention_heads(s.n_head, s.n_kv_head, s.head_dim),
+    }
+}
+
+/// `routes::decode_attention_splits` on this GPU, or `TANDEM_CUDA_DECODE_SPLITS` (blocks a head,
+/// capped at the tiles the grid spans; a large number gives a block per tile), which exists to
+/// measure the choice.
+fn decode_splits(gpu: &Gpu, s: &TileShape) -> usize {
+    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    match by_hand(&CELL, "TANDEM_CUDA_DECODE_SPLITS") {
+        Some(n) => n.clamp(1, s.tile_cap.max(1)),
+        None => routes::decode_attention_splits(s.tile_cap, s.n_head, s.head_dim, gpu.sm_count as usize),
+    }
 }
 
 /// The fused decode step's inputs on the model's side: the projections' K and V rows, the staged cache

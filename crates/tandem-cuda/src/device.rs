@@ -200,6 +200,9 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         // ATTEND_TILES(head size, blocks a multiprocessor): the tile attention kernels for one head
         // size, over the cache and with a decode step's own row fused in.
         ("ATTEND_TILES", [d, _]) => vec![format!("attend_tiles_d{d}"), format!("attend_rope_d{d}")],
+        // ATTEND_ROPE_HEADS(head size, query heads a block): the fused decode kernel over several heads
+        // of a group in a deep context.
+        ("ATTEND_ROPE_HEADS", [d, nh]) => vec![format!("attend_rope_h{nh}_d{d}")],
         // FLASH_ENTRY(head size, key tile, m-tiles, r|s): the prefill attention variants.
         ("FLASH_ENTRY", [d, k, m, q]) => vec![format!("flash_prefill_d{d}_k{k}_m{m}_{q}")],
         _ => return None,
@@ -259,10 +262,15 @@ mod tests {
         // One tile kernel per head size the route admits.
         let sizes: Vec<usize> = (5..=8).map(|b| 1 << b).collect();
         assert!(sizes.iter().all(|&d| crate::routes::head_dim_supported(d)));
-        let want: Vec<String> = sizes
+        let mut want: Vec<String> = sizes
             .iter()
             .flat_map(|d| [format!("attend_tiles_d{d}"), format!("attend_rope_d{d}")])
             .collect();
+        // The fused decode kernel over two heads of a group, for the sizes that have it.
+        for d in [64, 128] {
+            assert!(crate::routes::decode_attention_heads_fit(16, 8, d, 2));
+            want.push(format!("attend_rope_h2_d{d}"));
+        }
         assert_eq!(att, want);
         // The host's table of flash variants is the list of entry points, in order.
         let flash = kernel_names(nvrtc::FLASH.body);

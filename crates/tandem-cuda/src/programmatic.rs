@@ -178,7 +178,7 @@ mod tests {
         ),
         (" attend_tiles_d##D(", &["Placement pl = read_placement(meta, pos);"]),
         (
-            " attend_rope_d##D(",
+            "__launch_bounds__(ATT_THREADS, MIN_BLOCKS) NAME(",
             &[
                 "Placement pl = read_placement(meta, pos);",
                 "int d_row = cache_row[0];",

@@ -68,6 +68,50 @@ pub fn attention_group_tiles(t: usize, n_head: usize, sm_count: usize) -> usize 
     ATT_GROUP_WAVES * 2 * sm_count / n_head.max(1) + 1
 }
 
+/// Whether the fused decode attention kernel has a form taking `heads` query heads of a KV head a
+/// block in a deep context (`attend_rope_h<NH>_d<D>`: two, at head size 64 or 128; 1:
+/// `attend_rope_d<D>`, every shape): the heads must divide each KV head's group.
+pub fn decode_attention_heads_fit(n_head: usize, n_kv_head: usize, head_dim: usize, heads: usize) -> bool {
+    if heads == 1 {
+        return true;
+    }
+    let grouped = n_kv_head > 0 && n_head.is_multiple_of(n_kv_head);
+    grouped && heads == 2 && matches!(head_dim, 64 | 128) && (n_head / n_kv_head).is_multiple_of(heads)
+}
+
+/// Query heads of one KV head a block of the fused decode attention kernel takes together once the
+/// live tiles outnumber its blocks a head (`attend_decode` in `kernels/attention.cu`): each tile's K
+/// and V are then loaded and converted once for both, and their sums interleave. Two where the
+/// group divides evenly and the head size has the kernel.
+pub fn decode_attention_heads(n_head: usize, n_kv_head: usize, head_dim: usize) -> usize {
+    if decode_attention_heads_fit(n_head, n_kv_head, head_dim, 2) {
+        2
+    } else {
+        1
+    }
+}
+
+/// Blocks of the fused decode attention kernel (`attend_rope_d<D>`, `attend_rope_h<NH>_d<D>`) a
+/// multiprocessor holds: two at 128 registers a thread up to head size 128, one above.
+pub fn decode_attention_blocks_per_sm(head_dim: usize) -> usize {
+    if head_dim <= 128 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Blocks per query head of the fused decode attention kernel (`attend_decode` in
+/// `kernels/attention.cu`): as many as one wave of the multiprocessors holds for all heads, and never
+/// more than the tiles the grid spans. Each block takes an even share of the live tiles one after
+/// another, so a deep context runs in one wave of blocks that each stream several tiles (a block per
+/// tile and head took 4.1 waves at 4,096 keys on the 8B). Up to that many live tiles it is a block per
+/// tile.
+pub fn decode_attention_splits(tile_cap: usize, n_head: usize, head_dim: usize, sm_count: usize) -> usize {
+    let wave = decode_attention_blocks_per_sm(head_dim) * sm_count / n_head.max(1);
+    wave.clamp(1, tile_cap.max(1))
+}
+
 /// Head sizes the tile attention kernel takes: it splits a row into 8-dimension chunks shared evenly
 /// by a warp's lanes, and its merge gives each lane dimensions l, l + 32, ... (`kernels/attention.cu`).
 pub fn head_dim_supported(head_dim: usize) -> bool {
@@ -255,6 +299,34 @@ mod tests {
 
     fn filled(capacity: usize, n: usize) -> RingPlacement {
         RingPlacement::new(capacity).append(n).1
+    }
+
+    #[test]
+    fn decode_attention_takes_two_heads_of_a_group_where_they_divide_it() {
+        // The 8B (32 over 8), gemma3-27b (32 over 16), SmolLM2 (9 over 3).
+        assert_eq!(decode_attention_heads(32, 8, 128), 2);
+        assert_eq!(decode_attention_heads(32, 16, 128), 2);
+        assert_eq!(decode_attention_heads(9, 3, 64), 1);
+        // Head sizes without such a kernel, and heads that do not split over the KV heads.
+        assert_eq!(decode_attention_heads(4, 1, 256), 1);
+        assert_eq!(decode_attention_heads(8, 2, 32), 1);
+        assert_eq!(decode_attention_heads(8, 3, 128), 1);
+        assert_eq!(decode_attention_heads(8, 0, 128), 1);
+        assert!(decode_attention_heads_fit(32, 8, 128, 1));
+        assert!(!decode_attention_heads_fit(32, 8, 128, 4));
+        assert!(!decode_attention_heads_fit(9, 3, 64, 2));
+    }
+
+    #[test]
+    fn decode_attention_fills_one_wave_and_never_spans_more_blocks_than_tiles() {
+        // The 8B on the H200: 32 heads of 128, two blocks a multiprocessor, 132 multiprocessors.
+        assert_eq!(decode_attention_splits(65, 32, 128, 132), 8);
+        assert_eq!(decode_attention_splits(3, 32, 128, 132), 3);
+        // Head size 256 holds one block a multiprocessor.
+        assert_eq!(decode_attention_splits(65, 16, 256, 132), 8);
+        // More heads than blocks in a wave: still one block a head.
+        assert_eq!(decode_attention_splits(65, 512, 128, 132), 1);
+        assert_eq!(decode_attention_splits(0, 32, 128, 132), 1);
     }
 
     #[test]

@@ -102,6 +102,27 @@ pub(super) fn tile_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Res
         // Part of each head rotated.
         (case(64, 9, 3, vec![47], Some(20), 64, (0, 0)), rope(32, neox, 10_000.0)),
         (case(32, 2, 1, vec![2], None, 8, (0, 0)), rope(32, inter, 10_000.0)),
+        // Deep enough that a block takes several tiles in turn, two heads of a KV head (`attend_decode`
+        // in attention.cu): on the H200 8 blocks a head, 37 tiles over 16 shares a pair of heads.
+        (
+            case(128, 32, 8, vec![4700], None, 4800, (0, 0)),
+            rope(128, neox, 500_000.0),
+        ),
+        // A wrapped 1,536-row ring over 64 heads: 13 tiles (the first partly outside the window) over
+        // 4 blocks a head, so two heads a block.
+        (
+            case(128, 64, 8, vec![3000], Some(1536), 1536, (1465, 1465)),
+            rope(128, inter, 10_000.0),
+        ),
+        // Heads in merge groups of four, counted in by blocks of one head or (with fewer blocks a head
+        // than tiles, `TANDEM_CUDA_DECODE_SPLITS`) of two.
+        (
+            Case {
+                merge_group: 4,
+                ..case(64, 8, 4, vec![2500], None, 2600, (0, 0))
+            },
+            rope(64, neox, 10_000.0),
+        ),
     ];
     for (c, r) in &fresh_cases {
         check_fresh(gpu, rng, c, *r, table)?;

@@ -3,8 +3,9 @@
 // aligned to absolute positions (tile j holds positions [j*ATT_TILE, (j+1)*ATT_TILE)), so a query meets
 // the same tiles, summed in the same order, whether it arrives alone (decode), in a chunk, or staged:
 // results are identical across chunkings, and whichever block merges, the merge's order is the same.
-// Long contexts spread over many blocks (one per tile); tiles wholly outside a query's window or past
-// its position are skipped without reading a key.
+// Long contexts spread over many blocks (one per tile, or for the fused decode step one wave of
+// blocks each taking a share of the tiles in turn, `attend_decode`); tiles wholly outside a query's
+// window or past its position are skipped without reading a key.
 //
 // Keys are found through the ring placement of the buffer they live in: logical position p sits at
 // physical row (origin_physical + p - origin_logical) % capacity. The staged route passes its staging
@@ -12,14 +13,15 @@
 //
 // What changes from one decode step to the next (placement origins, the first tile and the number of
 // tiles) is read from `meta` in device memory = {origin_logical, origin_physical, tile_lo, n_tiles},
-// and the grid spans `tile_cap` tiles (blocks past n_tiles exit at once), so a captured CUDA graph
-// replays every step with new `meta` contents.
+// and the grid spans `tile_cap` tiles (blocks past n_tiles exit at once; the fused decode kernel's
+// blocks divide the live tiles among them), so a captured CUDA graph replays every step with new
+// `meta` contents.
 #define ATT_TILE 128
 #define MAX_HEAD_DIM 256
 
 // partial layout: [(q * n_head + h) * tile_cap + tile] * (head_dim + 2): m, l, acc[head_dim].
-// One block of ATT_THREADS threads per (tile, head, query) (or per KV head: `attend_tiles_body`);
-// warp w takes the tile's keys
+// One block of ATT_THREADS threads per (tile, head, query) (or per KV head: `attend_tiles_body`; the
+// fused decode kernel's blocks take tiles in turn, `decode_tiles`); warp w takes the tile's keys
 // ATT_KEYS * w .. ATT_KEYS * w + ATT_KEYS - 1. Scores: ATT_KEY_LANES lanes a key, lane part p of a
 // key taking its 16-byte pieces p, p + ATT_KEY_LANES, ... (a dot over them in ascending order), then
 // the key's lanes summed in a fixed butterfly. Weighted V: the row is C = head_dim / 8 chunks of 8
@@ -102,70 +104,113 @@ __device__ __forceinline__ float2 rope_pair_angle(int key, int n_rot, float base
     return (int)threadIdx.x < n_rot / 2 ? rope_angle(key, threadIdx.x, n_rot, base, freq_scale) : make_float2(1.f, 0.f);
 }
 
-// The fused step's q head and fresh K/V row (FRESH): QK-norm when given, RoPE, rounded to f16; q into
-// `qs`, K and V into `fresh_kv` (the tile holding the row) and the cache row (`store`). Threads below
-// ATT_FRESH do the work, in the order described above FreshRow; all threads call it.
-template <int D>
-__device__ __forceinline__ void fresh_row(const float* __restrict__ qr, const FreshRow& fr, int kvh, bool fresh_tile,
-                                          bool store, int kv_width, float* qs, u16* fresh_kv) {
-    constexpr int head_dim = D;
-    const float* kx = fr.k + kvh * head_dim;
-    const float* vx = fr.v + kvh * head_dim;
+// The sums over the block of each thread's values `v[0..N)`: each as `block_total2` sums one (warp
+// butterflies, then the warps' sums in a fixed tree), so every sum has the bits it has there.
+template <int N>
+__device__ __forceinline__ void block_totals(float (&v)[N]) {
+    __shared__ float parts[N][32];
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = warp_sum(v[i]);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i++) parts[i][threadIdx.x >> 5] = v[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            float x = threadIdx.x < (blockDim.x >> 5) ? parts[i][threadIdx.x] : 0.f;
+            x = warp_sum(x);
+            if (threadIdx.x == 0) parts[i][0] = x;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = parts[i][0];
+}
+
+// The fused step's NH consecutive q heads (from `qr`, into `qs`: NH heads of D) and its fresh K/V row
+// (FRESH): QK-norm when given, RoPE, rounded to f16; K and V into `fresh_kv` (the tile holding the
+// row) and the cache row (`store`). Threads below ATT_FRESH do the work, in the order described above
+// FreshRow, each head as alone; all threads call it. Every load (all heads) is issued before the
+// first store, so the step's rows cost one round trip.
+template <int D, int NH>
+__device__ __forceinline__ void fresh_rows(const float* __restrict__ qr, const FreshRow& fr, int kvh, bool fresh_tile,
+                                           bool store, int kv_width, float* qs, u16* fresh_kv) {
+    const float* kx = fr.k + kvh * D;
+    const float* vx = fr.v + kvh * D;
     size_t d_row = store ? (size_t)fr.d_row : 0;
-    u16* kd = fr.kc + d_row * kv_width + kvh * head_dim;
-    u16* vd = fr.vc + d_row * kv_width + kvh * head_dim;
+    u16* kd = fr.kc + d_row * kv_width + kvh * D;
+    u16* vd = fr.vc + d_row * kv_width + kvh * D;
     // Thread i rotates pair i (at most D / 2 <= ATT_FRESH pairs) by the angle the kernel formed
-    // before its wait, and passes dimensions n_rot + i + ATT_FRESH * j through. Every load is
-    // issued before the first store (the cache rows written here could alias the rows read, as
-    // far as the compiler knows), so the step's rows cost one round trip.
+    // before its wait, and passes dimensions n_rot + i + ATT_FRESH * j through.
     constexpr int PASSES = (D + ATT_FRESH - 1) / ATT_FRESH;
     bool lead = threadIdx.x < ATT_FRESH;
     int half = fr.n_rot / 2, pp = threadIdx.x;
     bool rot = lead && pp < half;
     int a = fr.neox ? pp : 2 * pp, b = fr.neox ? pp + half : 2 * pp + 1;
-    float q0 = rot ? qr[a] : 0.f, q1 = rot ? qr[b] : 0.f;
+    float q0[NH], q1[NH], qp[NH][PASSES], kp[PASSES], vp[PASSES];
+#pragma unroll
+    for (int hh = 0; hh < NH; hh++) {
+        q0[hh] = rot ? qr[hh * D + a] : 0.f;
+        q1[hh] = rot ? qr[hh * D + b] : 0.f;
+    }
     float k0 = rot && fresh_tile ? kx[a] : 0.f, k1 = rot && fresh_tile ? kx[b] : 0.f;
-    float qp[PASSES], kp[PASSES], vp[PASSES];
 #pragma unroll
     for (int j = 0; j < PASSES; j++) {
         int d = fr.n_rot + threadIdx.x + j * ATT_FRESH, e = threadIdx.x + j * ATT_FRESH;
-        qp[j] = lead && d < D ? qr[d] : 0.f;
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++) qp[hh][j] = lead && d < D ? qr[hh * D + d] : 0.f;
         kp[j] = lead && d < D && fresh_tile ? kx[d] : 0.f;
         vp[j] = lead && e < D && fresh_tile ? vx[e] : 0.f;
     }
     if (fr.norms != nullptr) {
         // QK-norm: each head's sums of squares in `rms_norm`'s order, then x * scale * weight.
-        float sq = 0.f, sk = 0.f;
+        float sums[NH + 1];
+#pragma unroll
+        for (int i = 0; i <= NH; i++) sums[i] = 0.f;
 #pragma unroll
         for (int j = 0; j < PASSES; j++) {
             int e = threadIdx.x + j * ATT_FRESH;
             if (lead && e < D) {
-                float x = qr[e], y = fresh_tile ? kx[e] : 0.f;
-                sq = fmaf(x, x, sq);
-                sk = fmaf(y, y, sk);
+#pragma unroll
+                for (int hh = 0; hh < NH; hh++) {
+                    float x = qr[hh * D + e];
+                    sums[hh] = fmaf(x, x, sums[hh]);
+                }
+                float y = fresh_tile ? kx[e] : 0.f;
+                sums[NH] = fmaf(y, y, sums[NH]);
             }
         }
-        float2 tot = block_total2(sq, sk);
-        float qs_ = rsqrtf(tot.x / D + fr.eps), ks_ = rsqrtf(tot.y / D + fr.eps);
+        block_totals<NH + 1>(sums);
         const float *wq = fr.norms, *wk = fr.norms + D;
-        // Only rotating threads hold a pair (a and b are past the head for the others).
-        if (rot) {
-            q0 = q0 * qs_ * wq[a], q1 = q1 * qs_ * wq[b];
-            k0 = k0 * ks_ * wk[a], k1 = k1 * ks_ * wk[b];
+        float ks_ = rsqrtf(sums[NH] / D + fr.eps);
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++) {
+            float qs_ = rsqrtf(sums[hh] / D + fr.eps);
+            // Only rotating threads hold a pair (a and b are past the head for the others).
+            if (rot) q0[hh] = q0[hh] * qs_ * wq[a], q1[hh] = q1[hh] * qs_ * wq[b];
+#pragma unroll
+            for (int j = 0; j < PASSES; j++) {
+                int d = fr.n_rot + threadIdx.x + j * ATT_FRESH;
+                if (lead && d < D) qp[hh][j] = qp[hh][j] * qs_ * wq[d];
+            }
         }
+        if (rot) k0 = k0 * ks_ * wk[a], k1 = k1 * ks_ * wk[b];
 #pragma unroll
         for (int j = 0; j < PASSES; j++) {
             int d = fr.n_rot + threadIdx.x + j * ATT_FRESH;
-            if (lead && d < D) {
-                qp[j] = qp[j] * qs_ * wq[d];
-                kp[j] = kp[j] * ks_ * wk[d];
-            }
+            if (lead && d < D) kp[j] = kp[j] * ks_ * wk[d];
         }
     }
     if (rot) {
-        float2 y = rope_rotate(q0, q1, fr.cs);
-        qs[a] = h2f(f2h(y.x));
-        qs[b] = h2f(f2h(y.y));
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++) {
+            float2 y = rope_rotate(q0[hh], q1[hh], fr.cs);
+            qs[hh * D + a] = h2f(f2h(y.x));
+            qs[hh * D + b] = h2f(f2h(y.y));
+        }
         if (fresh_tile) {
             float2 ky = rope_rotate(k0, k1, fr.cs);
             u16 ka = f2h(ky.x), kb = f2h(ky.y);
@@ -182,7 +227,8 @@ __device__ __forceinline__ void fresh_row(const float* __restrict__ qr, const Fr
     for (int j = 0; j < PASSES; j++) {
         int d = fr.n_rot + threadIdx.x + j * ATT_FRESH, e = threadIdx.x + j * ATT_FRESH;
         if (d < D) {
-            qs[d] = h2f(f2h(qp[j]));
+#pragma unroll
+            for (int hh = 0; hh < NH; hh++) qs[hh * D + d] = h2f(f2h(qp[hh][j]));
             if (fresh_tile) {
                 u16 kh = f2h(kp[j]);
                 fresh_kv[d] = kh;
@@ -197,183 +243,338 @@ __device__ __forceinline__ void fresh_row(const float* __restrict__ qr, const Fr
     }
 }
 
+// A tile's lanes: lane `part` of the warp's key `slot` takes the key's 16-byte pieces part, part + KL,
+// ... for the scores; for the weighted values lane l takes chunk c = l % C of the warp's keys
+// first_key, first_key + P, ... (C = D / 8 chunks of 8 dimensions, P = 32 / C lanes a chunk).
+template <int D>
+struct TileLanes {
+    static constexpr int n8 = D / 8, KL = ATT_KEY_LANES, per_key = n8 / KL;
+    static constexpr int n_chunks = n8, share = 32 / n_chunks, per_lane = ATT_KEYS / share;
+    static_assert(n8 % KL == 0, "a key's lanes share its row evenly");
+    static_assert(per_lane >= 1, "every lane takes a key's chunk");
+    int lane, w, slot, part, c, first_key;
+    __device__ __forceinline__ TileLanes() {
+        lane = threadIdx.x & 31;
+        w = threadIdx.x >> 5;
+        slot = lane / KL;
+        part = lane % KL;
+        c = lane % n_chunks;
+        first_key = lane / n_chunks;
+    }
+};
+
+// This lane's key of `tile` (in range [lo, hi] or not) and its physical cache row (row 0, always
+// allocated, when out of range).
+template <int D>
+__device__ __forceinline__ int tile_key_row(const TileLanes<D>& tl, int tile, int lo, int hi, int origin_logical,
+                                            int origin_physical, int capacity, bool* valid) {
+    int key = tile * ATT_TILE + ATT_KEYS * tl.w + tl.slot;
+    *valid = key >= lo && key <= hi;
+    return *valid ? (origin_physical + (key - origin_logical)) % capacity : 0;
+}
+
+// Issues the loads of this lane's K pieces (`kv`) of its key at row `phys`.
+template <int D>
+__device__ __forceinline__ void load_tile_k(const TileLanes<D>& tl, const u16* __restrict__ kc, int phys, bool valid,
+                                            int kv_width, int kvh, uint4 (&kv)[TileLanes<D>::per_key]) {
+    const uint4* kr = (const uint4*)(kc + (size_t)phys * kv_width + kvh * D);
+    if (valid) {
+#pragma unroll
+        for (int i = 0; i < TileLanes<D>::per_key; i++) kv[i] = kr[tl.part + TileLanes<D>::KL * i];
+    }
+}
+
+// Issues the loads of this lane's V chunks (`vv`): the rows are the key lanes' `phys`.
+template <int D>
+__device__ __forceinline__ void load_tile_v(const TileLanes<D>& tl, const u16* __restrict__ vc, int phys, int kv_width,
+                                            int kvh, uint4 (&vv)[TileLanes<D>::per_lane]) {
+    using L = TileLanes<D>;
+#pragma unroll
+    for (int j = 0; j < L::per_lane; j++) {
+        int pk = __shfl_sync(0xffffffffu, phys, (tl.first_key + L::share * j) * L::KL);
+        vv[j] = ((const uint4*)(vc + (size_t)pk * kv_width + kvh * D))[tl.c];
+    }
+}
+
+// The warp's scores over its keys of the tile for NH query heads at once (q, f16-rounded, in
+// `qs4[hh]`), and their softmax within the warp: this lane's key weights `e`, the warp's max `m` and
+// sum `l`, per head. Each head's sums are those of a block of its own: a key element is converted
+// once and multiplied into every head's dot, each dot in the order of one head alone.
+template <int D, int NH>
+__device__ __forceinline__ void tile_scores(const TileLanes<D>& tl, const uint4 (&kv)[TileLanes<D>::per_key],
+                                            const float4 (*qs4)[D / 4], bool valid, float scale, float (&e)[NH],
+                                            float (&m)[NH], float (&l)[NH]) {
+    using L = TileLanes<D>;
+    float dot[NH];
+#pragma unroll
+    for (int hh = 0; hh < NH; hh++) dot[hh] = 0.f;
+    if (valid) {
+#pragma unroll
+        for (int i = 0; i < L::per_key; i++) {
+            const u16* hv = (const u16*)&kv[i];
+            int piece = tl.part + L::KL * i;
+            // The conversions are the same for every head: the compiler forms them once.
+#pragma unroll
+            for (int hh = 0; hh < NH; hh++) {
+                float4 qa = qs4[hh][2 * piece], qb = qs4[hh][2 * piece + 1];
+                dot[hh] = fmaf(qa.x, h2f(hv[0]), dot[hh]);
+                dot[hh] = fmaf(qa.y, h2f(hv[1]), dot[hh]);
+                dot[hh] = fmaf(qa.z, h2f(hv[2]), dot[hh]);
+                dot[hh] = fmaf(qa.w, h2f(hv[3]), dot[hh]);
+                dot[hh] = fmaf(qb.x, h2f(hv[4]), dot[hh]);
+                dot[hh] = fmaf(qb.y, h2f(hv[5]), dot[hh]);
+                dot[hh] = fmaf(qb.z, h2f(hv[6]), dot[hh]);
+                dot[hh] = fmaf(qb.w, h2f(hv[7]), dot[hh]);
+            }
+        }
+    }
+#pragma unroll
+    for (int hh = 0; hh < NH; hh++) {
+        // A key's KL partial dots in a fixed butterfly: every lane of the key gets the same sum.
+#pragma unroll
+        for (int o = 1; o < L::KL; o <<= 1) dot[hh] += __shfl_xor_sync(0xffffffffu, dot[hh], o);
+        float s = valid ? dot[hh] * scale : -INFINITY;
+        m[hh] = warp_max(s);
+        e[hh] = valid ? expf(s - m[hh]) : 0.f;
+        // Each key counted once: by its first lane.
+        l[hh] = warp_sum(tl.part == 0 ? e[hh] : 0.f);
+    }
+}
+
+// The warp's weighted sums of its keys' V rows for NH heads: this lane's chunk (8 dimensions) per
+// head, summed over the P lanes of the chunk in a fixed butterfly. A value is converted once for all
+// heads. Keys out of range have e = 0 and read row 0 without a branch; a zero weight leaves the sum as
+// it was (select, not 0 * v).
+template <int D, int NH>
+__device__ __forceinline__ void tile_values(const TileLanes<D>& tl, const uint4 (&vv)[TileLanes<D>::per_lane],
+                                            const float (&e)[NH], float (&acc)[NH][8]) {
+    using L = TileLanes<D>;
+#pragma unroll
+    for (int hh = 0; hh < NH; hh++) {
+#pragma unroll
+        for (int d = 0; d < 8; d++) acc[hh][d] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < L::per_lane; j++) {
+        const u16* hv = (const u16*)&vv[j];
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++) {
+            float ek = __shfl_sync(0xffffffffu, e[hh], (tl.first_key + L::share * j) * L::KL);
+#pragma unroll
+            for (int d = 0; d < 8; d++) acc[hh][d] = ek != 0.f ? fmaf(ek, h2f(hv[d]), acc[hh][d]) : acc[hh][d];
+        }
+    }
+#pragma unroll
+    for (int hh = 0; hh < NH; hh++) {
+#pragma unroll
+        for (int o = L::n_chunks; o < 32; o <<= 1) {
+#pragma unroll
+            for (int d = 0; d < 8; d++) acc[hh][d] += __shfl_xor_sync(0xffffffffu, acc[hh][d], o);
+        }
+    }
+}
+
+// Shared memory for one tile's warps: their max, sum and weighted rows, per head.
+template <int D>
+struct TileWarps {
+    float m[ATT_WARPS], l[ATT_WARPS];
+    float acc[ATT_WARPS][D];
+};
+
+// Writes the warps' m, l and weighted rows of NH heads to `sw`, then (after a barrier) merges each
+// head's warps in ascending order (warps with no key in range carry l = 0 and are skipped) into its
+// record `out + hh * stride` = m, l, acc[D]. All threads call it; `sw` is read until the caller's next
+// barrier.
+template <int D, int NH>
+__device__ __forceinline__ void tile_record(const TileLanes<D>& tl, const float (&m)[NH], const float (&l)[NH],
+                                            const float (&acc)[NH][8], TileWarps<D> (&sw)[NH], float* out,
+                                            size_t stride) {
+#pragma unroll
+    for (int hh = 0; hh < NH; hh++) {
+        if (tl.lane == 0) {
+            sw[hh].m[tl.w] = m[hh];
+            sw[hh].l[tl.w] = l[hh];
+        }
+        if (tl.first_key == 0) {
+#pragma unroll
+            for (int d = 0; d < 8; d++) sw[hh].acc[tl.w][8 * tl.c + d] = acc[hh][d];
+        }
+    }
+    __syncthreads();
+    // Thread i takes element i, i + ATT_THREADS, ... of the NH records' D values each.
+#pragma unroll
+    for (int x = threadIdx.x; x < NH * D; x += ATT_THREADS) {
+        int hh = x / D, d = x % D;
+        const TileWarps<D>& t = sw[hh];
+        float mm = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < ATT_WARPS; k++)
+            if (t.l[k] > 0.f) mm = fmaxf(mm, t.m[k]);
+        float f[ATT_WARPS], ll = 0.f;
+#pragma unroll
+        for (int k = 0; k < ATT_WARPS; k++) {
+            f[k] = t.l[k] > 0.f ? expf(t.m[k] - mm) : 0.f;
+            ll += t.l[k] * f[k];
+        }
+        float* o = out + hh * stride;
+        if (d == 0) {
+            o[0] = mm;
+            o[1] = ll;
+        }
+        float v = 0.f;
+#pragma unroll
+        for (int k = 0; k < ATT_WARPS; k++) v += t.acc[k][d] * f[k];
+        o[2 + d] = v;
+    }
+}
+
 // One tile's partial softmax over keys [lo, hi] for query qi and query heads h_first .. h_first +
 // heads - 1 (of one KV head), in turn, into `out0 + h * head_stride` = m, l, acc[head_dim] for head h.
 // The tile's K and V are loaded once, into registers, for all of them; each head's sums are those a
 // block of its own forms.
-template <int D, bool FRESH>
+template <int D>
 __device__ __forceinline__ void tile_partials(const float* __restrict__ q, const u16* __restrict__ kc,
                                               const u16* __restrict__ vc, int capacity, int kv_width, int n_head,
                                               int n_kv_head, float scale, int tile, int h_first, int heads, int qi,
-                                              int lo, int hi,
-                                              int origin_logical, int origin_physical, float* out0,
-                                              size_t head_stride, const FreshRow& fr) {
-    constexpr int head_dim = D;
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int group_of_kv = n_head / n_kv_head, kvh = h_first / group_of_kv;
+                                              int lo, int hi, int origin_logical, int origin_physical, float* out0,
+                                              size_t head_stride) {
+    using L = TileLanes<D>;
+    TileLanes<D> tl;
+    int kvh = h_first / (n_head / n_kv_head);
     // Queries are rounded to f16, as the CPU backend (and llama.cpp) does before the K product.
-    __shared__ float4 qs4[D / 4];
-    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
-    __shared__ float wacc[ATT_WARPS][D];
+    __shared__ float4 qs4[1][D / 4];
+    __shared__ TileWarps<D> sw[1];
     float* qs = (float*)qs4;
-    // Scores: lane part `part` of the warp's key `slot` takes pieces part, part + KL, ... of its row.
-    constexpr int n8 = D / 8, KL = ATT_KEY_LANES, per_key = n8 / KL;
-    static_assert(n8 % KL == 0, "a key's lanes share its row evenly");
-    int slot = lane / KL, part = lane % KL;
-    int key = tile * ATT_TILE + ATT_KEYS * w + slot;
-    bool valid = key >= lo && key <= hi;
-    int phys = valid ? (origin_physical + (key - origin_logical)) % capacity : 0;
+    bool valid;
+    int phys = tile_key_row<D>(tl, tile, lo, hi, origin_logical, origin_physical, capacity, &valid);
     // Every K and V load is issued before q is staged: none of them depends on q, so their memory
     // latencies overlap instead of following one another.
-    const uint4* kr = (const uint4*)(kc + (size_t)phys * kv_width + kvh * head_dim);
-    uint4 kv[per_key];
-    if (valid) {
-#pragma unroll
-        for (int i = 0; i < per_key; i++) kv[i] = kr[part + KL * i];
-    }
-    constexpr int n_chunks = n8, share = 32 / n_chunks, per_lane = ATT_KEYS / share;
-    static_assert(per_lane >= 1, "every lane takes a key's chunk");
-    int c = lane % n_chunks, first_key = lane / n_chunks;
-    uint4 vv[per_lane];
-#pragma unroll
-    for (int j = 0; j < per_lane; j++) {
-        int pk = __shfl_sync(0xffffffffu, phys, (first_key + share * j) * KL);
-        vv[j] = ((const uint4*)(vc + (size_t)pk * kv_width + kvh * head_dim))[c];
-    }
-    // The step's own K and V row (FRESH, in the tile holding it), f16 as the cache holds it.
-    __shared__ __align__(16) u16 fresh_kv[FRESH ? 2 * D : 8];
-    bool fresh_tile = FRESH && tile == fr.key / ATT_TILE;
-    int warp_key0 = tile * ATT_TILE + ATT_KEYS * w;
-    // The fused decode kernel takes one head a block (a block per KV head measured no faster for one
-    // query, docs/gpu-runs/2026-12-01-depth), so its loop and syncs fold away.
-    const int n_heads = FRESH ? 1 : heads;
-    for (int hh = 0; hh < n_heads; hh++) {
+    uint4 kv[L::per_key], vv[L::per_lane];
+    load_tile_k<D>(tl, kc, phys, valid, kv_width, kvh, kv);
+    load_tile_v<D>(tl, vc, phys, kv_width, kvh, vv);
+    for (int hh = 0; hh < heads; hh++) {
         int h = h_first + hh;
-        const float* qr = q + ((size_t)qi * n_head + h) * head_dim;
-        float* out = out0 + (size_t)h * head_stride;
-        if constexpr (FRESH) {
-            // The fresh K and V row with the block's first head (stored to the cache by the block of
-            // the KV head's first query head); q alone with the others (its bits do not depend on
-            // whether K is formed beside it).
-            bool kv_here = fresh_tile && hh == 0;
-            bool store = kv_here && h % group_of_kv == 0 && fr.d_row >= 0;
-            fresh_row<D>(qr, fr, kvh, kv_here, store, kv_width, qs, fresh_kv);
-        } else {
+        const float* qr = q + ((size_t)qi * n_head + h) * D;
 #pragma unroll
-            for (int d = threadIdx.x; d < head_dim; d += ATT_THREADS) qs[d] = h2f(f2h(qr[d]));
-        }
+        for (int d = threadIdx.x; d < D; d += ATT_THREADS) qs[d] = h2f(f2h(qr[d]));
         __syncthreads();
-        // The lanes holding the fresh key take its K (their pieces) and V (their chunk) from shared
-        // memory; what they loaded from its cache row before is dropped unread.
-        if constexpr (FRESH) {
-            const uint4* fresh_k = (const uint4*)fresh_kv;
-            const uint4* fresh_v = (const uint4*)(fresh_kv + D);
-            if (hh == 0 && fresh_tile && key == fr.key) {
-#pragma unroll
-                for (int i = 0; i < per_key; i++) kv[i] = fresh_k[part + KL * i];
-            }
-#pragma unroll
-            for (int j = 0; j < per_lane; j++)
-                if (hh == 0 && fresh_tile && warp_key0 + first_key + share * j == fr.key) vv[j] = fresh_v[c];
-        }
-        float dot = 0.f;
-        if (valid) {
-#pragma unroll
-            for (int i = 0; i < per_key; i++) {
-                const u16* hv = (const u16*)&kv[i];
-                int piece = part + KL * i;
-                float4 qa = qs4[2 * piece], qb = qs4[2 * piece + 1];
-                dot = fmaf(qa.x, h2f(hv[0]), dot);
-                dot = fmaf(qa.y, h2f(hv[1]), dot);
-                dot = fmaf(qa.z, h2f(hv[2]), dot);
-                dot = fmaf(qa.w, h2f(hv[3]), dot);
-                dot = fmaf(qb.x, h2f(hv[4]), dot);
-                dot = fmaf(qb.y, h2f(hv[5]), dot);
-                dot = fmaf(qb.z, h2f(hv[6]), dot);
-                dot = fmaf(qb.w, h2f(hv[7]), dot);
-            }
-        }
-        // A key's KL partial dots in a fixed butterfly: every lane of the key gets the same sum.
-#pragma unroll
-        for (int o = 1; o < KL; o <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        float s = valid ? dot * scale : -INFINITY;
-        float m = warp_max(s);
-        float e = valid ? expf(s - m) : 0.f;
-        // Each key counted once: by its first lane.
-        float l = warp_sum(part == 0 ? e : 0.f);
-        // Keys out of range have e = 0 and read row 0 (always allocated) without a branch; a zero weight
-        // leaves the sum as it was (select, not 0 * v).
-        float acc[8];
-#pragma unroll
-        for (int d = 0; d < 8; d++) acc[d] = 0.f;
-#pragma unroll
-        for (int j = 0; j < per_lane; j++) {
-            float ek = __shfl_sync(0xffffffffu, e, (first_key + share * j) * KL);
-            const u16* hv = (const u16*)&vv[j];
-#pragma unroll
-            for (int d = 0; d < 8; d++) acc[d] = ek != 0.f ? fmaf(ek, h2f(hv[d]), acc[d]) : acc[d];
-        }
-#pragma unroll
-        for (int o = n_chunks; o < 32; o <<= 1) {
-#pragma unroll
-            for (int d = 0; d < 8; d++) acc[d] += __shfl_xor_sync(0xffffffffu, acc[d], o);
-        }
-        if (lane == 0) {
-            wm[w] = m;
-            wl[w] = l;
-        }
-        if (first_key == 0) {
-#pragma unroll
-            for (int d = 0; d < 8; d++) wacc[w][8 * c + d] = acc[d];
-        }
-        __syncthreads();
-        // Merge the warps in ascending order (warps with no key in range carry l = 0 and are skipped).
-        float mm = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < ATT_WARPS; k++)
-            if (wl[k] > 0.f) mm = fmaxf(mm, wm[k]);
-        float f[ATT_WARPS], ll = 0.f;
-#pragma unroll
-        for (int k = 0; k < ATT_WARPS; k++) {
-            f[k] = wl[k] > 0.f ? expf(wm[k] - mm) : 0.f;
-            ll += wl[k] * f[k];
-        }
-        if (threadIdx.x == 0) {
-            out[0] = mm;
-            out[1] = ll;
-        }
-#pragma unroll
-        for (int d = threadIdx.x; d < head_dim; d += ATT_THREADS) {
-            float v = 0.f;
-#pragma unroll
-            for (int k = 0; k < ATT_WARPS; k++) v += wacc[k][d] * f[k];
-            out[2 + d] = v;
-        }
+        float e[1], m[1], l[1], acc[1][8];
+        tile_scores<D, 1>(tl, kv, qs4, valid, scale, e, m, l);
+        tile_values<D, 1>(tl, vv, e, acc);
+        tile_record<D, 1>(tl, m, l, acc, sw, out0 + (size_t)h * head_stride, 0);
         // The next head stages its q and writes its warps' sums in the same shared memory.
-        if (hh + 1 < n_heads) __syncthreads();
+        if (hh + 1 < heads) __syncthreads();
+    }
+}
+
+// A decode step's tiles j0 .. j1 - 1 (of the span starting at `tile_lo`) for query heads h0 .. h0 +
+// NH - 1 (of one KV head), one tile after another in one block (`attend_decode_body`): q is rotated
+// and staged once, each tile's K and V are loaded once for the NH heads and each element converted
+// once, and the next tile's loads go out while the tile before is still being summed (K's once its
+// scores are done, V's once its weighted sums are), so a block's memory latency overlaps its
+// arithmetic. Each head's record of a tile is the one a block of its own (`tile_partials` for one
+// head) writes: the same lanes, sums and order. The tile holding the step's key takes that key's K and
+// V from shared memory (`FreshRow`).
+template <int D, int NH>
+__device__ __forceinline__ void decode_tiles(const float* __restrict__ q, const u16* __restrict__ kc,
+                                             const u16* __restrict__ vc, int capacity, int kv_width, int n_head,
+                                             int n_kv_head, float scale, int h0, int tile_lo, int j0, int j1,
+                                             int first, int p, int origin_logical, int origin_physical,
+                                             float* out0, size_t head_stride, const FreshRow& fr) {
+    using L = TileLanes<D>;
+    TileLanes<D> tl;
+    int group_of_kv = n_head / n_kv_head, kvh = h0 / group_of_kv;
+    __shared__ float4 qs4[NH][D / 4];
+    // Two sets, used by turns: a tile's warps write theirs while the slowest warp may still read the
+    // set of the record before (each record has a barrier, so one lies between two uses of a set).
+    __shared__ TileWarps<D> sw[2][NH];
+    __shared__ __align__(16) u16 fresh_kv[2 * D];
+    int records = 0;
+    int fresh_tile = fr.key / ATT_TILE;
+    bool kv_here = fresh_tile >= tile_lo + j0 && fresh_tile < tile_lo + j1;
+    auto span = [&](int tile, int* lo, int* hi) {
+        *lo = max(first, tile * ATT_TILE);
+        *hi = min(p, tile * ATT_TILE + ATT_TILE - 1);
+    };
+    int lo, hi;
+    span(tile_lo + j0, &lo, &hi);
+    bool valid;
+    int phys = tile_key_row<D>(tl, tile_lo + j0, lo, hi, origin_logical, origin_physical, capacity, &valid);
+    uint4 kv[L::per_key], vv[L::per_lane];
+    load_tile_k<D>(tl, kc, phys, valid, kv_width, kvh, kv);
+    load_tile_v<D>(tl, vc, phys, kv_width, kvh, vv);
+    // The fresh K and V row in the block whose tiles hold it (stored to the cache by the block of the
+    // KV head's first query head); q alone elsewhere (its bits do not depend on whether K is formed
+    // beside it).
+    bool store = kv_here && h0 % group_of_kv == 0 && fr.d_row >= 0;
+    fresh_rows<D, NH>(q + (size_t)h0 * D, fr, kvh, kv_here, store, kv_width, (float*)qs4, fresh_kv);
+    __syncthreads();
+    for (int j = j0; j < j1; j++) {
+        int tile = tile_lo + j;
+        float* out = out0 + (size_t)j * (D + 2);
+        int lo_n = 0, hi_n = -1, phys_n = 0;
+        bool valid_n = false, more = j + 1 < j1;
+        if (more) {
+            span(tile + 1, &lo_n, &hi_n);
+            phys_n = tile_key_row<D>(tl, tile + 1, lo_n, hi_n, origin_logical, origin_physical, capacity, &valid_n);
+        }
+        if (lo > hi) {
+            // A tile wholly outside the query's keys: empty records (the merge skips l = 0).
+            if (threadIdx.x < NH) {
+                out[threadIdx.x * head_stride] = -INFINITY;
+                out[threadIdx.x * head_stride + 1] = 0.f;
+            }
+            if (more) {
+                load_tile_k<D>(tl, kc, phys_n, valid_n, kv_width, kvh, kv);
+                load_tile_v<D>(tl, vc, phys_n, kv_width, kvh, vv);
+            }
+        } else {
+            if (tile == fresh_tile) {
+                // The lanes holding the fresh key take its K (their pieces) and V (their chunk) from
+                // shared memory; what they loaded from its cache row before is dropped unread.
+                const uint4* fresh_k = (const uint4*)fresh_kv;
+                const uint4* fresh_v = (const uint4*)(fresh_kv + D);
+                int key = tile * ATT_TILE + ATT_KEYS * tl.w + tl.slot;
+                if (key == fr.key) {
+#pragma unroll
+                    for (int i = 0; i < L::per_key; i++) kv[i] = fresh_k[tl.part + L::KL * i];
+                }
+                int warp_key0 = tile * ATT_TILE + ATT_KEYS * tl.w;
+#pragma unroll
+                for (int i = 0; i < L::per_lane; i++)
+                    if (warp_key0 + tl.first_key + L::share * i == fr.key) vv[i] = fresh_v[tl.c];
+            }
+            float e[NH], m[NH], l[NH], acc[NH][8];
+            tile_scores<D, NH>(tl, kv, qs4, valid, scale, e, m, l);
+            if (more) load_tile_k<D>(tl, kc, phys_n, valid_n, kv_width, kvh, kv);
+            tile_values<D, NH>(tl, vv, e, acc);
+            if (more) load_tile_v<D>(tl, vc, phys_n, kv_width, kvh, vv);
+            tile_record<D, NH>(tl, m, l, acc, sw[records++ & 1], out, head_stride);
+        }
+        lo = lo_n, hi = hi_n, phys = phys_n, valid = valid_n;
     }
 }
 
 // The merge of one (query, head)'s tile partials (`partial`: its n_tiles records) in ascending tile
-// order, by one warp: lane l takes dimensions l, l + 32, ... Partials written by other blocks of the
-// grid are read with __ldcg, from L2, never from a stale L1 line. The loads of MERGE_AHEAD tiles go
-// out together before their merges: a merge that loaded each tile after the one before took two L2
-// round trips a tile, about 1 µs, which made a decode step at 4,096 keys (32 tiles) 30 µs a layer
-// slower than at 128 (docs/gpu-runs/2026-12-01-depth). The merges themselves run in the same order,
-// so the bits are those of one tile at a time. The head's output goes to `o`, and to `staged` (shared
-// memory, for a Q8_K block) when given; `q8_blk0` >= 0 quantizes it as Q8 blocks q8_blk0, q8_blk0 + 1,
-// ... of row `t` of `a` (n_t rows of `cols`).
+// order, for the head's dimensions 32 c .. 32 c + 31, by one warp: lane l takes dimension 32 c + l.
+// Partials written by other blocks of the grid are read with __ldcg, from L2, never from a stale L1
+// line. The loads of MERGE_AHEAD tiles go out together before their merges: a merge that loaded each
+// tile after the one before took two L2 round trips a tile, about 1 µs, which made a decode step at
+// 4,096 keys (32 tiles) 30 µs a layer slower than at 128 (docs/gpu-runs/2026-12-01-depth). The merges
+// themselves run in the same order, and every dimension's sums are those of one tile at a time, however
+// the dimensions are shared among warps. The dimensions go to `o`, and to `staged` (shared memory,
+// for a Q8_K block) when given; `q8_blk` >= 0 quantizes them as Q8 block `q8_blk` of row `t` of `a`
+// (n_t rows of `cols`).
 template <int D>
-__device__ __forceinline__ void merge_tiles(const float* partial, int n_tiles, float* o, int lane, float* staged,
-                                            u8* a, int n_t, int t, int cols, int q8_blk0) {
-    constexpr int head_dim = D, per = D / 32;
-    // Tiles whose loads are in flight at once: about 48 registers of them at any head size.
-    constexpr int MERGE_AHEAD = 32 / per < 4 ? 4 : (32 / per > 16 ? 16 : 32 / per);
-    float m = -INFINITY, l = 0.f, acc[per];
-#pragma unroll
-    for (int j = 0; j < per; j++) acc[j] = 0.f;
+__device__ __forceinline__ void merge_tiles(const float* partial, int n_tiles, int c, float* o, int lane,
+                                            float* staged, u8* a, int n_t, int t, int cols, int q8_blk) {
+    constexpr int head_dim = D;
+    // Tiles whose loads are in flight at once (48 registers of them).
+    constexpr int MERGE_AHEAD = 16;
+    int d = 32 * c + lane;
+    float m = -INFINITY, l = 0.f, acc = 0.f;
     for (int k0 = 0; k0 < n_tiles; k0 += MERGE_AHEAD) {
-        float pm[MERGE_AHEAD], pl[MERGE_AHEAD], pv[MERGE_AHEAD][per];
+        float pm[MERGE_AHEAD], pl[MERGE_AHEAD], pv[MERGE_AHEAD];
 #pragma unroll
         for (int i = 0; i < MERGE_AHEAD; i++) {
             const float* p = partial + (size_t)(k0 + i) * (head_dim + 2);
@@ -381,45 +582,43 @@ __device__ __forceinline__ void merge_tiles(const float* partial, int n_tiles, f
             pl[i] = live ? __ldcg(p + 1) : 0.f;
             pm[i] = live ? __ldcg(p) : 0.f;
             // An empty tile's values were never written; they are loaded here and left unused.
-#pragma unroll
-            for (int j = 0; j < per; j++) pv[i][j] = live ? __ldcg(p + 2 + lane + 32 * j) : 0.f;
+            pv[i] = live ? __ldcg(p + 2 + d) : 0.f;
         }
 #pragma unroll
         for (int i = 0; i < MERGE_AHEAD; i++) {
             if (pl[i] == 0.f) continue;
             float m_new = fmaxf(m, pm[i]);
             float e0 = expf(m - m_new), e1 = expf(pm[i] - m_new);
-            l = l * e0 + pl[i] * e1;
-#pragma unroll
-            for (int j = 0; j < per; j++) acc[j] = acc[j] * e0 + pv[i][j] * e1;
+            // Written out as fused multiply-adds, in the form the compiler had chosen, so every
+            // kernel that merges sums alike.
+            l = fmaf(l, e0, __fmul_rn(pl[i], e1));
+            acc = fmaf(acc, e0, __fmul_rn(pv[i], e1));
             m = m_new;
         }
     }
-#pragma unroll
-    for (int j = 0; j < per; j++) {
-        float v = acc[j] / l;
-        o[lane + 32 * j] = v;
-        if (staged) staged[lane + 32 * j] = v;
-        if (q8_blk0 >= 0) q8_block(v, a, n_t, t, cols, q8_blk0 + j);
-    }
+    float v = acc / l;
+    o[d] = v;
+    if (staged) staged[d] = v;
+    if (q8_blk >= 0) q8_block(v, a, n_t, t, cols, q8_blk);
 }
 
 // Merges the heads of group `g` (heads g * group ..) of query qi from their n_tiles partials into `dst`,
 // and quantizes them as `quant` says (RN_Q8K: the group's heads are one Q8_K block, staged in
-// `staged`; RN_Q8: Q8 blocks within each head). Warps take the heads; all threads call it.
+// `staged`; RN_Q8: Q8 blocks within each head). Warps take the heads' 32-dimension chunks (so the
+// group's tiles load in as few rounds as the warps allow); all threads call it.
 template <int D>
 __device__ __forceinline__ void merge_group(const float* partial, int tile_cap, int n_tiles, float* __restrict__ dst,
                                             int group, int quant, u8* __restrict__ a, int n_t, int qi, int n_head,
                                             int g, float* staged) {
-    constexpr int head_dim = D;
+    constexpr int head_dim = D, chunks = D / 32;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int cols = n_head * head_dim, h0 = g * group;
-    for (int k = w; k < group; k += ATT_WARPS) {
-        int hh = h0 + k;
-        merge_tiles<D>(partial + (size_t)(qi * n_head + hh) * tile_cap * (head_dim + 2), n_tiles,
+    for (int x = w; x < group * chunks; x += ATT_WARPS) {
+        int k = x / chunks, c = x % chunks, hh = h0 + k;
+        merge_tiles<D>(partial + (size_t)(qi * n_head + hh) * tile_cap * (head_dim + 2), n_tiles, c,
                        dst + ((size_t)qi * n_head + hh) * head_dim, lane,
                        quant == RN_Q8K ? staged + k * head_dim : nullptr, a, n_t, qi, cols,
-                       quant == RN_Q8 ? hh * head_dim / 32 : -1);
+                       quant == RN_Q8 ? hh * chunks + c : -1);
     }
     if (quant != RN_Q8K) return;
     __syncthreads();
@@ -440,19 +639,18 @@ __device__ __forceinline__ void merge_group(const float* partial, int tile_cap, 
 // meet several groups, or part of one (12 heads over 4 KV heads in groups of 4). The kernels
 // (`ATTEND_TILES` below) read their placement (`read_placement`), wait for the kernel before, then run
 // this body for their head size.
-template <int D, bool FRESH>
+template <int D>
 __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, const u16* __restrict__ kc,
                                                   const u16* __restrict__ vc, int capacity, int kv_width,
                                                   const Placement& pl, int n_head, int n_kv_head, float scale,
                                                   int window, int tile_cap, float* partial,
                                                   int* __restrict__ arrivals, float* __restrict__ dst, int group,
-                                                  int quant, u8* __restrict__ a, int n_t, int group_tiles,
-                                                  const FreshRow& fr) {
+                                                  int quant, u8* __restrict__ a, int n_t, int group_tiles) {
     constexpr int head_dim = D;
     int origin_logical = pl.origin_logical, origin_physical = pl.origin_physical, n_tiles = pl.n_tiles;
     if ((int)blockIdx.x >= n_tiles) return;
     int group_of_kv = n_head / n_kv_head;
-    bool by_kv_head = !FRESH && n_tiles >= group_tiles && group_of_kv > 1;
+    bool by_kv_head = n_tiles >= group_tiles && group_of_kv > 1;
     if (by_kv_head && blockIdx.y % group_of_kv != 0) return;
     int tile = pl.tile_lo + blockIdx.x, h_first = blockIdx.y, qi = blockIdx.z;
     int heads = by_kv_head ? group_of_kv : 1;
@@ -468,8 +666,8 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
             out0[(h_first + threadIdx.x) * head_stride + 1] = 0.f;
         }
     } else {
-        tile_partials<D, FRESH>(q, kc, vc, capacity, kv_width, n_head, n_kv_head, scale, tile, h_first, heads, qi,
-                                lo, hi, origin_logical, origin_physical, out0, head_stride, fr);
+        tile_partials<D>(q, kc, vc, capacity, kv_width, n_head, n_kv_head, scale, tile, h_first, heads, qi, lo, hi,
+                         origin_logical, origin_physical, out0, head_stride);
     }
     // Publish the partials, then count this block's heads in, group by group; a group's last block
     // merges it.
@@ -477,19 +675,6 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
     __syncthreads();
     __shared__ int merges;
     __shared__ __align__(16) float staged[256];
-    if constexpr (FRESH) {
-        // One head a block, so one group, counted and merged as a block of one head always was.
-        if (threadIdx.x == 0) {
-            int* count = arrivals + (size_t)qi * (n_head / group) + h_first / group;
-            merges = atomicAdd(count, 1) == n_tiles * group - 1;
-            if (merges) *count = 0;
-        }
-        __syncthreads();
-        if (!merges) return;
-        __threadfence();
-        merge_group<D>(partial, tile_cap, n_tiles, dst, group, quant, a, n_t, qi, n_head, h_first / group, staged);
-        return;
-    }
     int g_last = (h_first + heads - 1) / group;
     for (int g = h_first / group; g <= g_last; g++) {
         if (threadIdx.x == 0) {
@@ -511,14 +696,122 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
     }
 }
 
+// The fused decode kernel's body for one block: query heads h0 .. h0 + NH - 1 (of one KV head) over
+// share s of `splits` of the live tiles (`decode_tiles`), so a deep context runs in one wave of blocks
+// that each stream several tiles, where a block per tile and head took several waves of short blocks,
+// each paying its setup, q's rotation, its publication and its arrival (a 4,096-key step of the 8B:
+// 1,088 blocks, 4.1 waves, 32 µs a layer; docs/gpu-runs/2026-12-01-deep). With `splits` at least the
+// live tiles and NH = 1 it is a block per tile and head, as before. The records are those of a block
+// per tile and head, so the merge (the group's last block to count its tiles in) and the output are
+// too.
+template <int D, int NH>
+__device__ __forceinline__ void attend_decode_body(const float* __restrict__ q, const u16* __restrict__ kc,
+                                                   const u16* __restrict__ vc, int capacity, int kv_width,
+                                                   const Placement& pl, int n_head, int n_kv_head, float scale,
+                                                   int window, int tile_cap, float* partial,
+                                                   int* __restrict__ arrivals, float* __restrict__ dst, int group,
+                                                   int quant, u8* __restrict__ a, const FreshRow& fr, int s,
+                                                   int splits, int h0) {
+    // Block s takes n / S tiles, one more below n % S: with S at least n, tile s (as a block per tile
+    // did), and block 0 always has one (the timeline records its wait).
+    int n_tiles = pl.n_tiles;
+    int per = n_tiles / splits, rem = n_tiles % splits;
+    int j0 = s * per + min(s, rem), j1 = j0 + per + (s < rem ? 1 : 0);
+    if (j0 >= j1) return;
+    int p = pl.p;
+    int first = window > 0 ? max(0, p + 1 - window) : 0;
+    first = max(first, pl.origin_logical);
+    size_t head_stride = (size_t)tile_cap * (D + 2);
+    decode_tiles<D, NH>(q, kc, vc, capacity, kv_width, n_head, n_kv_head, scale, h0, pl.tile_lo, j0, j1, first,
+                        p, pl.origin_logical, pl.origin_physical, partial + h0 * head_stride, head_stride, fr);
+    // Publish the records and count them in, per merge group the heads meet: the barrier orders every
+    // thread's writes before thread 0's fence, which releases them with the counts (and, for a block
+    // that completes a group, acquires the other blocks' records before the barrier that lets its
+    // threads merge).
+    __shared__ int merges;
+    __shared__ __align__(16) float staged[256];
+    int g_first = h0 / group, g_last = (h0 + NH - 1) / group;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        int done = 0;
+        for (int g = g_first; g <= g_last; g++) {
+            int mine = (min(h0 + NH, (g + 1) * group) - max(h0, g * group)) * (j1 - j0);
+            int* count = arrivals + g;
+            if (atomicAdd(count, mine) + mine == n_tiles * group) {
+                // Every head of this group has counted: the counter is ready for the next launch.
+                *count = 0;
+                done |= 1 << (g - g_first);
+            }
+        }
+        if (done) __threadfence();
+        merges = done;
+    }
+    __syncthreads();
+    int done = merges;
+    for (int g = g_first; g <= g_last; g++) {
+        if (!(done >> (g - g_first) & 1)) continue;
+        merge_group<D>(partial, tile_cap, n_tiles, dst, group, quant, a, 1, 0, n_head, g, staged);
+        // `staged` is filled again for the next group only after the quantization has read it.
+        __syncthreads();
+    }
+}
+
+// The fused decode kernel's grid is S x n_head: a block per query head and share of the live tiles
+// (`attend_decode_body`, one head). With NH > 1, once the tiles outnumber the shares (a block of one
+// head would take several in turn), the same blocks take NH heads of a KV head each over NH times as
+// many shares: block (x, y) heads y / NH * NH .., share x * NH + y % NH. Each tile's K and V are then
+// loaded and converted once for NH heads (tg128 at 4,096 keys on the 8B: 427 tok/s with two heads a
+// block against 413 with one), while a short context keeps a block a head (two heads a block from the
+// first tile: 524 against 532 at depth 0; docs/gpu-runs/2026-12-01-deep, call e4). The records are
+// the same either way.
+template <int D, int NH>
+__device__ __forceinline__ void attend_decode(const float* __restrict__ q, const u16* __restrict__ kc,
+                                              const u16* __restrict__ vc, int capacity, int kv_width,
+                                              const Placement& pl, int n_head, int n_kv_head, float scale, int window,
+                                              int tile_cap, float* partial, int* __restrict__ arrivals,
+                                              float* __restrict__ dst, int group, int quant, u8* __restrict__ a,
+                                              const FreshRow& fr) {
+    int x = blockIdx.x, y = blockIdx.y, shares = gridDim.x;
+    if constexpr (NH > 1) {
+        if (pl.n_tiles > shares) {
+            attend_decode_body<D, NH>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap,
+                                      partial, arrivals, dst, group, quant, a, fr, x * NH + y % NH, shares * NH,
+                                      y / NH * NH);
+            return;
+        }
+    }
+    attend_decode_body<D, 1>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap, partial,
+                             arrivals, dst, group, quant, a, fr, x, shares, y);
+}
+
 // ATTEND_TILES(D) defines two kernels for head size D: `attend_tiles_d<D>` over K and V already in
 // the cache, and `attend_rope_d<D>` for a decode step of one row whose q, K and V come straight from
-// the projections (`FreshRow`; one launch where `rope_kv_store` and `attend_tiles` took two). The
-// step's position is a parameter the host wrote before the launch, not another kernel's output, so
-// `attend_rope` reads it (with the placement and cache row, as `read_placement` says) and forms its
-// angle (powf, cosf, sinf) before its wait: under a programmatic edge that runs while the kernel
-// before still does (formed after the wait, the fused kernel took as long as the two it replaced,
-// 9.15 µs a layer on the 8B Q8_0).
+// the projections (`FreshRow`; one launch where `rope_kv_store` and `attend_tiles` took two), one
+// query head a block. ATTEND_ROPE_HEADS(D, NH) defines `attend_rope_h<NH>_d<D>`, the same taking NH
+// query heads of a KV head a block in a deep context (`attend_decode`). The step's position is a parameter the host wrote before the
+// launch, not another kernel's output, so the fused kernels read it (with the placement and cache
+// row, as `read_placement` says) and form its angle (powf, cosf, sinf) before their wait: under a
+// programmatic edge that runs while the kernel before still does (formed after the wait, the fused
+// kernel took as long as the two it replaced, 9.15 µs a layer on the 8B Q8_0).
+#define ATTEND_ROPE(NAME, D, NH, MIN_BLOCKS)                                                            \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS, MIN_BLOCKS) NAME(                         \
+        const float* __restrict__ q, u16* kc, u16* vc, int capacity, int kv_width,                      \
+        const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head, float scale, \
+        int window, int tile_cap, float* partial, int* __restrict__ arrivals, float* __restrict__ dst,  \
+        int group, int quant, u8* __restrict__ a, const float* __restrict__ k,                          \
+        const float* __restrict__ v, const int* __restrict__ cache_row, int n_rot, float base,          \
+        float freq_scale, int neox, const float* __restrict__ qn, const float* __restrict__ kn, float eps) { \
+        Placement pl = read_placement(meta, pos);                                                       \
+        int d_row = cache_row[0];                                                                       \
+        float2 cs = rope_pair_angle(pl.p, n_rot, base, freq_scale);                                     \
+        __shared__ float head_norms[2 * D];                                                             \
+        load_head_norms<D>(qn, kn, head_norms);                                                         \
+        WAIT_PRIOR_GRID();                                                                              \
+        FreshRow fr{k, v, kc, vc, d_row, n_rot, neox, pl.p, cs, qn ? head_norms : nullptr, eps};        \
+        attend_decode<D, NH>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap, \
+                             partial, arrivals, dst, group, quant, a, fr);                              \
+    }
 #define ATTEND_TILES(D, MIN_BLOCKS)                                                                     \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS, MIN_BLOCKS) attend_tiles_d##D(            \
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, int capacity, \
@@ -527,29 +820,12 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
         float* __restrict__ dst, int group, int quant, u8* __restrict__ a, int n_t, int group_tiles) {  \
         Placement pl = read_placement(meta, pos);                                                       \
         WAIT_PRIOR_GRID();                                                                              \
-        FreshRow none{};                                                                                \
-        attend_tiles_body<D, false>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, \
-                                    tile_cap, partial, arrivals, dst, group, quant, a, n_t, group_tiles, none); \
+        attend_tiles_body<D>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap, \
+                             partial, arrivals, dst, group, quant, a, n_t, group_tiles);                \
     }                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attend_rope_d##D(                         \
-        const float* __restrict__ q, u16* kc, u16* vc, int capacity, int kv_width,                      \
-        const int* __restrict__ pos, const int* __restrict__ meta, int n_head, int n_kv_head, float scale, \
-        int window, int tile_cap, float* partial, int* __restrict__ arrivals, float* __restrict__ dst,  \
-        int group, int quant, u8* __restrict__ a, const float* __restrict__ k,                          \
-        const float* __restrict__ v, const int* __restrict__ cache_row, int n_rot, float base,          \
-        float freq_scale, int neox, const float* __restrict__ qn, const float* __restrict__ kn, float eps, \
-        int group_tiles) {                                                                              \
-        Placement pl = read_placement(meta, pos);                                                       \
-        int d_row = cache_row[0];                                                                       \
-        float2 cs = rope_pair_angle(pl.p, n_rot, base, freq_scale);                                     \
-        __shared__ float head_norms[2 * D];                                                             \
-        load_head_norms<D>(qn, kn, head_norms);                                                         \
-        WAIT_PRIOR_GRID();                                                                              \
-        FreshRow fr{k, v, kc, vc, d_row, n_rot, neox, pl.p, cs, qn ? head_norms : nullptr, eps};        \
-        attend_tiles_body<D, true>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, \
-                                   tile_cap, partial, arrivals, dst, group, quant, a, 1, group_tiles, fr); \
-    }
-// ATTEND_TILES(head size, blocks a multiprocessor for `attend_tiles_d<D>`): the sizes
+    ATTEND_ROPE(attend_rope_d##D, D, 1, MIN_BLOCKS)
+#define ATTEND_ROPE_HEADS(D, NH) ATTEND_ROPE(attend_rope_h##NH##_d##D, D, NH, 2)
+// ATTEND_TILES(head size, blocks a multiprocessor for both kernels): the sizes
 // `routes::head_dim_supported` admits. Two blocks hold 128 registers a thread, which its heads loop
 // (a block per KV head) would pass at head size 128 (152) without the bound; at 256 the kernel held
 // more than 128 before the loop (158) and would spill under it, so it stays at one block.
@@ -557,3 +833,8 @@ ATTEND_TILES(32, 2)
 ATTEND_TILES(64, 2)
 ATTEND_TILES(128, 2)
 ATTEND_TILES(256, 1)
+// ATTEND_ROPE_HEADS(head size, query heads a block in a deep context), two blocks a multiprocessor:
+// `routes::decode_attention_heads`. (Four heads a block measured no faster than two at 4,096 keys on
+// the 8B, 419 against 427 tok/s, and slower at depth 0; call e4.)
+ATTEND_ROPE_HEADS(64, 2)
+ATTEND_ROPE_HEADS(128, 2)
