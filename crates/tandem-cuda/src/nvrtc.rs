@@ -27,6 +27,12 @@ pub const INT8: Header = Header {
     body: include_str!("kernels/int8.cuh"),
 };
 
+/// One tile's sums and the in-order merge of a query's tiles, for every attention kernel.
+pub const TILES: Header = Header {
+    name: "tiles.cuh",
+    body: include_str!("kernels/tiles.cuh"),
+};
+
 /// One compilation unit: a name (for logs and the cache), the headers it takes after `common.cuh`,
 /// and its body.
 #[derive(Clone, Copy, Debug)]
@@ -48,7 +54,7 @@ pub const OPS: KernelFile = KernelFile {
 };
 pub const ATTENTION: KernelFile = KernelFile {
     name: "attention.cu",
-    headers: &[],
+    headers: &[TILES],
     body: include_str!("kernels/attention.cu"),
 };
 

@@ -44,9 +44,9 @@ use crate::int8::ActQuant;
 
 /// Rows up to which the batched matvec beats the GEMM route.
 pub const MATVEC_MAX_ROWS: usize = 8;
-/// Keys per attention tile (must match `ATT_TILE` in `kernels/attention.cu`).
+/// Keys per attention tile (must match `ATT_TILE` in `kernels/tiles.cuh`).
 pub const ATT_TILE: usize = 128;
-/// Threads of an attention block (must match `ATT_THREADS` in `kernels/attention.cu`).
+/// Threads of an attention block (must match `ATT_THREADS` in `kernels/tiles.cuh`).
 pub const ATT_THREADS: usize = 256;
 /// Rows one matvec block batches (must match `MV_BATCH` in `kernels/quant.cu`).
 pub const MV_BATCH: usize = 8;
@@ -239,12 +239,12 @@ mod tests {
     #[test]
     fn the_tile_size_matches_the_attention_kernel() {
         // The launch gives a block ATT_THREADS threads and the host's tile spans assume its tiles.
-        let body = crate::nvrtc::ATTENTION.body;
+        let body = crate::nvrtc::TILES.body;
         for line in [
             format!("#define ATT_TILE {ATT_TILE}"),
             format!("#define ATT_THREADS {ATT_THREADS}"),
         ] {
-            assert!(body.lines().any(|l| l.trim() == line), "{line} in attention.cu");
+            assert!(body.lines().any(|l| l.trim() == line), "{line} in tiles.cuh");
         }
     }
 
