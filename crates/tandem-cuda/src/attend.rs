@@ -235,7 +235,8 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
     Ok(())
 }
 
-/// A number from the environment, read once (these run for every layer of every step).
+/// A number from the environment, read once into `cell` (the attention routes run for every layer of
+/// every step), for the overrides that exist to measure a route's choice.
 fn by_hand(cell: &'static std::sync::OnceLock<Option<usize>>, var: &str) -> Option<usize> {
     *cell.get_or_init(|| std::env::var(var).ok().and_then(|v| v.parse().ok()))
 }
@@ -277,14 +278,8 @@ impl CudaModel {
     /// `TANDEM_CUDA_GROUP_TILES` (1: always a block per KV head; a large number: never), which exists
     /// to measure the threshold.
     fn attention_group_tiles(&self, t: usize, n_head: usize) -> usize {
-        // Read once: this runs for every layer of every chunk.
-        static BY_HAND: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-        let by_hand = *BY_HAND.get_or_init(|| {
-            std::env::var("TANDEM_CUDA_GROUP_TILES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-        });
-        match by_hand {
+        static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        match by_hand(&CELL, "TANDEM_CUDA_GROUP_TILES") {
             Some(tiles) if t > 1 => tiles,
             _ => routes::attention_group_tiles(t, n_head, self.gpu.sm_count as usize),
         }
