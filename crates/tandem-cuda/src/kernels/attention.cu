@@ -75,35 +75,15 @@ __device__ __forceinline__ Placement read_placement(const int* __restrict__ meta
     return Placement{meta[0], meta[1], meta[2], meta[3], pos[blockIdx.z]};
 }
 
+// The query's first key: the window's first position, or the buffer's first, whichever is later.
+__device__ __forceinline__ int first_key(const Placement& pl, int window) {
+    int first = window > 0 ? max(0, pl.p + 1 - window) : 0;
+    return max(first, pl.origin_logical);
+}
+
 // Thread i's RoPE angle at position `key` (pair i; threads past the rotated pairs get none).
 __device__ __forceinline__ float2 rope_pair_angle(int key, int n_rot, float base, float freq_scale) {
     return (int)threadIdx.x < n_rot / 2 ? rope_angle(key, threadIdx.x, n_rot, base, freq_scale) : make_float2(1.f, 0.f);
-}
-
-// The sums over the block of each thread's values `v[0..N)`: each as `block_total2` sums one (warp
-// butterflies, then the warps' sums in a fixed tree), so every sum has the bits it has there.
-template <int N>
-__device__ __forceinline__ void block_totals(float (&v)[N]) {
-    __shared__ float parts[N][32];
-#pragma unroll
-    for (int i = 0; i < N; i++) v[i] = warp_sum(v[i]);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-        for (int i = 0; i < N; i++) parts[i][threadIdx.x >> 5] = v[i];
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-            float x = threadIdx.x < (blockDim.x >> 5) ? parts[i][threadIdx.x] : 0.f;
-            x = warp_sum(x);
-            if (threadIdx.x == 0) parts[i][0] = x;
-        }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < N; i++) v[i] = parts[i][0];
 }
 
 // The fused step's NH consecutive q heads (from `qr`, into `qs`: NH heads of D) and its fresh K/V row
@@ -283,12 +263,8 @@ __device__ __forceinline__ void decode_tiles(const float* __restrict__ q, const 
     int records = 0;
     int fresh_tile = fr.key / ATT_TILE;
     bool kv_here = fresh_tile >= tile_lo + j0 && fresh_tile < tile_lo + j1;
-    auto span = [&](int tile, int* lo, int* hi) {
-        *lo = max(first, tile * ATT_TILE);
-        *hi = min(p, tile * ATT_TILE + ATT_TILE - 1);
-    };
     int lo, hi;
-    span(tile_lo + j0, &lo, &hi);
+    tile_keys(tile_lo + j0, first, p, &lo, &hi);
     bool valid;
     int phys = tile_key_row<D>(tl, tile_lo + j0, lo, hi, origin_logical, origin_physical, capacity, &valid);
     uint4 kv[L::per_key], vv[L::per_lane];
@@ -306,7 +282,7 @@ __device__ __forceinline__ void decode_tiles(const float* __restrict__ q, const 
         int lo_n = 0, hi_n = -1, phys_n = 0;
         bool valid_n = false, more = j + 1 < j1;
         if (more) {
-            span(tile + 1, &lo_n, &hi_n);
+            tile_keys(tile + 1, first, p, &lo_n, &hi_n);
             phys_n = tile_key_row<D>(tl, tile + 1, lo_n, hi_n, origin_logical, origin_physical, capacity, &valid_n);
         }
         if (lo > hi) {
@@ -375,10 +351,8 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
     if (by_kv_head && blockIdx.y % group_of_kv != 0) return;
     int tile = pl.tile_lo + blockIdx.x, h_first = blockIdx.y, qi = blockIdx.z;
     int heads = by_kv_head ? group_of_kv : 1;
-    int p = pl.p;
-    int first = window > 0 ? max(0, p + 1 - window) : 0;
-    first = max(first, origin_logical);
-    int lo = max(first, tile * ATT_TILE), hi = min(p, tile * ATT_TILE + ATT_TILE - 1);
+    int lo, hi;
+    tile_keys(tile, first_key(pl, window), pl.p, &lo, &hi);
     size_t head_stride = (size_t)tile_cap * (head_dim + 2);
     float* out0 = partial + ((size_t)qi * n_head * tile_cap + blockIdx.x) * (head_dim + 2);
     if (lo > hi) {
@@ -439,12 +413,9 @@ __device__ __forceinline__ void attend_decode_body(const float* __restrict__ q, 
     int per = n_tiles / splits, rem = n_tiles % splits;
     int j0 = s * per + min(s, rem), j1 = j0 + per + (s < rem ? 1 : 0);
     if (j0 >= j1) return;
-    int p = pl.p;
-    int first = window > 0 ? max(0, p + 1 - window) : 0;
-    first = max(first, pl.origin_logical);
     size_t head_stride = (size_t)tile_cap * (D + 2);
-    decode_tiles<D, NH>(q, kc, vc, capacity, kv_width, n_head, n_kv_head, scale, h0, pl.tile_lo, j0, j1, first,
-                        p, pl.origin_logical, pl.origin_physical, partial + h0 * head_stride, head_stride, fr);
+    decode_tiles<D, NH>(q, kc, vc, capacity, kv_width, n_head, n_kv_head, scale, h0, pl.tile_lo, j0, j1,
+                        first_key(pl, window), pl.p, pl.origin_logical, pl.origin_physical, partial + h0 * head_stride, head_stride, fr);
     // Publish the records and count them in, per merge group the heads meet: the barrier orders every
     // thread's writes before thread 0's fence, which releases them with the counts (and, for a block
     // that completes a group, acquires the other blocks' records before the barrier that lets its

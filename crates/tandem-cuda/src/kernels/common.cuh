@@ -113,23 +113,30 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// The sums over the block of each thread's `a` and `b`: warp butterflies, then the warps' sums in a
-// fixed tree, each as `block_total` (ops.cu) sums one value, so a sum has the bits it has there.
-__device__ __forceinline__ float2 block_total2(float a, float b) {
-    __shared__ float2 part2[32];
-    a = warp_sum(a);
-    b = warp_sum(b);
+// The sums over the block of each thread's values `v[0..N)`: warp butterflies, then the warps' sums
+// in a fixed tree, each as `block_total` (ops.cu) sums one value, so a sum has the bits it has there.
+template <int N>
+__device__ __forceinline__ void block_totals(float (&v)[N]) {
+    __shared__ float parts[N][32];
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = warp_sum(v[i]);
     __syncthreads();
-    if ((threadIdx.x & 31) == 0) part2[threadIdx.x >> 5] = make_float2(a, b);
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float2 v = threadIdx.x < (blockDim.x >> 5) ? part2[threadIdx.x] : make_float2(0.f, 0.f);
-        v.x = warp_sum(v.x);
-        v.y = warp_sum(v.y);
-        if (threadIdx.x == 0) part2[0] = v;
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i++) parts[i][threadIdx.x >> 5] = v[i];
     }
     __syncthreads();
-    return part2[0];
+    if (threadIdx.x < 32) {
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            float x = threadIdx.x < (blockDim.x >> 5) ? parts[i][threadIdx.x] : 0.f;
+            x = warp_sum(x);
+            if (threadIdx.x == 0) parts[i][0] = x;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = parts[i][0];
 }
 
 __device__ __forceinline__ float warp_max(float v) {

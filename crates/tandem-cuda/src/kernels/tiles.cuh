@@ -30,6 +30,13 @@
 #define ATT_WARPS (ATT_THREADS / 32)
 #define ATT_KEYS (ATT_TILE / ATT_WARPS)
 #define ATT_KEY_LANES (32 / ATT_KEYS)
+// The keys [lo, hi] of `tile` that a query at position p whose first key is `first` attends to
+// (lo > hi: none).
+__device__ __forceinline__ void tile_keys(int tile, int first, int p, int* lo, int* hi) {
+    *lo = max(first, tile * ATT_TILE);
+    *hi = min(p, tile * ATT_TILE + ATT_TILE - 1);
+}
+
 // A tile's lanes: lane `part` of the warp's key `slot` takes the key's 16-byte pieces part, part + KL,
 // ... for the scores; for the weighted values lane l takes chunk c = l % C of the warp's keys
 // first_key, first_key + P, ... (C = D / 8 chunks of 8 dimensions, P = 32 / C lanes a chunk).
