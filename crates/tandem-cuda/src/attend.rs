@@ -262,6 +262,88 @@ fn decode_splits(gpu: &Gpu, s: &TileShape) -> usize {
     }
 }
 
+/// A `rope_kv_store` launch's shape: `rows` rows of `n_head` query heads and `n_kv_head` KV heads of
+/// `head_dim`, rotated by `rope`.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeStoreShape {
+    pub rows: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub rope: RopeParams,
+}
+
+/// Its buffers: `q` (rotated in place), the rows' unrotated `k` and `v` (f32), the cache (`kc`, `vc`:
+/// f16 bits), each row's cache row `dst` (-1: not stored) and position `pos`.
+pub struct RopeStoreBuffers<'a> {
+    pub q: CudaViewMut<'a, f32>,
+    pub k: CudaView<'a, f32>,
+    pub v: CudaView<'a, f32>,
+    pub kc: CudaViewMut<'a, u16>,
+    pub vc: CudaViewMut<'a, u16>,
+    pub dst: CudaView<'a, i32>,
+    pub pos: CudaView<'a, i32>,
+}
+
+/// The `rope_kv_store` kernel (`kernels/ops.cu`): RoPE on every row of q (in place) and of K, whose
+/// rotated rows go with V's to their cache rows. The chunked route's form of what the fused decode
+/// kernel does in one launch, so `tandem gpu-check` compares the two bit for bit.
+pub fn rope_kv_store_into(gpu: &Gpu, s: &RopeStoreShape, b: RopeStoreBuffers<'_>) -> Result<(), CudaError> {
+    let (qw, kvw) = (s.n_head * s.head_dim, s.n_kv_head * s.head_dim);
+    let cache_rows = b.kc.len().min(b.vc.len()) / kvw.max(1);
+    let fits = b.q.len() >= s.rows * qw
+        && b.k.len().min(b.v.len()) >= s.rows * kvw
+        && b.dst.len().min(b.pos.len()) >= s.rows
+        && cache_rows > 0
+        && s.rope.n_rot.is_multiple_of(2)
+        && s.rope.n_rot <= s.head_dim;
+    if !fits {
+        return Err(CudaError::Driver {
+            what: "rope_kv_store".into(),
+            err: format!(
+                "{} rows of {} + {} heads of {} (n_rot {}) with {} q, {} k, {} v, {} cache and {} row values",
+                s.rows,
+                s.n_head,
+                s.n_kv_head,
+                s.head_dim,
+                s.rope.n_rot,
+                b.q.len(),
+                b.k.len(),
+                b.v.len(),
+                b.kc.len().min(b.vc.len()),
+                b.dst.len().min(b.pos.len())
+            ),
+        });
+    }
+    let n = s.rows * (s.n_head + s.n_kv_head) * (s.rope.n_rot / 2);
+    let ints = |n: usize, what: &str| i32_of(n, what);
+    let (rows, nq, nkv) = (
+        ints(s.rows, "rows")?,
+        ints(s.n_head, "heads")?,
+        ints(s.n_kv_head, "kv heads")?,
+    );
+    let (hd, n_rot) = (ints(s.head_dim, "head dim")?, ints(s.rope.n_rot, "n_rot")?);
+    let neox = i32::from(s.rope.style == RopeStyle::Neox);
+    let (mut q, mut kc, mut vc) = (b.q, b.kc, b.vc);
+    let f = gpu.function("rope_kv_store")?;
+    let mut l = gpu.launch_builder(f)?;
+    l.arg(&mut q)
+        .arg(&b.k)
+        .arg(&b.v)
+        .arg(&mut kc)
+        .arg(&mut vc)
+        .arg(&b.dst)
+        .arg(&b.pos);
+    l.arg(&rows).arg(&nq).arg(&nkv).arg(&hd).arg(&n_rot);
+    l.arg(&s.rope.freq_base).arg(&s.rope.freq_scale).arg(&neox);
+    // SAFETY: the arguments match the kernel's signature in order and type, and every buffer holds
+    // its rows (checked above); the cache rows in `dst` are the caller's placement's, within the cache.
+    driver("rope_kv_store", unsafe {
+        l.launch(launch_cfg((blocks(n, 128), 1, 1), 128))
+    })?;
+    Ok(())
+}
+
 /// The fused decode step's inputs on the model's side: the projections' K and V rows, the staged cache
 /// row, and the layer's RoPE.
 struct FreshInputs<'a> {
@@ -557,8 +639,7 @@ impl CudaModel {
         Ok(())
     }
 
-    /// The `rope_kv_store` kernel: RoPE on every row of `q` (in place) and of `k`, whose rotated rows
-    /// go with `v`'s to cache rows `dst` (-1: skip) of `cache` (K, V).
+    /// The `rope_kv_store` kernel (`rope_kv_store_into`) on the model's rows.
     #[allow(clippy::too_many_arguments)]
     fn rope_kv_store(
         &self,
@@ -572,37 +653,27 @@ impl CudaModel {
     ) -> Result<(), ModelError> {
         let dst = self.param_ints(dst)?;
         let pos = self.param(positions, "position")?;
-        if self.dry() {
+        if self.dry() || self.skips("rope_kv_store") {
             return Ok(());
         }
-        let hd = self.cpu.config.head_dim;
-        let (rows, nq, nkv) = (q.rows, q.width / hd, k.width / hd);
-        let n = rows * (nq + nkv) * (rope.n_rot / 2);
-        let ints = |n: usize, what: &str| i32_of(n, what);
-        let (rows_i, nq_i, nkv_i) = (ints(rows, "rows")?, ints(nq, "heads")?, ints(nkv, "kv heads")?);
-        let (hd_i, nr_i) = (ints(hd, "head dim")?, ints(rope.n_rot, "n_rot")?);
-        let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
-        let (dst_v, pos_v) = (self.view(&dst), self.view(&pos));
+        let shape = RopeStoreShape {
+            rows: q.rows,
+            n_head: q.width / self.cpu.config.head_dim,
+            n_kv_head: k.width / self.cpu.config.head_dim,
+            head_dim: self.cpu.config.head_dim,
+            rope: *rope,
+        };
         let (kc, vc) = cache;
-        let f = self.gpu.function("rope_kv_store")?;
-        let mut b = self.gpu.launch_builder(f)?;
-        b.arg(q.buf_mut()?)
-            .arg(k.buf()?)
-            .arg(v.buf()?)
-            .arg(kc)
-            .arg(vc)
-            .arg(&dst_v)
-            .arg(&pos_v);
-        b.arg(&rows_i).arg(&nq_i).arg(&nkv_i).arg(&hd_i).arg(&nr_i);
-        b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
-        if self.skips("rope_kv_store") {
-            return Ok(());
-        }
-        self.profiled("rope + kv_store", || {
-            driver("rope_kv_store", unsafe {
-                b.launch(launch_cfg((blocks(n, 128), 1, 1), 128))
-            })
-        })?;
+        let bufs = RopeStoreBuffers {
+            q: q.buf_mut()?.as_view_mut(),
+            k: k.buf()?.as_view(),
+            v: v.buf()?.as_view(),
+            kc: kc.as_view_mut(),
+            vc: vc.as_view_mut(),
+            dst: self.view(&dst),
+            pos: self.view(&pos),
+        };
+        self.profiled("rope + kv_store", || rope_kv_store_into(&self.gpu, &shape, bufs))?;
         Ok(())
     }
 

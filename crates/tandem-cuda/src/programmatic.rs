@@ -165,8 +165,9 @@ mod tests {
         ),
     ];
 
-    /// Kernels that load the model's own vectors (or a parameter the host wrote before the launch)
-    /// before their WAIT_PRIOR_GRID(), and the statements allowed there.
+    /// Kernels that load the model's own vectors (or a parameter the host wrote before the launch, or,
+    /// the fused decode kernel, KV cache rows of earlier steps) before their WAIT_PRIOR_GRID(), and the
+    /// statements allowed there.
     const WAITING_KERNELS: [(&str, &[&str]); 3] = [
         (
             " add_norm_to(",
@@ -185,6 +186,11 @@ mod tests {
                 "float2 cs = rope_pair_angle(pl.p, n_rot, base, freq_scale);",
                 "__shared__ float head_norms[2 * D];",
                 "load_head_norms<D>(qn, kn, head_norms);",
+                // The first tile's K and V rows: earlier steps' rows, which no kernel of this step
+                // writes but this one (whose row it takes from shared memory; `load_first_tile`).
+                "DecodeShare sh = decode_share<NH>(pl);",
+                "FirstTile<D> ft;",
+                "load_first_tile<D>(ft, sh, pl, window, kc, vc, capacity, kv_width, n_head, n_kv_head);",
             ],
         ),
     ];

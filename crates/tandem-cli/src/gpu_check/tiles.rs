@@ -9,7 +9,10 @@
 use anyhow::Result;
 use half::f16;
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
-use tandem_cuda::attend::{tile_attention_into, FreshRow, KvCache, TileBuffers, TileShape};
+use tandem_cuda::attend::{
+    rope_kv_store_into, tile_attention_into, FreshRow, KvCache, RopeStoreBuffers, RopeStoreShape, TileBuffers,
+    TileShape,
+};
 use tandem_cuda::routes::{first_key, tile_span};
 use tandem_cuda::rows::rms_norm_into;
 use tandem_cuda::Gpu;
@@ -186,8 +189,10 @@ const FRESH_BOUND: f64 = 1e-3;
 /// The fused decode kernel (`attend_rope_d*`) on one query: q, K and V of the step arrive unrotated
 /// and the step's cache row is NaN (the kernel must attend to its key from the fresh row and store
 /// it). Checked: the stored K row against the host's rotation (one f16 ulp, plus the angle's slack),
-/// V's bits, every other row untouched, the output against f64 attention; and, with no rotation, the
-/// output's bits against the cached kernel over a cache already holding the row.
+/// V's bits, every other row untouched, the output against f64 attention; with no rotation, the
+/// output's bits against the cached kernel over a cache already holding the row; and, rotated with
+/// and without QK-norm, the output's and the stored row's bits against the chunked route's kernels
+/// (`chained_route`).
 fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut Vec<Row>) -> Result<()> {
     let (hd, kvw, qw) = (c.head_dim, c.n_kv_head * c.head_dim, c.n_head * c.head_dim);
     let p = c.positions[0];
@@ -268,6 +273,16 @@ fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut
         Some(&Fresh { k: &kn_first, ..fresh }),
     )?;
     let norm_equal = same(&normed_fused.0, &plain.0) && normed_fused.1 == plain.1 && normed_fused.2 == plain.2;
+    // Rotated, with and without QK-norm: output and stored row bit-equal to the chunked route's
+    // kernels (`rms_norm`, `rope_kv_store`, then the cached kernel), which form the same values in
+    // launches of their own (where the compiler may contract other products: the deep session's bug).
+    let chain_equal = |(out, kc, vc): (&[f32], &[u16], &[u16]), norms| -> Result<bool> {
+        let chained = chained_route(gpu, c, &q, &fresh, (&k, &v), norms)?;
+        Ok(same(out, &chained.0) && kc == chained.1 && vc == chained.2)
+    };
+    let rotated_equal = chain_equal((&out, &kc, &vc), None)?;
+    let (nf_out, nf_k, nf_v) = &normed_fused;
+    let normed_rotated_equal = chain_equal((nf_out, nf_k, nf_v), Some((&qn[..], &kn[..])))?;
     table.push(Row {
         check: format!(
             "fused RoPE + store + attention d{hd} {}/{} heads, position {p}, window {:?}, {} rows from {:?}, \
@@ -277,11 +292,64 @@ fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut
         result: format!(
             "rel err {err:.2e} (bound {FRESH_BOUND:.0e}); stored K within an f16 ulp: {k_close}, V bit-equal: \
              {v_equal}, other rows untouched: {untouched}; unrotated bit-equal to the cached kernel: {bit_equal}; \
-             QK-norm (output, K, V) bit-equal to rms_norm first: {norm_equal}"
+             QK-norm (output, K, V) bit-equal to rms_norm first: {norm_equal}; rotated (output, K, V) \
+             bit-equal to rope_kv_store then the cached kernel: {rotated_equal}, with QK-norm (rms_norm \
+             first): {normed_rotated_equal}"
         ),
-        pass: err < FRESH_BOUND && k_close && v_equal && untouched && bit_equal && norm_equal,
+        pass: err < FRESH_BOUND
+            && k_close
+            && v_equal
+            && untouched
+            && bit_equal
+            && norm_equal
+            && rotated_equal
+            && normed_rotated_equal,
     });
     Ok(())
+}
+
+/// The chunked route's form of the fused step: the head norms (`rms_norm`, with `norms`), then
+/// `rope_kv_store` (q rotated in place, K rotated and stored with V to the step's cache row), then the
+/// cached kernel over the cache so written. Its output and the cache's K and V after it.
+fn chained_route(
+    gpu: &Gpu,
+    c: &Case,
+    q: &[f32],
+    fresh: &Fresh<'_>,
+    (k, v): (&[f16], &[f16]),
+    norms: Option<(&[f32], &[f32])>,
+) -> Result<(Vec<f32>, Vec<u16>, Vec<u16>)> {
+    let (hd, p) = (c.head_dim, c.positions[0]);
+    let (mut qd, mut kd) = (gpu.upload(q)?, gpu.upload(fresh.k)?);
+    if let Some((qn, kn)) = norms {
+        rms_norm_into(gpu, &mut qd, q.len(), &gpu.upload(qn)?, hd, HEAD_NORM_EPS)?;
+        rms_norm_into(gpu, &mut kd, fresh.k.len(), &gpu.upload(kn)?, hd, HEAD_NORM_EPS)?;
+    }
+    let bits = |x: &[f16]| x.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
+    let (mut kc, mut vc) = (gpu.upload(&bits(k))?, gpu.upload(&bits(v))?);
+    let vd = gpu.upload(fresh.v)?;
+    let (dst, pos) = (gpu.upload(&[c.physical(p) as i32])?, gpu.upload(&[p as i32])?);
+    let shape = RopeStoreShape {
+        rows: 1,
+        n_head: c.n_head,
+        n_kv_head: c.n_kv_head,
+        head_dim: hd,
+        rope: fresh.rope,
+    };
+    let bufs = RopeStoreBuffers {
+        q: qd.as_view_mut(),
+        k: kd.as_view(),
+        v: vd.as_view(),
+        kc: kc.as_view_mut(),
+        vc: vc.as_view_mut(),
+        dst: dst.as_view(),
+        pos: pos.as_view(),
+    };
+    rope_kv_store_into(gpu, &shape, bufs)?;
+    let (q_rot, kc, vc) = (gpu.download(&qd)?, gpu.download(&kc)?, gpu.download(&vc)?);
+    let halves = |x: &[u16]| x.iter().map(|&b| f16::from_bits(b)).collect::<Vec<f16>>();
+    let (out, _, _) = run(gpu, c, &[p], &q_rot, (&halves(&kc), &halves(&vc)), None)?;
+    Ok((out, kc, vc))
 }
 
 /// The step's own row for the fused kernel: unrotated K and V (f32, one row of KV heads) and RoPE;

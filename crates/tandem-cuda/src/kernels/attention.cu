@@ -238,12 +238,59 @@ __device__ __forceinline__ void tile_partials(const float* __restrict__ q, const
     }
 }
 
+// A fused decode block's part of the grid (`attend_decode`): its first query head h0 and `heads` heads
+// (1, or NH once the live tiles outnumber the blocks a head), and its share of the live tiles,
+// j0 .. j1 - 1 (share s of `splits`: n / S tiles, one more below n % S; with S at least n, tile s, as a
+// block per tile did, and block 0 always has one, so the timeline records its wait). Formed from the
+// grid and the placement alone, before the kernel's wait.
+struct DecodeShare {
+    int heads, h0, s, splits, j0, j1;
+};
+
+template <int NH>
+__device__ __forceinline__ DecodeShare decode_share(const Placement& pl) {
+    int x = blockIdx.x, y = blockIdx.y, shares = gridDim.x;
+    DecodeShare sh{1, y, x, shares, 0, 0};
+    if (NH > 1 && pl.n_tiles > shares) sh = DecodeShare{NH, y / NH * NH, x * NH + y % NH, shares * NH, 0, 0};
+    int per = pl.n_tiles / sh.splits, rem = pl.n_tiles % sh.splits;
+    sh.j0 = sh.s * per + min(sh.s, rem);
+    sh.j1 = sh.j0 + per + (sh.s < rem ? 1 : 0);
+    return sh;
+}
+
+// A block's first tile: this lane's key range, cache row and K and V loads (`decode_tiles` sums it).
+template <int D>
+struct FirstTile {
+    TileLanes<D> tl;
+    int lo, hi, phys;
+    bool valid;
+    uint4 kv[TileLanes<D>::per_key], vv[TileLanes<D>::per_lane];
+};
+
+// Issues the loads of the block's first tile before the kernel's wait, so they overlap the kernel
+// before (tg128 at 4,096 keys on the 8B +1.3%; docs/gpu-runs/2026-12-01-deep, call e2). Its rows are
+// those of earlier steps, written by this layer's fused kernel in an earlier graph replay or by a
+// direct launch, all finished before this step's graph began; the kernel before in the step (the
+// q, K, V projections) writes none of them. The step's own row, which this kernel stores, is taken
+// from shared memory instead of from these loads (`decode_tiles`).
+template <int D>
+__device__ __forceinline__ void load_first_tile(FirstTile<D>& ft, const DecodeShare& sh, const Placement& pl,
+                                                int window, const u16* __restrict__ kc, const u16* __restrict__ vc,
+                                                int capacity, int kv_width, int n_head, int n_kv_head) {
+    if (sh.j0 >= sh.j1) return;
+    int kvh = sh.h0 / (n_head / n_kv_head), tile = pl.tile_lo + sh.j0;
+    tile_keys(tile, first_key(pl, window), pl.p, &ft.lo, &ft.hi);
+    ft.phys = tile_key_row<D>(ft.tl, tile, ft.lo, ft.hi, pl.origin_logical, pl.origin_physical, capacity, &ft.valid);
+    load_tile_k<D>(ft.tl, kc, ft.phys, ft.valid, kv_width, kvh, ft.kv);
+    load_tile_v<D>(ft.tl, vc, ft.phys, kv_width, kvh, ft.vv);
+}
+
 // A decode step's tiles j0 .. j1 - 1 (of the span starting at `tile_lo`) for query heads h0 .. h0 +
 // NH - 1 (of one KV head), one tile after another in one block (`attend_decode_body`): q is rotated
 // and staged once, each tile's K and V are loaded once for the NH heads and each element converted
 // once, and the next tile's loads go out while the tile before is still being summed (K's once its
 // scores are done, V's once its weighted sums are), so a block's memory latency overlaps its
-// arithmetic. Each head's record of a tile is the one a block of its own (`tile_partials` for one
+// arithmetic. The first tile's loads were issued before the kernel's wait (`load_first_tile`). Each head's record of a tile is the one a block of its own (`tile_partials` for one
 // head) writes: the same lanes, sums and order. The tile holding the step's key takes that key's K and
 // V from shared memory (`FreshRow`).
 template <int D, int NH>
@@ -251,9 +298,10 @@ __device__ __forceinline__ void decode_tiles(const float* __restrict__ q, const 
                                              const u16* __restrict__ vc, int capacity, int kv_width, int n_head,
                                              int n_kv_head, float scale, int h0, int tile_lo, int j0, int j1,
                                              int first, int p, int origin_logical, int origin_physical,
-                                             float* out0, size_t head_stride, const FreshRow& fr) {
+                                             float* out0, size_t head_stride, const FreshRow& fr,
+                                             FirstTile<D>& ft) {
     using L = TileLanes<D>;
-    TileLanes<D> tl;
+    const TileLanes<D>& tl = ft.tl;
     int group_of_kv = n_head / n_kv_head, kvh = h0 / group_of_kv;
     __shared__ float4 qs4[NH][D / 4];
     // Two sets, used by turns: a tile's warps write theirs while the slowest warp may still read the
@@ -263,13 +311,10 @@ __device__ __forceinline__ void decode_tiles(const float* __restrict__ q, const 
     int records = 0;
     int fresh_tile = fr.key / ATT_TILE;
     bool kv_here = fresh_tile >= tile_lo + j0 && fresh_tile < tile_lo + j1;
-    int lo, hi;
-    tile_keys(tile_lo + j0, first, p, &lo, &hi);
-    bool valid;
-    int phys = tile_key_row<D>(tl, tile_lo + j0, lo, hi, origin_logical, origin_physical, capacity, &valid);
-    uint4 kv[L::per_key], vv[L::per_lane];
-    load_tile_k<D>(tl, kc, phys, valid, kv_width, kvh, kv);
-    load_tile_v<D>(tl, vc, phys, kv_width, kvh, vv);
+    int lo = ft.lo, hi = ft.hi, phys = ft.phys;
+    bool valid = ft.valid;
+    uint4(&kv)[L::per_key] = ft.kv;
+    uint4(&vv)[L::per_lane] = ft.vv;
     // The fresh K and V row in the block whose tiles hold it (stored to the cache by the block of the
     // KV head's first query head); q alone elsewhere (its bits do not depend on whether K is formed
     // beside it).
@@ -405,17 +450,14 @@ __device__ __forceinline__ void attend_decode_body(const float* __restrict__ q, 
                                                    const Placement& pl, int n_head, int n_kv_head, float scale,
                                                    int window, int tile_cap, float* partial,
                                                    int* __restrict__ arrivals, float* __restrict__ dst, int group,
-                                                   int quant, u8* __restrict__ a, const FreshRow& fr, int s,
-                                                   int splits, int h0) {
-    // Block s takes n / S tiles, one more below n % S: with S at least n, tile s (as a block per tile
-    // did), and block 0 always has one (the timeline records its wait).
-    int n_tiles = pl.n_tiles;
-    int per = n_tiles / splits, rem = n_tiles % splits;
-    int j0 = s * per + min(s, rem), j1 = j0 + per + (s < rem ? 1 : 0);
+                                                   int quant, u8* __restrict__ a, const FreshRow& fr,
+                                                   const DecodeShare& sh, FirstTile<D>& ft) {
+    int n_tiles = pl.n_tiles, h0 = sh.h0, j0 = sh.j0, j1 = sh.j1;
     if (j0 >= j1) return;
     size_t head_stride = (size_t)tile_cap * (D + 2);
     decode_tiles<D, NH>(q, kc, vc, capacity, kv_width, n_head, n_kv_head, scale, h0, pl.tile_lo, j0, j1,
-                        first_key(pl, window), pl.p, pl.origin_logical, pl.origin_physical, partial + h0 * head_stride, head_stride, fr);
+                        first_key(pl, window), pl.p, pl.origin_logical, pl.origin_physical, partial + h0 * head_stride,
+                        head_stride, fr, ft);
     // Publish the records and count them in, per merge group the heads meet: the barrier orders every
     // thread's writes before thread 0's fence, which releases them with the counts (and, for a block
     // that completes a group, acquires the other blocks' records before the barrier that lets its
@@ -463,18 +505,16 @@ __device__ __forceinline__ void attend_decode(const float* __restrict__ q, const
                                               const Placement& pl, int n_head, int n_kv_head, float scale, int window,
                                               int tile_cap, float* partial, int* __restrict__ arrivals,
                                               float* __restrict__ dst, int group, int quant, u8* __restrict__ a,
-                                              const FreshRow& fr) {
-    int x = blockIdx.x, y = blockIdx.y, shares = gridDim.x;
+                                              const FreshRow& fr, const DecodeShare& sh, FirstTile<D>& ft) {
     if constexpr (NH > 1) {
-        if (pl.n_tiles > shares) {
+        if (sh.heads == NH) {
             attend_decode_body<D, NH>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap,
-                                      partial, arrivals, dst, group, quant, a, fr, x * NH + y % NH, shares * NH,
-                                      y / NH * NH);
+                                      partial, arrivals, dst, group, quant, a, fr, sh, ft);
             return;
         }
     }
     attend_decode_body<D, 1>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap, partial,
-                             arrivals, dst, group, quant, a, fr, x, shares, y);
+                             arrivals, dst, group, quant, a, fr, sh, ft);
 }
 
 // ATTEND_TILES(D) defines two kernels for head size D: `attend_tiles_d<D>` over K and V already in
@@ -499,10 +539,13 @@ __device__ __forceinline__ void attend_decode(const float* __restrict__ q, const
         float2 cs = rope_pair_angle(pl.p, n_rot, base, freq_scale);                                     \
         __shared__ float head_norms[2 * D];                                                             \
         load_head_norms<D>(qn, kn, head_norms);                                                         \
+        DecodeShare sh = decode_share<NH>(pl);                                                          \
+        FirstTile<D> ft;                                                                                \
+        load_first_tile<D>(ft, sh, pl, window, kc, vc, capacity, kv_width, n_head, n_kv_head);          \
         WAIT_PRIOR_GRID();                                                                              \
         FreshRow fr{k, v, kc, vc, d_row, n_rot, neox, pl.p, cs, qn ? head_norms : nullptr, eps};        \
         attend_decode<D, NH>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap, \
-                             partial, arrivals, dst, group, quant, a, fr);                              \
+                             partial, arrivals, dst, group, quant, a, fr, sh, ft);                      \
     }
 #define ATTEND_TILES(D, MIN_BLOCKS)                                                                     \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS, MIN_BLOCKS) attend_tiles_d##D(            \
