@@ -117,6 +117,26 @@ pub(super) fn tile_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Res
             case(128, 64, 8, vec![3000], Some(1536), 1536, (1465, 1465)),
             rope(128, inter, 10_000.0),
         ),
+        // A short context with merge groups of two heads (the 8B's Q8_K blocks): one tile, then two;
+        // and a head of 256 over two tiles.
+        (
+            Case {
+                merge_group: 2,
+                ..case(128, 8, 2, vec![100], None, 130, (0, 0))
+            },
+            rope(128, neox, 500_000.0),
+        ),
+        (
+            Case {
+                merge_group: 2,
+                ..case(128, 32, 8, vec![200], None, 256, (0, 0))
+            },
+            rope(128, neox, 500_000.0),
+        ),
+        (
+            case(256, 4, 1, vec![250], None, 256, (0, 0)),
+            rope(256, neox, 1_000_000.0),
+        ),
         // Heads in merge groups of four, counted in by blocks of one head or (with fewer blocks a head
         // than tiles, `TANDEM_CUDA_DECODE_SPLITS`) of two.
         (
