@@ -410,9 +410,12 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
                          origin_logical, origin_physical, out0, head_stride);
     }
     // Publish the partials, then count this block's heads in, group by group; a group's last block
-    // merges it.
-    __threadfence();
+    // merges it. The barrier orders every thread's writes before thread 0's fence, which releases them
+    // with the counts (one fence a block, as in `attend_decode_body`, where each thread fenced its own
+    // writes; its fence after a completing count acquires the other blocks' partials before the barrier
+    // that lets the block merge).
     __syncthreads();
+    if (threadIdx.x == 0) __threadfence();
     __shared__ int merges;
     __shared__ __align__(16) float staged[256];
     int g_last = (h_first + heads - 1) / group;
@@ -422,14 +425,16 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
             int* count = arrivals + (size_t)qi * (n_head / group) + g;
             merges = atomicAdd(count, mine) + mine == n_tiles * group;
             // Every head of this group has counted: the counter is ready for the next launch.
-            if (merges) *count = 0;
+            if (merges) {
+                *count = 0;
+                __threadfence();
+            }
         }
         __syncthreads();
         bool merging = merges;
         // `merges` is written again for the next group only after every thread has read it.
         __syncthreads();
         if (!merging) continue;
-        __threadfence();
         merge_group<D>(partial, tile_cap, n_tiles, dst, group, quant, a, n_t, qi, n_head, g, staged);
         // `staged` is filled again for the next group only after the quantization has read it.
         __syncthreads();
