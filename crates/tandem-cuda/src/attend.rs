@@ -274,7 +274,8 @@ pub struct RopeStoreShape {
 }
 
 /// Its buffers: `q` (rotated in place), the rows' unrotated `k` and `v` (f32), the cache (`kc`, `vc`:
-/// f16 bits), each row's cache row `dst` (-1: not stored) and position `pos`.
+/// f16 bits), each row's cache row `dst` (-1: not stored) and position `pos`. The rows in `dst` are
+/// device data, so the launch cannot check them: they must lie within the cache.
 pub struct RopeStoreBuffers<'a> {
     pub q: CudaViewMut<'a, f32>,
     pub k: CudaView<'a, f32>,

@@ -240,21 +240,26 @@ __device__ __forceinline__ void tile_partials(const float* __restrict__ q, const
 
 // A fused decode block's part of the grid (`attend_decode`): its first query head h0 and `heads` heads
 // (1, or NH once the live tiles outnumber the blocks a head), and its share of the live tiles,
-// j0 .. j1 - 1 (share s of `splits`: n / S tiles, one more below n % S; with S at least n, tile s, as a
-// block per tile did, and block 0 always has one, so the timeline records its wait). Formed from the
-// grid and the placement alone, before the kernel's wait.
+// j0 .. j1 - 1 (share s of S: n / S tiles, one more below n % S; with S at least n, tile s, as a block
+// per tile did, and block 0 always has one, so the timeline records its wait). Formed from the grid
+// and the placement alone, before the kernel's wait.
 struct DecodeShare {
-    int heads, h0, s, splits, j0, j1;
+    int heads, h0, j0, j1;
 };
 
 template <int NH>
 __device__ __forceinline__ DecodeShare decode_share(const Placement& pl) {
     int x = blockIdx.x, y = blockIdx.y, shares = gridDim.x;
-    DecodeShare sh{1, y, x, shares, 0, 0};
-    if (NH > 1 && pl.n_tiles > shares) sh = DecodeShare{NH, y / NH * NH, x * NH + y % NH, shares * NH, 0, 0};
-    int per = pl.n_tiles / sh.splits, rem = pl.n_tiles % sh.splits;
-    sh.j0 = sh.s * per + min(sh.s, rem);
-    sh.j1 = sh.j0 + per + (sh.s < rem ? 1 : 0);
+    DecodeShare sh{1, y, 0, 0};
+    int s = x, splits = shares;
+    if (NH > 1 && pl.n_tiles > shares) {
+        sh = DecodeShare{NH, y / NH * NH, 0, 0};
+        s = x * NH + y % NH;
+        splits = shares * NH;
+    }
+    int per = pl.n_tiles / splits, rem = pl.n_tiles % splits;
+    sh.j0 = s * per + min(s, rem);
+    sh.j1 = sh.j0 + per + (s < rem ? 1 : 0);
     return sh;
 }
 
@@ -268,7 +273,7 @@ struct FirstTile {
 };
 
 // Issues the loads of the block's first tile before the kernel's wait, so they overlap the kernel
-// before (tg128 at 4,096 keys on the 8B +1.3%; docs/gpu-runs/2026-12-01-deep, call e2). Its rows are
+// before (tg128 on the 8B: +1.4% at 4,096 keys, +2.9% at 7,168; docs/gpu-runs/2026-12-01-early). Its rows are
 // those of earlier steps, written by this layer's fused kernel in an earlier graph replay or by a
 // direct launch, all finished before this step's graph began; the kernel before in the step (the
 // q, K, V projections) writes none of them. The step's own row, which this kernel stores, is taken
@@ -290,9 +295,10 @@ __device__ __forceinline__ void load_first_tile(FirstTile<D>& ft, const DecodeSh
 // and staged once, each tile's K and V are loaded once for the NH heads and each element converted
 // once, and the next tile's loads go out while the tile before is still being summed (K's once its
 // scores are done, V's once its weighted sums are), so a block's memory latency overlaps its
-// arithmetic. The first tile's loads were issued before the kernel's wait (`load_first_tile`). Each head's record of a tile is the one a block of its own (`tile_partials` for one
-// head) writes: the same lanes, sums and order. The tile holding the step's key takes that key's K and
-// V from shared memory (`FreshRow`).
+// arithmetic; the first tile's went out before the kernel's wait (`load_first_tile`). Each head's
+// record of a tile is the one a block of its own (`tile_partials` for one head) writes: the same lanes,
+// sums and order. The tile holding the step's key takes that key's K and V from shared memory
+// (`FreshRow`).
 template <int D, int NH>
 __device__ __forceinline__ void decode_tiles(const float* __restrict__ q, const u16* __restrict__ kc,
                                              const u16* __restrict__ vc, int capacity, int kv_width, int n_head,
