@@ -242,8 +242,7 @@ fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut
         .iter()
         .zip(&fv)
         .all(|(&b, &x)| b == f16::from_f32(x).to_bits());
-    let bits = |x: &[f16]| x.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
-    let (k_in, v_in) = (bits(&k), bits(&v));
+    let (k_in, v_in) = (f16_bits(&k), f16_bits(&v));
     let untouched = (0..kc.len()).all(|i| row.contains(&i) || (kc[i] == k_in[i] && vc[i] == v_in[i]));
     // The output against f64 attention over the kernel's own stored row.
     let (mut k_ref, mut v_ref) = (k.clone(), v.clone());
@@ -345,8 +344,7 @@ fn chained_route(
         rms_norm_into(gpu, &mut qd, q.len(), &gpu.upload(qn)?, hd, HEAD_NORM_EPS)?;
         rms_norm_into(gpu, &mut kd, fresh.k.len(), &gpu.upload(kn)?, hd, HEAD_NORM_EPS)?;
     }
-    let bits = |x: &[f16]| x.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
-    let (mut kc, mut vc) = (gpu.upload(&bits(k))?, gpu.upload(&bits(v))?);
+    let (mut kc, mut vc) = (gpu.upload(&f16_bits(k))?, gpu.upload(&f16_bits(v))?);
     let vd = gpu.upload(fresh.v)?;
     let (dst, pos) = (gpu.upload(&[c.physical(p) as i32])?, gpu.upload(&[p as i32])?);
     let shape = RopeStoreShape {
@@ -428,8 +426,7 @@ fn run_blocks(
     };
     let ints = |v: &[usize]| v.iter().map(|&x| x as i32).collect::<Vec<i32>>();
     let q = gpu.upload(q)?;
-    let bits = |x: &[f16]| x.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
-    let (mut kc, mut vc) = (gpu.upload(&bits(k))?, gpu.upload(&bits(v))?);
+    let (mut kc, mut vc) = (gpu.upload(&f16_bits(k))?, gpu.upload(&f16_bits(v))?);
     let pos = gpu.upload(&ints(positions))?;
     let meta = gpu.upload(&ints(&[c.origin.0, c.origin.1, span.lo, span.n]))?;
     let mut partial = gpu.upload(&vec![f32::NAN; t * c.n_head * tile_cap * (c.head_dim + 2)])?;
@@ -478,6 +475,11 @@ fn run_blocks(
         "tile attention left arrival counters set"
     );
     Ok((gpu.download(&out)?, gpu.download(&kc)?, gpu.download(&vc)?))
+}
+
+/// The bits of f16 values, as the cache buffers hold them.
+fn f16_bits(x: &[f16]) -> Vec<u16> {
+    x.iter().map(|h| h.to_bits()).collect()
 }
 
 /// The case's buffer: every physical row a query may see gets random values; all others stay NaN.
