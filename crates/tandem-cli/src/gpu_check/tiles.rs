@@ -212,7 +212,7 @@ const FRESH_BOUND: f64 = 1e-3;
 /// V's bits, every other row untouched, the output against f64 attention; with no rotation, the
 /// output's bits against the cached kernel over a cache already holding the row; and, rotated with
 /// and without QK-norm, the output's and the stored row's bits against the chunked route's kernels
-/// (`chained_route`).
+/// (`rms_norm`, then `chained_route`).
 fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut Vec<Row>) -> Result<()> {
     let (hd, kvw, qw) = (c.head_dim, c.n_kv_head * c.head_dim, c.n_head * c.head_dim);
     let p = c.positions[0];
@@ -295,13 +295,14 @@ fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut
     // Rotated, with and without QK-norm: output and stored row bit-equal to the chunked route's
     // kernels (`rms_norm`, `rope_kv_store`, then the cached kernel), which form the same values in
     // launches of their own (where the compiler may contract other products: the deep session's bug).
-    let chain_equal = |(out, kc, vc): (&[f32], &[u16], &[u16]), norms| -> Result<bool> {
-        let chained = chained_route(gpu, c, &q, &fresh, (&k, &v), norms)?;
+    // With QK-norm the chain starts from q and K already through `rms_norm` (`normed_first`).
+    let chain_equal = |(out, kc, vc): (&[f32], &[u16], &[u16]), q: &[f32], f: &Fresh<'_>| -> Result<bool> {
+        let chained = chained_route(gpu, c, q, f, (&k, &v))?;
         Ok(same(out, &chained.0) && kc == chained.1 && vc == chained.2)
     };
-    let rotated_equal = chain_equal((&out, &kc, &vc), None)?;
+    let rotated_equal = chain_equal((&out, &kc, &vc), &q, &fresh)?;
     let (nf_out, nf_k, nf_v) = &normed_fused;
-    let normed_rotated_equal = chain_equal((nf_out, nf_k, nf_v), Some((&qn[..], &kn[..])))?;
+    let normed_rotated_equal = chain_equal((nf_out, nf_k, nf_v), &qn_first, &Fresh { k: &kn_first, ..fresh })?;
     table.push(Row {
         check: format!(
             "fused RoPE + store + attention d{hd} {}/{} heads, position {p}, window {:?}, {} rows from {:?}, \
@@ -327,7 +328,7 @@ fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut
     Ok(())
 }
 
-/// The chunked route's form of the fused step: the head norms (`rms_norm`, with `norms`), then
+/// The chunked route's form of the fused step (after the head norms, which the caller applies):
 /// `rope_kv_store` (q rotated in place, K rotated and stored with V to the step's cache row), then the
 /// cached kernel over the cache so written. Its output and the cache's K and V after it.
 fn chained_route(
@@ -336,14 +337,9 @@ fn chained_route(
     q: &[f32],
     fresh: &Fresh<'_>,
     (k, v): (&[f16], &[f16]),
-    norms: Option<(&[f32], &[f32])>,
 ) -> Result<(Vec<f32>, Vec<u16>, Vec<u16>)> {
     let (hd, p) = (c.head_dim, c.positions[0]);
-    let (mut qd, mut kd) = (gpu.upload(q)?, gpu.upload(fresh.k)?);
-    if let Some((qn, kn)) = norms {
-        rms_norm_into(gpu, &mut qd, q.len(), &gpu.upload(qn)?, hd, HEAD_NORM_EPS)?;
-        rms_norm_into(gpu, &mut kd, fresh.k.len(), &gpu.upload(kn)?, hd, HEAD_NORM_EPS)?;
-    }
+    let (mut qd, kd) = (gpu.upload(q)?, gpu.upload(fresh.k)?);
     let (mut kc, mut vc) = (gpu.upload(&f16_bits(k))?, gpu.upload(&f16_bits(v))?);
     let vd = gpu.upload(fresh.v)?;
     let (dst, pos) = (gpu.upload(&[c.physical(p) as i32])?, gpu.upload(&[p as i32])?);
