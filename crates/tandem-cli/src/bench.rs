@@ -2,8 +2,11 @@
 //! llama-bench measures them: pp feeds N random tokens to an empty context in chunks of `--ubatch` rows
 //! (llama-bench's default micro-batch, 512); tg decodes N tokens one at a time after an empty context.
 //! With `--depth D` (llama-bench's `-d`) each test starts after D tokens already in the context, prefilled
-//! untimed, and is named as llama-bench names it ("tg128 @ d4096"). Each test runs once to warm up, then
-//! `-r` times.
+//! untimed, and is named as llama-bench names it ("tg128 @ d4096"). `-p`, `-n` and `-d` take
+//! comma-separated lists, as llama-bench's do. `--parallel N` decodes N sequences together, one forward
+//! pass a step for all of them, as the server batches its decoders (llama-batched-bench's `-npl`);
+//! its test is named "tg128 x8" and counts every sequence's tokens. Each test runs once to warm up,
+//! then `-r` times.
 
 use std::time::Instant;
 
@@ -36,18 +39,23 @@ pub enum BenchSub {
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt tokens for the pp test (0 skips it).
-    #[arg(short = 'p', long, default_value_t = 512)]
-    pub n_prompt: usize,
-    /// Generated tokens for the tg test (0 skips it).
-    #[arg(short = 'n', long, default_value_t = 128)]
-    pub n_gen: usize,
+    /// Prompt tokens for the pp test (0 skips it; a list runs one test each).
+    #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
+    pub n_prompt: Vec<usize>,
+    /// Generated tokens for the tg test (0 skips it; a list runs one test each).
+    #[arg(short = 'n', long, value_delimiter = ',', default_value = "128")]
+    pub n_gen: Vec<usize>,
     /// Rows per forward pass of the pp test (llama-bench's `-ub`, whose default is also 512).
     #[arg(long = "ubatch", short = 'u', default_value_t = 512)]
     pub ubatch: usize,
-    /// Tokens already in the context when each test starts, prefilled untimed (llama-bench's `-d`).
-    #[arg(short = 'd', long, default_value_t = 0)]
-    pub depth: usize,
+    /// Tokens already in the context when each test starts, prefilled untimed (llama-bench's `-d`; a
+    /// list runs every test at each).
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    pub depth: Vec<usize>,
+    /// Sequences decoded together in the tg test, each with its own context (a list runs one test
+    /// each).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub parallel: Vec<usize>,
     /// Repetitions.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub repetitions: usize,
@@ -117,62 +125,90 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
 
 type BenchRows = Vec<(String, (f64, f64))>;
 
-/// The pp and tg tests on any backend. Device work is asynchronous, but every forward pass returns
-/// logits to the host (a synchronization), so wall-clock time covers the work.
+/// The pp and tg tests on any backend, at every depth. Device work is asynchronous, but every forward
+/// pass returns logits to the host (a synchronization), so wall-clock time covers the work.
 fn bench_on<B: Backend>(engine: &mut Engine<B>, bos: Option<u32>, args: &BenchArgs) -> Result<BenchRows> {
-    let n_vocab = engine.model.config().n_vocab;
-    let n_ctx = (args.depth + args.n_prompt.max(args.n_gen) + 1).max(16);
-    let reps = args.repetitions.max(1);
-    // The context before a test: the same random tokens (BOS first) every repetition.
-    let depth_tokens = tokens(args.depth, n_vocab, bos);
-    let new_sequence = |engine: &mut Engine<B>| -> Result<_> {
-        let mut kv = engine.try_new_sequence(n_ctx)?;
-        if args.depth > 0 {
-            engine.prefill(&mut kv, &depth_tokens, args.ubatch.clamp(1, args.depth))?;
-        }
-        Ok(kv)
-    };
-    // The test's own tokens follow the context, so only an empty context starts with BOS.
-    let test_bos = bos.filter(|_| args.depth == 0);
     let mut results = Vec::new();
-
-    if args.n_prompt > 0 {
-        let prompt = tokens(args.n_prompt, n_vocab, test_bos);
-        let mut speeds = Vec::new();
-        for rep in 0..=reps {
-            let mut kv = new_sequence(engine)?;
-            let start = Instant::now();
-            engine.prefill(&mut kv, &prompt, args.ubatch.clamp(1, args.n_prompt))?;
-            if rep > 0 {
-                speeds.push(args.n_prompt as f64 / start.elapsed().as_secs_f64());
-            }
-        }
-        results.push((test_name("pp", args.n_prompt, args.depth), mean_std(&speeds)));
-    }
-    if args.n_gen > 0 {
-        let gen = tokens(args.n_gen, n_vocab, test_bos);
-        let mut speeds = Vec::new();
-        for rep in 0..=reps {
-            let mut kv = new_sequence(engine)?;
-            let start = Instant::now();
-            for &t in &gen {
-                engine.forward(&mut kv, &[t], LogitRows::Last)?;
-            }
-            if rep > 0 {
-                speeds.push(args.n_gen as f64 / start.elapsed().as_secs_f64());
-            }
-        }
-        results.push((test_name("tg", args.n_gen, args.depth), mean_std(&speeds)));
+    for &depth in &args.depth {
+        bench_at_depth(engine, bos, args, depth, &mut results)?;
     }
     Ok(results)
 }
 
-/// llama-bench's test names: "pp512", "tg128", and "tg128 @ d4096" after a context of 4096 tokens.
-fn test_name(kind: &str, n: usize, depth: usize) -> String {
-    match depth {
-        0 => format!("{kind}{n}"),
-        d => format!("{kind}{n} @ d{d}"),
+fn bench_at_depth<B: Backend>(
+    engine: &mut Engine<B>,
+    bos: Option<u32>,
+    args: &BenchArgs,
+    depth: usize,
+    results: &mut BenchRows,
+) -> Result<()> {
+    let n_vocab = engine.model.config().n_vocab;
+    let longest = args.n_prompt.iter().chain(&args.n_gen).copied().max().unwrap_or(0);
+    let n_ctx = (depth + longest + 1).max(16);
+    let reps = args.repetitions.max(1);
+    // The context before a test: the same random tokens (BOS first) every repetition.
+    let depth_tokens = tokens(depth, n_vocab, bos);
+    let new_sequence = |engine: &mut Engine<B>| -> Result<_> {
+        let mut kv = engine.try_new_sequence(n_ctx)?;
+        if depth > 0 {
+            engine.prefill(&mut kv, &depth_tokens, args.ubatch.clamp(1, depth))?;
+        }
+        Ok(kv)
+    };
+    // The test's own tokens follow the context, so only an empty context starts with BOS.
+    let test_bos = bos.filter(|_| depth == 0);
+
+    for &n_prompt in args.n_prompt.iter().filter(|&&n| n > 0) {
+        let prompt = tokens(n_prompt, n_vocab, test_bos);
+        let mut speeds = Vec::new();
+        for rep in 0..=reps {
+            let mut kv = new_sequence(engine)?;
+            let start = Instant::now();
+            engine.prefill(&mut kv, &prompt, args.ubatch.clamp(1, n_prompt))?;
+            if rep > 0 {
+                speeds.push(n_prompt as f64 / start.elapsed().as_secs_f64());
+            }
+        }
+        results.push((test_name("pp", n_prompt, depth, 1), mean_std(&speeds)));
     }
+    for &n_gen in args.n_gen.iter().filter(|&&n| n > 0) {
+        let gen = tokens(n_gen, n_vocab, test_bos);
+        for &parallel in &args.parallel {
+            let parallel = parallel.max(1);
+            let mut speeds = Vec::new();
+            for rep in 0..=reps {
+                let mut kvs = (0..parallel)
+                    .map(|_| new_sequence(engine))
+                    .collect::<Result<Vec<_>>>()?;
+                let start = Instant::now();
+                for &t in &gen {
+                    if parallel == 1 {
+                        engine.forward(&mut kvs[0], &[t], LogitRows::Last)?;
+                    } else {
+                        engine.forward_each(&mut kvs, &vec![t; parallel])?;
+                    }
+                }
+                if rep > 0 {
+                    speeds.push((n_gen * parallel) as f64 / start.elapsed().as_secs_f64());
+                }
+            }
+            results.push((test_name("tg", n_gen, depth, parallel), mean_std(&speeds)));
+        }
+    }
+    Ok(())
+}
+
+/// llama-bench's test names: "pp512", "tg128", and "tg128 @ d4096" after a context of 4096 tokens;
+/// "tg128 x8" for eight sequences decoded together.
+fn test_name(kind: &str, n: usize, depth: usize, parallel: usize) -> String {
+    let mut name = format!("{kind}{n}");
+    if depth > 0 {
+        name += &format!(" @ d{depth}");
+    }
+    if parallel > 1 {
+        name += &format!(" x{parallel}");
+    }
+    name
 }
 
 #[cfg(test)]
@@ -181,8 +217,10 @@ mod tests {
 
     #[test]
     fn tests_are_named_as_llama_bench_names_them() {
-        assert_eq!(test_name("pp", 512, 0), "pp512");
-        assert_eq!(test_name("tg", 128, 4096), "tg128 @ d4096");
+        assert_eq!(test_name("pp", 512, 0, 1), "pp512");
+        assert_eq!(test_name("tg", 128, 4096, 1), "tg128 @ d4096");
+        assert_eq!(test_name("tg", 128, 0, 16), "tg128 x16");
+        assert_eq!(test_name("tg", 64, 512, 4), "tg64 @ d512 x4");
     }
 
     #[test]

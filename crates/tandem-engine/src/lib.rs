@@ -84,6 +84,29 @@ impl<B: Backend> Engine<B> {
         Ok(out.pop().unwrap_or_default())
     }
 
+    /// One decode step for several sequences at once: `tokens[i]` goes to `kvs[i]`, all in one forward
+    /// pass (one pass over the weights), as the serving engine batches its decoders. Returns each
+    /// sequence's logits, in order.
+    pub fn forward_each(&mut self, kvs: &mut [B::Kv], tokens: &[u32]) -> Result<Vec<Logits>, EngineError> {
+        if kvs.len() != tokens.len() {
+            return Err(EngineError::Invalid(format!(
+                "a batched step needs one token per sequence: {} sequences, {} tokens",
+                kvs.len(),
+                tokens.len()
+            )));
+        }
+        let mut spans: Vec<Span<B::Kv>> = kvs
+            .iter_mut()
+            .zip(tokens)
+            .map(|(kv, t)| Span {
+                kv,
+                tokens: std::slice::from_ref(t),
+                logits: LogitRows::Last,
+            })
+            .collect();
+        Ok(self.model.run(&mut self.ws, &mut spans)?)
+    }
+
     /// Feeds `tokens` in chunks of `chunk` rows; returns the logits of the last token.
     pub fn prefill(&mut self, kv: &mut B::Kv, tokens: &[u32], chunk: usize) -> Result<Logits, EngineError> {
         if tokens.is_empty() {

@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use tandem_engine::score::ScoreOptions;
+use tandem_model::LogitRows;
 
 fn check_model((key, file): (&str, &str)) {
     let golden = golden();
@@ -52,4 +53,34 @@ fn gemma3_logits_do_not_depend_on_chunking() {
 #[test]
 fn smollm2_logits_do_not_depend_on_chunking() {
     check_model(SMOLLM);
+}
+
+/// A decode step batched across sequences (`Engine::forward_each`, one forward pass for all, as the
+/// server and `tandem bench --parallel` run it) gives each sequence the logits it gets alone.
+#[test]
+fn a_batched_step_gives_each_sequence_its_own_logits() {
+    let golden = golden();
+    let tokens = ids(&prompt(&golden, SMOLLM.0, "gpl3-long")["ids"]);
+    let (mut engine, _) = load(SMOLLM.1);
+    let lens = [5usize, 40, 17];
+    let mut kvs: Vec<_> = lens.iter().map(|&n| engine.new_sequence(n + 2)).collect();
+    for (kv, &n) in kvs.iter_mut().zip(&lens) {
+        engine.prefill(kv, &tokens[..n], 64).unwrap();
+    }
+    let next: Vec<u32> = lens.iter().map(|&n| tokens[n]).collect();
+    let mut alone_kvs: Vec<_> = lens.iter().map(|&n| engine.new_sequence(n + 2)).collect();
+    let mut alone = Vec::new();
+    for ((kv, &n), &t) in alone_kvs.iter_mut().zip(&lens).zip(&next) {
+        engine.prefill(kv, &tokens[..n], 64).unwrap();
+        alone.push(engine.forward(kv, &[t], LogitRows::Last).unwrap());
+    }
+    let together = engine.forward_each(&mut kvs, &next).unwrap();
+    assert_eq!(together.len(), lens.len());
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a[..], b[..], "sequence {i}: batched logits differ from its own step");
+    }
+    assert!(
+        engine.forward_each(&mut kvs, &next[..2]).is_err(),
+        "a token short must be an error"
+    );
 }
