@@ -1,6 +1,9 @@
 //! The CUDA backend's attention outside the flash route (`flash.rs`): K and V stored into the
 //! cache (or a staging buffer when the chunk meets a wrapped ring), then the tile kernel, whose last
-//! block per query and head merges the tiles (`kernels/attention.cu`).
+//! block per query and head merges the tiles (`kernels/attention.cu`). A decode step fuses RoPE and
+//! the store into the tile kernel; a batched decode step (one row of each of several sequences) runs
+//! that fused kernel for every row in one launch, each row finding its own cache through its
+//! sequence's buffer table.
 
 use std::cell::RefMut;
 use std::ops::Range;
@@ -89,7 +92,7 @@ pub struct TileBuffers<'a> {
     pub fresh: Option<FreshRow<'a>>,
 }
 
-fn tile_error(err: String) -> CudaError {
+pub(crate) fn tile_error(err: String) -> CudaError {
     CudaError::Driver {
         what: "tile attention".into(),
         err,
@@ -243,7 +246,7 @@ fn by_hand(cell: &'static std::sync::OnceLock<Option<usize>>, var: &str) -> Opti
 
 /// `routes::decode_attention_heads`, or `TANDEM_CUDA_DECODE_HEADS` (where the kernel has that form for
 /// the shape), which exists to measure the choice.
-fn decode_heads(s: &TileShape) -> usize {
+pub(crate) fn decode_heads(s: &TileShape) -> usize {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     match by_hand(&CELL, "TANDEM_CUDA_DECODE_HEADS") {
         Some(nh) if routes::decode_attention_heads_fit(s.n_head, s.n_kv_head, s.head_dim, nh) => nh,
@@ -251,14 +254,18 @@ fn decode_heads(s: &TileShape) -> usize {
     }
 }
 
-/// `routes::decode_attention_splits` on this GPU, or `TANDEM_CUDA_DECODE_SPLITS` (blocks a head,
-/// capped at the tiles the grid spans; a large number gives a block per tile), which exists to
-/// measure the choice.
-fn decode_splits(gpu: &Gpu, s: &TileShape) -> usize {
+/// `routes::decode_attention_splits` on this GPU for the heads of all `s.t` rows (one wave of blocks
+/// is shared by every row of a batched step), or `TANDEM_CUDA_DECODE_SPLITS` (blocks a head, capped
+/// at the tiles the grid spans; a large number gives a block per tile), which exists to measure the
+/// choice.
+pub(crate) fn decode_splits(gpu: &Gpu, s: &TileShape) -> usize {
     static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     match by_hand(&CELL, "TANDEM_CUDA_DECODE_SPLITS") {
         Some(n) => n.clamp(1, s.tile_cap.max(1)),
-        None => routes::decode_attention_splits(s.tile_cap, s.n_head, s.head_dim, gpu.sm_count as usize),
+        None => {
+            let heads = s.n_head * s.t.max(1);
+            routes::decode_attention_splits(s.tile_cap, heads, s.head_dim, gpu.sm_count as usize)
+        }
     }
 }
 
@@ -490,7 +497,7 @@ impl CudaModel {
     /// The attention kernel's arrival counters, at least `n` of them (zero between launches: the
     /// merging block resets its own). Grown outside captures only: a decode step's count is set by
     /// the direct step before its graph is captured.
-    fn arrivals(&self, n: usize) -> Result<RefMut<'_, CudaSlice<i32>>, CudaError> {
+    pub(crate) fn arrivals(&self, n: usize) -> Result<RefMut<'_, CudaSlice<i32>>, CudaError> {
         let mut a = self.arrivals.borrow_mut();
         if a.len() < n {
             if self.mode.get() == Mode::Capture {
@@ -559,8 +566,9 @@ impl CudaModel {
     /// in place: the fused tile kernel (`attend_rope_d*`) rotates q and K, stores K and V and attends,
     /// in one launch. One span of a few rows taken in place: `rope_kv_store` rotates q in place and K
     /// on its way into the cache, then the tile kernel attends (a row's query reads the rows before it
-    /// in its chunk, which other blocks store). Anything else: `rope_qk`, then each span's
-    /// `store_and_attend`.
+    /// in its chunk, which other blocks store). Several spans of one row each, all taken in place (a
+    /// batched decode step): the fused kernel's batched form, one launch for every sequence
+    /// (`attend_decode_rows`). Anything else: `rope_qk`, then each span's `store_and_attend`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_store_attend(
         &self,
@@ -572,6 +580,9 @@ impl CudaModel {
         positions: &[usize],
         rope: &RopeParams,
     ) -> Result<(), ModelError> {
+        if self.takes_decode_rows(layer, spans, span_rows, qkv.q.rows, rope) {
+            return self.attend_decode_rows(layer, spans, qkv, positions, rope);
+        }
         let fused = match (&*spans, span_rows) {
             ([span], [rows]) => {
                 let lc = &span.kv.layers[layer];

@@ -9,13 +9,12 @@
 //! exactly what a direct launch would (`tandem gpu-check` compares bits).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, DevicePtr};
 use tandem_model::kv::RingPlacement;
-use tandem_model::{graph, LentLogits, LogitRows, Logits, ModelError, Span};
+use tandem_model::{graph, LogitRows, Logits, ModelError, Span};
 
 use crate::device::driver;
 use crate::kv::GpuSequenceKv;
@@ -23,7 +22,6 @@ use crate::launch::i32_of;
 use crate::model::{CudaModel, GpuScratch, Mode};
 use crate::pool::DevBuf;
 use crate::programmatic;
-use crate::CudaError;
 
 /// Graphs kept at once (one per sequence being decoded; the oldest goes first).
 const MAX_GRAPHS: usize = 8;
@@ -48,118 +46,6 @@ pub(crate) struct DecodeGraph {
     graph: CudaGraph,
     /// The logits buffer the graph writes.
     out: DevBuf<f32>,
-}
-
-/// Page-locked host memory for a graph's logits. A copy into pageable memory goes through the
-/// driver's staging buffers: about 62 µs for the 8B's 513 KB on the H200 machine, against 44-51 for
-/// the copy into this buffer and from it into the returned vector.
-struct HostLogits {
-    ptr: *mut f32,
-    len: usize,
-}
-
-impl HostLogits {
-    fn new(len: usize) -> Result<Self, CudaError> {
-        // SAFETY: a fresh allocation of `len` f32s (cached: the host reads it), freed in Drop.
-        let ptr = driver("cuMemHostAlloc (logits)", unsafe {
-            cudarc::driver::result::malloc_host(len * std::mem::size_of::<f32>(), 0)
-        })?;
-        Ok(HostLogits { ptr: ptr.cast(), len })
-    }
-
-    /// Copies `out` in, once the stream has finished everything before; returns how many logits.
-    fn download(&mut self, model: &CudaModel, out: &DevBuf<f32>) -> Result<usize, CudaError> {
-        let n = out.len().min(self.len);
-        let stream = &model.gpu.stream;
-        let (src, _sync) = out.device_ptr(stream);
-        // SAFETY: `ptr` holds `len` >= n f32s for the life of `self`; the copy is ordered after the
-        // graph on the stream, and the host reads the memory only after synchronizing with it.
-        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr, n) };
-        let copied = unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, src, stream.cu_stream()) };
-        driver("cuMemcpyDtoHAsync (logits)", copied)?;
-        model.gpu.synchronize()?;
-        Ok(n)
-    }
-
-    fn slice(&self, n: usize) -> &[f32] {
-        // SAFETY: `ptr` holds `len` f32s; a buffer is lent (and so read) only after `download` has
-        // copied into it and synchronized.
-        unsafe { std::slice::from_raw_parts(self.ptr, n.min(self.len)) }
-    }
-}
-
-/// The page-locked buffers of a model's decode graphs, all of one length (the vocabulary): taken for
-/// a step's logits, given back when the caller drops them. Two are in use in a generation loop (the
-/// logits sampled from, and the next step's); a new one is allocated only when none is free.
-#[derive(Default)]
-pub(crate) struct PinnedLogits {
-    free: Mutex<Vec<HostLogits>>,
-}
-
-impl PinnedLogits {
-    fn take(&self, len: usize) -> Result<HostLogits, CudaError> {
-        let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match reused {
-            Some(h) if h.len >= len => Ok(h),
-            _ => HostLogits::new(len),
-        }
-    }
-
-    fn give_back(&self, h: HostLogits) {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(h);
-    }
-}
-
-/// A step's logits in a page-locked buffer, lent to the caller as `Logits`.
-struct LentHost {
-    host: Option<HostLogits>,
-    n: usize,
-    pool: Arc<PinnedLogits>,
-}
-
-impl LentLogits for LentHost {
-    fn logits(&self) -> &[f32] {
-        self.host.as_ref().map_or(&[], |h| h.slice(self.n))
-    }
-}
-
-impl Drop for LentHost {
-    fn drop(&mut self) {
-        if let Some(h) = self.host.take() {
-            self.pool.give_back(h);
-        }
-    }
-}
-
-impl CudaModel {
-    /// The graph's logits of the step just launched, copied into a page-locked buffer from the pool
-    /// once the GPU is done, and lent out.
-    fn lend_logits(&self, out: &DevBuf<f32>) -> Result<Logits, CudaError> {
-        let mut host = self.pinned_logits.take(out.len())?;
-        let n = match host.download(self, out) {
-            Ok(n) => n,
-            Err(e) => {
-                self.pinned_logits.give_back(host);
-                return Err(e);
-            }
-        };
-        Ok(Logits::lent(Box::new(LentHost {
-            host: Some(host),
-            n,
-            pool: self.pinned_logits.clone(),
-        })))
-    }
-}
-
-// SAFETY: plain host memory owned by this value alone.
-unsafe impl Send for HostLogits {}
-
-impl Drop for HostLogits {
-    fn drop(&mut self) {
-        // SAFETY: `ptr` came from malloc_host and is freed once; no copy into it is pending (each
-        // download synchronizes before it returns).
-        let _ = unsafe { cudarc::driver::result::free_host(self.ptr.cast()) };
-    }
 }
 
 /// The dry pass of a sequence's next decode step, made while the GPU runs this one. What a dry pass
@@ -265,10 +151,10 @@ impl CudaModel {
         let decode_step = spans.len() == 1 && spans[0].tokens.len() == 1 && spans[0].logits == LogitRows::Last;
         if !self.graphs_enabled.get() || !decode_step {
             let Some(clock) = &self.pass_clock else {
-                return graph::forward_logits(self, scratch, spans);
+                return graph::forward(self, scratch, spans);
             };
             clock.begin(&self.gpu)?;
-            let out = graph::forward_logits(self, scratch, spans)?;
+            let out = graph::forward(self, scratch, spans)?;
             clock.end(spans.iter().map(|s| s.tokens.len()).sum())?;
             return Ok(out);
         }
@@ -281,7 +167,7 @@ impl CudaModel {
         }
         if warm_up(&mut self.warmed.borrow_mut(), seq) {
             // First decode step of this sequence: run it directly, which sizes the pool.
-            return graph::forward_logits(self, scratch, spans);
+            return graph::forward(self, scratch, spans);
         }
         self.capture(scratch, spans, seq)
     }
@@ -446,7 +332,7 @@ impl CudaModel {
                 };
                 eprintln!("tandem: CUDA graph capture failed ({why}); decoding without graphs");
                 self.graphs_enabled.set(false);
-                graph::forward_logits(self, scratch, spans)
+                graph::forward(self, scratch, spans)
             }
         }
     }

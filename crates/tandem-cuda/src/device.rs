@@ -198,11 +198,19 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         // MMVQ_STAGED(type, shared layout, unroll, rows per group): the staged one-row kernels.
         ("MMVQ_STAGED", [t, _, u, r]) => vec![format!("mmvqp_{t}_u{u}_r{r}_s1")],
         // ATTEND_TILES(head size, blocks a multiprocessor): the tile attention kernels for one head
-        // size, over the cache and with a decode step's own row fused in.
-        ("ATTEND_TILES", [d, _]) => vec![format!("attend_tiles_d{d}"), format!("attend_rope_d{d}")],
+        // size, over the cache and with a decode step's own row fused in (one row, or a row of each
+        // sequence of a batched step).
+        ("ATTEND_TILES", [d, _]) => vec![
+            format!("attend_tiles_d{d}"),
+            format!("attend_rope_d{d}"),
+            format!("attend_rope_rows_d{d}"),
+        ],
         // ATTEND_ROPE_HEADS(head size, query heads a block): the fused decode kernel over several heads
-        // of a group in a deep context.
-        ("ATTEND_ROPE_HEADS", [d, nh]) => vec![format!("attend_rope_h{nh}_d{d}")],
+        // of a group in a deep context, one row or a batch.
+        ("ATTEND_ROPE_HEADS", [d, nh]) => vec![
+            format!("attend_rope_h{nh}_d{d}"),
+            format!("attend_rope_rows_h{nh}_d{d}"),
+        ],
         // FLASH_ENTRY(head size, key tile, m-tiles, r|s): the prefill attention variants.
         ("FLASH_ENTRY", [d, k, m, q]) => vec![format!("flash_prefill_d{d}_k{k}_m{m}_{q}")],
         _ => return None,
@@ -264,12 +272,19 @@ mod tests {
         assert!(sizes.iter().all(|&d| crate::routes::head_dim_supported(d)));
         let mut want: Vec<String> = sizes
             .iter()
-            .flat_map(|d| [format!("attend_tiles_d{d}"), format!("attend_rope_d{d}")])
+            .flat_map(|d| {
+                [
+                    format!("attend_tiles_d{d}"),
+                    format!("attend_rope_d{d}"),
+                    format!("attend_rope_rows_d{d}"),
+                ]
+            })
             .collect();
         // The fused decode kernel over two heads of a group, for the sizes that have it.
         for d in [64, 128] {
             assert!(crate::routes::decode_attention_heads_fit(16, 8, d, 2));
             want.push(format!("attend_rope_h2_d{d}"));
+            want.push(format!("attend_rope_rows_h2_d{d}"));
         }
         assert_eq!(att, want);
         // The host's table of flash variants is the list of entry points, in order.

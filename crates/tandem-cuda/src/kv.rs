@@ -14,6 +14,7 @@ use cudarc::driver::CudaSlice;
 use tandem_model::kv::RingPlacement;
 use tandem_model::{KvCheckpoint, KvSizing, ModelConfig, ModelError, SequenceCache, ServingBackend, ServingCache};
 
+use crate::attend_rows::buffer_table;
 use crate::device::{driver, Gpu};
 use crate::model::CudaModel;
 use crate::CudaError;
@@ -31,6 +32,9 @@ pub struct GpuSequenceKv {
     pub layers: Vec<GpuLayerCache>,
     pub n_ctx: usize,
     pub kv_width: usize,
+    /// Every layer's K and V buffer addresses (K then V, layer by layer), in device memory: a batched
+    /// decode step's attention kernel finds each row's caches through them (`attend_rope_rows_*`).
+    pub buffers: CudaSlice<u64>,
     grant: KvGrant,
 }
 
@@ -49,12 +53,15 @@ impl GpuSequenceKv {
                 v: gpu.alloc::<u16>(capacity * w)?,
             });
         }
+        // The buffers never move (a restore copies into them), so their addresses are written once.
+        let buffers = buffer_table(gpu, layers.iter().map(|l| (&l.k, &l.v)))?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Ok(GpuSequenceKv {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             layers,
             n_ctx,
             kv_width: w,
+            buffers,
             grant,
         })
     }

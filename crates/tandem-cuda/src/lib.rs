@@ -21,11 +21,13 @@
 //! `CudaError::Unavailable` with the reason.
 
 pub mod attend;
+pub mod attend_rows;
 mod decode_graph;
 pub mod device;
 pub mod ffn;
 pub mod flash;
 pub mod handover;
+mod host_logits;
 pub mod int8;
 pub mod kv;
 pub mod latency;

@@ -13,13 +13,14 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use tandem_backend::cpu::ops::RopeParams;
-use tandem_model::backend::{AttendRows, Backend, QkvRows};
+use tandem_model::backend::{split_logits, AttendRows, Backend, QkvRows};
 use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm, Weights};
 use tandem_model::{Logits, Model, ModelConfig, ModelError, Span};
 
-use crate::decode_graph::{Ahead, DecodeGraph, PinnedLogits};
+use crate::decode_graph::{Ahead, DecodeGraph};
 use crate::device::{driver, Gpu};
+use crate::host_logits::PinnedLogits;
 use crate::int8::ActQuant;
 use crate::kv::GpuSequenceKv;
 use crate::launch::{blocks, i32_of, launch_cfg};
@@ -449,6 +450,22 @@ impl Backend for CudaModel {
         reader: &Matrix,
     ) -> Result<GpuAct, ModelError> {
         self.gated_pair_products(x, gate, up, act, reader)
+    }
+
+    /// Several spans' logits (a batched decode step: tens of megabytes for the 8B's vocabulary) come
+    /// back in one page-locked buffer, each span lent its rows; one span's, as `to_host` gives them.
+    fn logits_to_host(&self, x: GpuAct, rows: &[usize]) -> Result<Vec<Logits>, ModelError> {
+        if rows.len() < 2 || self.mode.get() != Mode::Normal {
+            return split_logits(self.to_host(x)?, rows);
+        }
+        if let Some(clock) = &self.pass_clock {
+            clock.enqueued(&self.gpu)?;
+        }
+        let logits = self.lend_logit_rows(x.buf()?, rows)?;
+        if let Some(p) = &self.profile {
+            p.collect()?;
+        }
+        Ok(logits)
     }
 
     fn gather_rows(&self, x: &GpuAct, rows: &[usize]) -> Result<GpuAct, ModelError> {

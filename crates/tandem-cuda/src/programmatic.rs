@@ -191,6 +191,15 @@ mod tests {
                 "DecodeShare sh = decode_share<NH>(pl);",
                 "FirstTile<D> ft;",
                 "load_first_tile<D>(ft, sh, pl, window, kc, vc, capacity, kv_width, n_head, n_kv_head);",
+                // The batched form (`attend_rope_rows_*`): its row's cache buffers and placement,
+                // from tables the host wrote before the launch (a sequence's buffer table is written
+                // once, when the sequence is made).
+                "int r = blockIdx.z;",
+                "const int* row = rows + r * ROW_INTS;",
+                "u16* kc = seqs[r][2 * layer];",
+                "u16* vc = seqs[r][2 * layer + 1];",
+                "int capacity = row[0], d_row = row[6];",
+                "Placement pl{row[1], row[2], row[3], row[4], row[5]};",
             ],
         ),
     ];

@@ -5,12 +5,14 @@
 //!   step is memory-bound, so reading 4-6 bits per weight is what sets its speed. Unless cuBLAS over
 //!   the f16 copy was measured faster for this matrix at load (`one_row_cublas`): then `Gemm` with one
 //!   row, which reads 4x the bytes of Q4 weights but streams them at full bandwidth.
-//! - `1 < t <= MATVEC_MAX_ROWS` (very short chunks, batched decode): `Matvec` again, batched — each
-//!   warp applies a decoded weight unit to up to 8 rows, so the weights are still read about once, and
-//!   a GEMM's tile setup would cost more than it saves.
-//! - `t > MATVEC_MAX_ROWS` (prefill): `Gemm` — tensor-core GEMM (cuBLAS, f16 operands, f32
-//!   accumulation) over an f16 copy of the weights made at load; prefill is compute-bound, so the
-//!   weights are kept in the form the tensor cores read fastest, at 2 bytes per weight of memory.
+//! - `1 < t < GEMM_MIN_ROWS` (very short chunks, small decode batches): `Matvec` again, batched —
+//!   each warp applies a decoded weight unit to up to 8 rows, so the weights are still read about
+//!   once; its integer sums grow with the rows, and from 5 rows the GEMM over the f16 copy (4x the
+//!   bytes, but on the tensor cores) is faster (`GEMM_MIN_ROWS`).
+//! - `t >= GEMM_MIN_ROWS` (prefill, decode batches): `Gemm` — tensor-core GEMM (cuBLAS, f16
+//!   operands, f32 accumulation) over an f16 copy of the weights made at load; prefill is
+//!   compute-bound, so the weights are kept in the form the tensor cores read fastest, at 2 bytes per
+//!   weight of memory.
 //! - `deterministic`: always `Matvec`, whose per-element summation order depends on the matrix width
 //!   alone, so logits are bit-identical across chunk sizes and batch compositions. There, chunks of
 //!   `int8::MMQ_MIN_ROWS` or more rows times Q4_K, Q6_K or Q8_0 matrices run the integer matvec's sums on
@@ -42,8 +44,15 @@ use tandem_model::kv::{ChunkRoute, RingPlacement};
 
 use crate::int8::ActQuant;
 
-/// Rows up to which the batched matvec beats the GEMM route.
+/// Rows up to which a chunk takes the tile attention kernel rather than the flash kernel
+/// (`attention_route`; a decode batch of any size takes its batched form, one row a sequence).
 pub const MATVEC_MAX_ROWS: usize = 8;
+/// Rows from which a matmul takes the GEMM over the f16 copy rather than the batched matvec. The
+/// batched matvec reads the quantized weights once but its integer sums grow with the rows; measured
+/// on the 8B Q4_K_M (H200, docs/gpu-runs/2026-12-01-batch, calls g2 and g3): 5 rows 883 tok/s against
+/// 940 through the GEMM, 6 rows 944 against 1,136, 8 rows 1,042 against 1,473, while 4 rows favour
+/// the matvec (807 against 752 in g2, 840 in g3: within the spread).
+pub const GEMM_MIN_ROWS: usize = 5;
 /// Keys per attention tile (must match `ATT_TILE` in `kernels/tiles.cuh`).
 pub const ATT_TILE: usize = 128;
 /// Threads of an attention block (must match `ATT_THREADS` in `kernels/tiles.cuh`).
@@ -129,7 +138,7 @@ pub enum MatmulRoute {
 pub fn matmul_route(t: usize, deterministic: bool, one_row_cublas: bool) -> MatmulRoute {
     if deterministic {
         MatmulRoute::Matvec
-    } else if t > MATVEC_MAX_ROWS || (t == 1 && one_row_cublas) {
+    } else if t >= GEMM_MIN_ROWS || (t == 1 && one_row_cublas) {
         MatmulRoute::Gemm
     } else {
         MatmulRoute::Matvec
@@ -327,13 +336,16 @@ mod tests {
         // More heads than blocks in a wave: still one block a head.
         assert_eq!(decode_attention_splits(65, 512, 128, 132), 1);
         assert_eq!(decode_attention_splits(0, 32, 128, 132), 1);
+        // A batched step shares the wave among its rows' heads: 64 rows of 32 heads, one block a head.
+        assert_eq!(decode_attention_splits(3, 32 * 64, 128, 132), 1);
+        assert_eq!(decode_attention_splits(17, 32 * 2, 128, 132), 4);
     }
 
     #[test]
     fn decode_and_short_chunks_take_the_matvec_and_prefill_the_gemm() {
         assert_eq!(matmul_route(1, false, false), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(MATVEC_MAX_ROWS, false, false), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(MATVEC_MAX_ROWS + 1, false, false), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(GEMM_MIN_ROWS - 1, false, false), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(GEMM_MIN_ROWS, false, false), MatmulRoute::Gemm);
         assert_eq!(matmul_route(512, true, false), MatmulRoute::Matvec);
     }
 

@@ -37,8 +37,8 @@ fn residual_flags(add: bool, post: bool) -> i32 {
     (if add { RN_ADD } else { 0 }) | (if post { RN_POST } else { 0 })
 }
 
-/// The kernels' flag for writing activations quantized as `fmt`.
-pub(crate) fn quant_flag(fmt: ActQuant) -> i32 {
+/// The kernels' flag for writing activations quantized as `fmt` (public for `tandem gpu-check`).
+pub fn quant_flag(fmt: ActQuant) -> i32 {
     match fmt {
         ActQuant::Q8K => RN_Q8K,
         ActQuant::Q8 => RN_Q8,

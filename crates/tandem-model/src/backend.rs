@@ -55,7 +55,7 @@ pub trait Backend {
     where
         Self: Sized,
     {
-        graph::forward_logits(self, scratch, spans)
+        graph::forward(self, scratch, spans)
     }
 
     /// Rows of the token embedding table for `tokens`, scaled for Gemma.
@@ -152,6 +152,35 @@ pub trait Backend {
     /// A new activation of the listed rows, in order.
     fn gather_rows(&self, x: &Self::Act, rows: &[usize]) -> Result<Self::Act, ModelError>;
     fn to_host(&self, x: Self::Act) -> Result<Vec<f32>, ModelError>;
+    /// A pass's logits on the host, span by span: `x` holds `rows[i]` rows for span i, in order. The
+    /// default copies them out with `to_host` and splits them; a GPU backend lends page-locked memory
+    /// instead.
+    fn logits_to_host(&self, x: Self::Act, rows: &[usize]) -> Result<Vec<Logits>, ModelError> {
+        split_logits(self.to_host(x)?, rows)
+    }
+}
+
+/// `all` (every span's rows of logits, in order) as one `Logits` a span: `rows[i]` rows for span i.
+pub fn split_logits(all: Vec<f32>, rows: &[usize]) -> Result<Vec<Logits>, ModelError> {
+    if let [_] = rows {
+        return Ok(vec![Logits::from(all)]);
+    }
+    let total: usize = rows.iter().sum();
+    if total == 0 || !all.len().is_multiple_of(total) {
+        return Err(ModelError::Kernel(format!(
+            "{} logits do not split into {total} rows",
+            all.len()
+        )));
+    }
+    let n_vocab = all.len() / total;
+    let mut rest = all.as_slice();
+    let mut out = Vec::with_capacity(rows.len());
+    for &n in rows {
+        let (mine, after) = rest.split_at(n * n_vocab);
+        out.push(Logits::from(mine.to_vec()));
+        rest = after;
+    }
+    Ok(out)
 }
 
 /// A layer's projections before RoPE (and before their per-head norms, when it has them), and its
@@ -179,4 +208,21 @@ pub struct AttendRows<'a, A> {
     pub k: &'a A,
     pub v: &'a A,
     pub out: &'a mut A,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logits_split_span_by_span_and_a_mismatch_is_an_error() {
+        // Three spans of a 2-word vocabulary: one row, none, two rows.
+        let all: Vec<f32> = (0..6).map(|x| x as f32).collect();
+        let spans = split_logits(all.clone(), &[1, 0, 2]).unwrap();
+        let got: Vec<Vec<f32>> = spans.iter().map(|l| l.to_vec()).collect();
+        assert_eq!(got, vec![vec![0.0, 1.0], vec![], vec![2.0, 3.0, 4.0, 5.0]]);
+        // One span takes the vector whole.
+        assert_eq!(split_logits(all.clone(), &[3]).unwrap()[0].len(), 6);
+        assert!(split_logits(all, &[2, 2]).is_err(), "6 logits are not 4 rows");
+    }
 }

@@ -32,23 +32,13 @@ pub struct Span<'a, K = SequenceKv> {
     pub logits: LogitRows,
 }
 
-/// `forward`, each span's logits in a vector of its own: what `Backend::run` returns when the layer
-/// graph is launched op by op.
-pub fn forward_logits<B: Backend>(
-    b: &B,
-    scratch: &mut B::Scratch,
-    spans: &mut [Span<B::Kv>],
-) -> Result<Vec<Logits>, ModelError> {
-    Ok(forward(b, scratch, spans)?.into_iter().map(Logits::from).collect())
-}
-
 /// Runs the layer graph over every span's tokens; returns, per span, the logits of the rows it asked
-/// for (`rows × n_vocab`, row-major).
+/// for (`rows × n_vocab`, row-major). What `Backend::run` does when the graph is launched op by op.
 pub fn forward<B: Backend>(
     b: &B,
     scratch: &mut B::Scratch,
     spans: &mut [Span<B::Kv>],
-) -> Result<Vec<Vec<f32>>, ModelError> {
+) -> Result<Vec<Logits>, ModelError> {
     let c = b.config();
     let w = b.weights();
     let mut positions = Vec::new();
@@ -61,7 +51,7 @@ pub fn forward<B: Backend>(
     }
     let t = positions.len();
     if t == 0 {
-        return Ok(spans.iter().map(|_| Vec::new()).collect());
+        return Ok(spans.iter().map(|_| Logits::default()).collect());
     }
 
     let tokens: Vec<u32> = spans.iter().flat_map(|s| s.tokens.iter().copied()).collect();
@@ -109,24 +99,26 @@ pub fn forward<B: Backend>(
         }
     }
 
-    // Logits for the rows each span asked for.
-    let mut out = Vec::with_capacity(spans.len());
-    for (span, rows) in spans.iter().zip(&span_rows) {
-        let picked: Vec<usize> = match span.logits {
+    // Logits for the rows each span asked for, every span's in one pass over the output matrix (a
+    // batched decode step reads it once, not once a sequence).
+    let picked: Vec<Vec<usize>> = spans
+        .iter()
+        .zip(&span_rows)
+        .map(|(span, rows)| match span.logits {
             LogitRows::None => vec![],
             LogitRows::Last => vec![rows.end - 1],
             LogitRows::All => rows.clone().collect(),
-        };
-        if picked.is_empty() {
-            out.push(Vec::new());
-            continue;
-        }
-        // The final norm as a pre-norm of the output matrix: a backend writes it in the form that
-        // matrix reads (the CUDA backend: one kernel that also quantizes it for the integer matvec).
-        let h = b.normed(&b.gather_rows(&x, &picked)?, &w.output_norm)?;
-        out.push(b.to_host(b.matmul(&w.output, &h)?)?);
+        })
+        .collect();
+    let all: Vec<usize> = picked.iter().flatten().copied().collect();
+    if all.is_empty() {
+        return Ok(spans.iter().map(|_| Logits::default()).collect());
     }
-    Ok(out)
+    // The final norm as a pre-norm of the output matrix: a backend writes it in the form that matrix
+    // reads (the CUDA backend: one kernel that also quantizes it for the integer matvec).
+    let h = b.normed(&b.gather_rows(&x, &all)?, &w.output_norm)?;
+    let counts: Vec<usize> = picked.iter().map(Vec::len).collect();
+    b.logits_to_host(b.matmul(&w.output, &h)?, &counts)
 }
 
 /// `Backend::rope_store_and_attend`'s default: the head norms and RoPE on every row of q and k, then

@@ -12,6 +12,7 @@
 //! 3. Deterministic mode (the model loaded again as `--deterministic` loads it): `logits_sha256` of
 //!    teacher-forced scoring must match across chunk sizes.
 
+mod decode_rows;
 mod flash;
 mod gemm;
 mod int8;
@@ -330,6 +331,7 @@ fn kernel_checks(gpu: &Gpu, seed: Option<u64>, table: &mut Vec<Row>) -> Result<(
     }
     flash::flash_checks(gpu, &mut rng, table)?;
     tiles::tile_checks(gpu, &mut rng, table)?;
+    decode_rows::decode_rows_checks(gpu, &mut rng, table)?;
     rows::row_checks(gpu, &mut rng, table)?;
     gemm::pair_checks(gpu, &mut rng, table)?;
     int8::mmq_checks(gpu, &mut rng, table)?;

@@ -462,13 +462,13 @@ __device__ __forceinline__ void attend_decode_body(const float* __restrict__ q, 
                                                    int window, int tile_cap, float* partial,
                                                    int* __restrict__ arrivals, float* __restrict__ dst, int group,
                                                    int quant, u8* __restrict__ a, const FreshRow& fr,
-                                                   const DecodeShare& sh, FirstTile<D>& ft) {
+                                                   const DecodeShare& sh, FirstTile<D>& ft, int qi, int n_t) {
     int n_tiles = pl.n_tiles, h0 = sh.h0, j0 = sh.j0, j1 = sh.j1;
     if (j0 >= j1) return;
     size_t head_stride = (size_t)tile_cap * (D + 2);
-    decode_tiles<D, NH>(q, kc, vc, capacity, kv_width, n_head, n_kv_head, scale, h0, pl.tile_lo, j0, j1,
-                        first_key(pl, window), pl.p, pl.origin_logical, pl.origin_physical, partial + h0 * head_stride,
-                        head_stride, fr, ft);
+    decode_tiles<D, NH>(q + (size_t)qi * n_head * D, kc, vc, capacity, kv_width, n_head, n_kv_head, scale, h0,
+                        pl.tile_lo, j0, j1, first_key(pl, window), pl.p, pl.origin_logical, pl.origin_physical,
+                        partial + ((size_t)qi * n_head + h0) * head_stride, head_stride, fr, ft);
     // Publish the records and count them in, per merge group the heads meet: the barrier orders every
     // thread's writes before thread 0's fence, which releases them with the counts (and, for a block
     // that completes a group, acquires the other blocks' records before the barrier that lets its
@@ -482,7 +482,7 @@ __device__ __forceinline__ void attend_decode_body(const float* __restrict__ q, 
         int done = 0;
         for (int g = g_first; g <= g_last; g++) {
             int mine = (min(h0 + NH, (g + 1) * group) - max(h0, g * group)) * (j1 - j0);
-            int* count = arrivals + g;
+            int* count = arrivals + (size_t)qi * (n_head / group) + g;
             if (atomicAdd(count, mine) + mine == n_tiles * group) {
                 // Every head of this group has counted: the counter is ready for the next launch.
                 *count = 0;
@@ -496,7 +496,7 @@ __device__ __forceinline__ void attend_decode_body(const float* __restrict__ q, 
     int done = merges;
     for (int g = g_first; g <= g_last; g++) {
         if (!(done >> (g - g_first) & 1)) continue;
-        merge_group<D>(partial, tile_cap, n_tiles, dst, group, quant, a, 1, 0, n_head, g, staged);
+        merge_group<D>(partial, tile_cap, n_tiles, dst, group, quant, a, n_t, qi, n_head, g, staged);
         // `staged` is filled again for the next group only after the quantization has read it.
         __syncthreads();
     }
@@ -516,16 +516,17 @@ __device__ __forceinline__ void attend_decode(const float* __restrict__ q, const
                                               const Placement& pl, int n_head, int n_kv_head, float scale, int window,
                                               int tile_cap, float* partial, int* __restrict__ arrivals,
                                               float* __restrict__ dst, int group, int quant, u8* __restrict__ a,
-                                              const FreshRow& fr, const DecodeShare& sh, FirstTile<D>& ft) {
+                                              const FreshRow& fr, const DecodeShare& sh, FirstTile<D>& ft, int qi,
+                                              int n_t) {
     if constexpr (NH > 1) {
         if (sh.heads == NH) {
             attend_decode_body<D, NH>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap,
-                                      partial, arrivals, dst, group, quant, a, fr, sh, ft);
+                                      partial, arrivals, dst, group, quant, a, fr, sh, ft, qi, n_t);
             return;
         }
     }
     attend_decode_body<D, 1>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap, partial,
-                             arrivals, dst, group, quant, a, fr, sh, ft);
+                             arrivals, dst, group, quant, a, fr, sh, ft, qi, n_t);
 }
 
 // ATTEND_TILES(D) defines two kernels for head size D: `attend_tiles_d<D>` over K and V already in
@@ -556,7 +557,41 @@ __device__ __forceinline__ void attend_decode(const float* __restrict__ q, const
         WAIT_PRIOR_GRID();                                                                              \
         FreshRow fr{k, v, kc, vc, d_row, n_rot, neox, pl.p, cs, qn ? head_norms : nullptr, eps};        \
         attend_decode<D, NH>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap, \
-                             partial, arrivals, dst, group, quant, a, fr, sh, ft);                      \
+                             partial, arrivals, dst, group, quant, a, fr, sh, ft, 0, 1);                \
+    }
+// ATTEND_ROPE_ROWS defines the fused decode kernel for a batch of decode steps, one row of each of
+// n_t sequences (the serving engine's decode step): grid S x n_head x n_t, block (x, y, r) runs row
+// r's step as the one-row kernel runs a lone one. Row r's sequence lists its layers' K and V buffers
+// (K then V, layer by layer) at seqs[r], and `rows` holds ROW_INTS ints a row: the buffer's capacity,
+// its placement (`meta`'s four), the position and the cache row. Both are written by the host before
+// the launch, so they are read before the wait. Row r's q, K, V, records, counters, output and
+// quantized output are row r's of the launch's buffers, so each row has the bits of its own launch.
+#define ROW_INTS 8
+#define ATTEND_ROPE_ROWS(NAME, D, NH, MIN_BLOCKS)                                                       \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS, MIN_BLOCKS) NAME(                         \
+        const float* __restrict__ q, u16* const* const* __restrict__ seqs, int layer,                   \
+        const int* __restrict__ rows, int kv_width, int n_head, int n_kv_head, float scale, int window, \
+        int tile_cap, float* partial, int* __restrict__ arrivals, float* __restrict__ dst, int group,   \
+        int quant, u8* __restrict__ a, const float* __restrict__ k, const float* __restrict__ v,        \
+        int n_rot, float base, float freq_scale, int neox, const float* __restrict__ qn,                \
+        const float* __restrict__ kn, float eps, int n_t) {                                             \
+        int r = blockIdx.z;                                                                             \
+        const int* row = rows + r * ROW_INTS;                                                           \
+        u16* kc = seqs[r][2 * layer];                                                                   \
+        u16* vc = seqs[r][2 * layer + 1];                                                               \
+        int capacity = row[0], d_row = row[6];                                                          \
+        Placement pl{row[1], row[2], row[3], row[4], row[5]};                                           \
+        float2 cs = rope_pair_angle(pl.p, n_rot, base, freq_scale);                                     \
+        __shared__ float head_norms[2 * D];                                                             \
+        load_head_norms<D>(qn, kn, head_norms);                                                         \
+        DecodeShare sh = decode_share<NH>(pl);                                                          \
+        FirstTile<D> ft;                                                                                \
+        load_first_tile<D>(ft, sh, pl, window, kc, vc, capacity, kv_width, n_head, n_kv_head);          \
+        WAIT_PRIOR_GRID();                                                                              \
+        FreshRow fr{k + (size_t)r * kv_width, v + (size_t)r * kv_width, kc, vc, d_row, n_rot, neox, pl.p, cs, \
+                    qn ? head_norms : nullptr, eps};                                                    \
+        attend_decode<D, NH>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap, \
+                             partial, arrivals, dst, group, quant, a, fr, sh, ft, r, n_t);              \
     }
 #define ATTEND_TILES(D, MIN_BLOCKS)                                                                     \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS, MIN_BLOCKS) attend_tiles_d##D(            \
@@ -569,8 +604,11 @@ __device__ __forceinline__ void attend_decode(const float* __restrict__ q, const
         attend_tiles_body<D>(q, kc, vc, capacity, kv_width, pl, n_head, n_kv_head, scale, window, tile_cap, \
                              partial, arrivals, dst, group, quant, a, n_t, group_tiles);                \
     }                                                                                                   \
-    ATTEND_ROPE(attend_rope_d##D, D, 1, MIN_BLOCKS)
-#define ATTEND_ROPE_HEADS(D, NH) ATTEND_ROPE(attend_rope_h##NH##_d##D, D, NH, 2)
+    ATTEND_ROPE(attend_rope_d##D, D, 1, MIN_BLOCKS)                                                     \
+    ATTEND_ROPE_ROWS(attend_rope_rows_d##D, D, 1, MIN_BLOCKS)
+#define ATTEND_ROPE_HEADS(D, NH)                                                                        \
+    ATTEND_ROPE(attend_rope_h##NH##_d##D, D, NH, 2)                                                     \
+    ATTEND_ROPE_ROWS(attend_rope_rows_h##NH##_d##D, D, NH, 2)
 // ATTEND_TILES(head size, blocks a multiprocessor for both kernels): the sizes
 // `routes::head_dim_supported` admits. Two blocks hold 128 registers a thread, which its heads loop
 // (a block per KV head) would pass at head size 128 (152) without the bound; at 256 the kernel held
