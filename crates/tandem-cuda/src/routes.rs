@@ -50,8 +50,8 @@ pub const MATVEC_MAX_ROWS: usize = 8;
 /// Rows from which a matmul takes the GEMM over the f16 copy rather than the batched matvec. The
 /// batched matvec reads the quantized weights once but its integer sums grow with the rows; measured
 /// on the 8B Q4_K_M (H200, docs/gpu-runs/2026-12-01-batch, calls g2 and g3): 5 rows 883 tok/s against
-/// 940 through the GEMM, 6 rows 944 against 1,136, 8 rows 1,042 against 1,473, while 4 rows favour
-/// the matvec (807 against 752 in g2, 840 in g3: within the spread).
+/// 940 through the GEMM, 6 rows 944 against 1,136, 8 rows 1,042 against 1,473 (g3), while 4 rows
+/// favour the matvec, which reads a quarter of the bytes (835 against 752, g2).
 pub const GEMM_MIN_ROWS: usize = 5;
 /// Keys per attention tile (must match `ATT_TILE` in `kernels/tiles.cuh`).
 pub const ATT_TILE: usize = 128;
