@@ -47,6 +47,8 @@ fn results_do_not_depend_on_batch_threads_or_route() {
                     pool.n_threads()
                 );
                 assert_eq!(bits(&run(pool, &w, &x, 7)), bits(&full[..7 * rows]), "{ty} {isa:?} t=7");
+                // Five rows take the row kernels (below the GEMM's `GEMM_MIN_T`), with the same bits.
+                assert_eq!(bits(&run(pool, &w, &x, 5)), bits(&full[..5 * rows]), "{ty} {isa:?} t=5");
             }
             for r in [0, 3, 15, 16, 17, 31, 32, 63] {
                 let alone = run(&pools[0], &w, &x[r * cols..], 1);
