@@ -19,6 +19,7 @@ use crate::int8::ActQuant;
 use crate::kv::GpuSequenceKv;
 use crate::launch::{blocks, i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct, GpuScratch, Mode, Param};
+use crate::pool::DevBuf;
 use crate::routes::{self, AttentionRoute, KvRoute, ATT_THREADS, ATT_TILE, MATVEC_MAX_ROWS};
 use crate::rows::quant_flag;
 use crate::{CudaError, Gpu};
@@ -238,6 +239,17 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
     Ok(())
 }
 
+/// The merge's heads merged together, the format it quantizes the output to, and the buffer it writes
+/// that into (`CudaModel::merge_output`).
+pub(crate) type MergeOutput = (usize, Option<ActQuant>, Option<DevBuf<u8>>);
+
+/// The output's quantized form the merge wrote, kept with it for the matmul that reads it.
+pub(crate) fn keep_quantized(out: &GpuAct, quant: Option<ActQuant>, a: Option<DevBuf<u8>>) {
+    if let (Some(fmt), Some(a)) = (quant, a) {
+        out.int8.borrow_mut().push((fmt, a));
+    }
+}
+
 /// A number from the environment, read once into `cell` (the attention routes run for every layer of
 /// every step), for the overrides that exist to measure a route's choice.
 fn by_hand(cell: &'static std::sync::OnceLock<Option<usize>>, var: &str) -> Option<usize> {
@@ -435,13 +447,7 @@ impl CudaModel {
         let hd = c.head_dim;
         let mut partial = self.act(t * c.n_head * tile_cap, hd + 2)?;
         let qw = c.q_width();
-        // The merge can quantize the output for the next matmul (`routes::attention_merge`).
-        let (group, quant) = routes::attention_merge(quant, qw, hd);
-        let may_allocate = self.mode.get() == Mode::Normal;
-        let mut a = match quant {
-            Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(t, qw), may_allocate)?),
-            None => None,
-        };
+        let (group, quant, mut a) = self.merge_output(quant, t)?;
         let shape = TileShape {
             t,
             n_head: c.n_head,
@@ -482,16 +488,37 @@ impl CudaModel {
             quants: a.as_deref_mut(),
             fresh,
         };
+        self.launch_attention(kernel, || tile_attention_into(&self.gpu, &shape, bufs))?;
+        keep_quantized(io.out, quant, a);
+        Ok(())
+    }
+
+    /// How the merge writes the output for the next matmul (`routes::attention_merge` of the format
+    /// that matmul wants, `want`): the heads merged together, the format, and a buffer for `t` rows.
+    pub(crate) fn merge_output(&self, want: Option<ActQuant>, t: usize) -> Result<MergeOutput, CudaError> {
+        let c = &self.cpu.config;
+        let qw = c.q_width();
+        let (group, quant) = routes::attention_merge(want, qw, c.head_dim);
+        let may_allocate = self.mode.get() == Mode::Normal;
+        let a = match quant {
+            Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(t, qw), may_allocate)?),
+            None => None,
+        };
+        Ok((group, quant, a))
+    }
+
+    /// An attention kernel's launch, profiled as `kernel`, or skipped (`TANDEM_CUDA_SKIP`).
+    pub(crate) fn launch_attention(
+        &self,
+        kernel: &str,
+        launch: impl FnOnce() -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
         self.profiled(kernel, || {
             if self.skips("attend_tiles") {
                 return Ok(());
             }
-            tile_attention_into(&self.gpu, &shape, bufs)
-        })?;
-        if let (Some(fmt), Some(a)) = (quant, a) {
-            io.out.int8.borrow_mut().push((fmt, a));
-        }
-        Ok(())
+            launch()
+        })
     }
 
     /// The attention kernel's arrival counters, at least `n` of them (zero between launches: the

@@ -13,7 +13,7 @@ use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_model::backend::QkvRows;
 use tandem_model::{ModelError, Span};
 
-use crate::attend::{decode_heads, decode_splits, tile_error, TileShape};
+use crate::attend::{decode_heads, decode_splits, keep_quantized, tile_error, TileShape};
 use crate::device::driver;
 use crate::kv::GpuSequenceKv;
 use crate::launch::{i32_of, launch_cfg};
@@ -205,7 +205,7 @@ impl CudaModel {
         rope: &RopeParams,
     ) -> Result<(), ModelError> {
         let c = &self.cpu.config;
-        let (t, hd, qw) = (spans.len(), c.head_dim, c.q_width());
+        let (t, hd) = (spans.len(), c.head_dim);
         let window = spans[0].kv.layers[layer].window;
         let mut ints = Vec::with_capacity(ROW_INTS * t);
         let seqs = table_addresses(&self.gpu, spans.iter().map(|s| &s.kv.buffers));
@@ -233,12 +233,8 @@ impl CudaModel {
         let rows = self.param_ints(ints)?;
         let seqs = self.param_ints(seqs)?;
         let quant = self.int8_input(&self.cpu.weights.layers[layer].wo.name, t);
-        let (group, quant) = routes::attention_merge(quant, qw, hd);
+        let (group, quant, mut a) = self.merge_output(quant, t)?;
         let mut partial = self.act(t * c.n_head * tile_cap, hd + 2)?;
-        let mut a = match quant {
-            Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(t, qw), true)?),
-            None => None,
-        };
         let mut arrivals = self.arrivals(t * c.n_head)?;
         let shape = TileShape {
             t,
@@ -271,15 +267,10 @@ impl CudaModel {
             rope: *rope,
             head_norms,
         };
-        self.profiled("attend (rope + tiles, rows)", || {
-            if self.skips("attend_tiles") {
-                return Ok(());
-            }
+        self.launch_attention("attend (rope + tiles, rows)", || {
             decode_rows_attention_into(&self.gpu, &shape, bufs)
         })?;
-        if let (Some(fmt), Some(a)) = (quant, a) {
-            qkv.out.int8.borrow_mut().push((fmt, a));
-        }
+        keep_quantized(qkv.out, quant, a);
         Ok(())
     }
 }
