@@ -212,10 +212,12 @@ impl CudaModel {
         // The grid spans the most live tiles of any row: a direct launch, never replayed, so it need
         // not keep one grid from step to step as a decode graph does.
         let mut tile_cap = 1;
-        for (span, &p) in spans.iter_mut().zip(positions) {
-            let lc = &mut span.kv.layers[layer];
-            let (dst, after) = routes::store_rows(&lc.placement, 1);
-            lc.placement = after;
+        // Every row's placement after the step, set only once all rows' parameters are made, so an
+        // error leaves every sequence as it was.
+        let mut afters = Vec::with_capacity(t);
+        for (span, &p) in spans.iter().zip(positions) {
+            let (dst, after) = routes::store_rows(&span.kv.layers[layer].placement, 1);
+            afters.push(after);
             let tiles = routes::tile_span(&[p], window, after.origin_logical);
             tile_cap = tile_cap.max(tiles.n);
             for v in [
@@ -229,6 +231,9 @@ impl CudaModel {
                 ints.push(i32_of(v, "attention row")?);
             }
             ints.extend([dst.first().copied().unwrap_or(-1), 0]);
+        }
+        for (span, after) in spans.iter_mut().zip(afters) {
+            span.kv.layers[layer].placement = after;
         }
         let rows = self.param_ints(ints)?;
         let seqs = self.param_ints(seqs)?;

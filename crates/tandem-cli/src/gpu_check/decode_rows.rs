@@ -15,7 +15,7 @@ use tandem_cuda::attend_rows::{
 use tandem_cuda::int8::ActQuant;
 use tandem_cuda::routes::{attention_merge, tile_span};
 use tandem_cuda::rows::quant_flag;
-use tandem_cuda::Gpu;
+use tandem_cuda::{CudaSlice, Gpu};
 
 use super::{Rng, Row};
 
@@ -236,9 +236,61 @@ fn shape(b: &Batch, t: usize, capacity: usize, tile_cap: usize) -> TileShape {
     }
 }
 
+/// A launch's outputs for `t` rows, poisoned (NaN, 0xA5) so that an unwritten element shows, and its
+/// arrival counters, zeroed.
+struct Outputs {
+    partial: CudaSlice<f32>,
+    arrivals: CudaSlice<i32>,
+    out: CudaSlice<f32>,
+    a: Option<CudaSlice<u8>>,
+}
+
+impl Outputs {
+    fn new(gpu: &Gpu, b: &Batch, t: usize, tile_cap: usize) -> Result<Self> {
+        let qw = b.n_head * b.head_dim;
+        Ok(Outputs {
+            partial: gpu.upload(&vec![f32::NAN; t * b.n_head * tile_cap * (b.head_dim + 2)])?,
+            arrivals: gpu.alloc::<i32>(t * b.n_head)?,
+            out: gpu.upload(&vec![f32::NAN; t * qw])?,
+            a: match merge(b).1 {
+                Some(f) => Some(gpu.upload(&vec![0xA5u8; f.bytes(t, qw)])?),
+                None => None,
+            },
+        })
+    }
+
+    /// Each row's output bits and quantized output (in the one-row layout), with the rows' `caches`
+    /// as read back; the counters must be back at zero.
+    fn read(&self, gpu: &Gpu, b: &Batch, t: usize, caches: Vec<(Vec<u16>, Vec<u16>)>) -> Result<Outcome> {
+        let qw = b.n_head * b.head_dim;
+        let counters = gpu.download(&self.arrivals)?;
+        anyhow::ensure!(
+            counters.iter().all(|&c| c == 0),
+            "decode attention left arrival counters set"
+        );
+        let out = gpu.download(&self.out)?.chunks(qw).map(bits).collect();
+        let quants = match (merge(b).1, &self.a) {
+            (Some(f), Some(a)) => {
+                let host = gpu.download(a)?;
+                (0..t).map(|r| quant_row(f, &host, t, r, qw)).collect()
+            }
+            _ => vec![vec![]; t],
+        };
+        Ok(Outcome { out, quants, caches })
+    }
+}
+
+/// The head norms' weights on the device, when the check applies QK-norm.
+fn upload_norms(gpu: &Gpu, norms: Option<&(Vec<f32>, Vec<f32>)>) -> Result<Option<(CudaSlice<f32>, CudaSlice<f32>)>> {
+    Ok(match norms {
+        Some((qn, kn)) => Some((gpu.upload(qn)?, gpu.upload(kn)?)),
+        None => None,
+    })
+}
+
 /// Sequence `s`'s step through the one-row fused kernel.
 fn one_row(gpu: &Gpu, b: &Batch, s: &Seq, st: &Step, norms: Option<&(Vec<f32>, Vec<f32>)>) -> Result<Outcome> {
-    let (qw, p) = (b.n_head * b.head_dim, s.position);
+    let p = s.position;
     let span = tile_span(&[p], b.window, s.origin.0);
     let tile_cap = span.n + 1;
     let sh = shape(b, 1, s.capacity, tile_cap);
@@ -247,27 +299,17 @@ fn one_row(gpu: &Gpu, b: &Batch, s: &Seq, st: &Step, norms: Option<&(Vec<f32>, V
     let pos = gpu.upload(&[p as i32])?;
     let meta = gpu.upload(&[s.origin.0, s.origin.1, span.lo, span.n].map(|x| x as i32))?;
     let row = gpu.upload(&[s.physical(p) as i32])?;
-    let mut partial = gpu.upload(&vec![f32::NAN; b.n_head * tile_cap * (b.head_dim + 2)])?;
-    let mut arrivals = gpu.alloc::<i32>(b.n_head)?;
-    let mut out = gpu.upload(&vec![f32::NAN; qw])?;
-    let fmt = merge(b).1;
-    let mut a = match fmt {
-        Some(f) => Some(gpu.upload(&vec![0xA5u8; f.bytes(1, qw)])?),
-        None => None,
-    };
-    let norms = match norms {
-        Some((qn, kn)) => Some((gpu.upload(qn)?, gpu.upload(kn)?)),
-        None => None,
-    };
+    let mut o = Outputs::new(gpu, b, 1, tile_cap)?;
+    let norms = upload_norms(gpu, norms)?;
     let bufs = TileBuffers {
         q: q.as_view(),
         cache: KvCache::Write(kc.as_view_mut(), vc.as_view_mut()),
         pos: pos.as_view(),
         meta: meta.as_view(),
-        partial: &mut partial,
-        arrivals: &mut arrivals,
-        out: out.as_view_mut(),
-        quants: a.as_mut(),
+        partial: &mut o.partial,
+        arrivals: &mut o.arrivals,
+        out: o.out.as_view_mut(),
+        quants: o.a.as_mut(),
         fresh: Some(FreshRow {
             k: fk.as_view(),
             v: fv.as_view(),
@@ -277,20 +319,12 @@ fn one_row(gpu: &Gpu, b: &Batch, s: &Seq, st: &Step, norms: Option<&(Vec<f32>, V
         }),
     };
     tile_attention_into(gpu, &sh, bufs)?;
-    let quants = match (fmt, &a) {
-        (Some(f), Some(a)) => vec![quant_row(f, &gpu.download(a)?, 1, 0, qw)],
-        _ => vec![vec![]],
-    };
-    Ok(Outcome {
-        out: vec![bits(&gpu.download(&out)?)],
-        quants,
-        caches: vec![(gpu.download(&kc)?, gpu.download(&vc)?)],
-    })
+    o.read(gpu, b, 1, vec![(gpu.download(&kc)?, gpu.download(&vc)?)])
 }
 
 /// Every sequence's step in one launch of the batched kernel.
 fn batched(gpu: &Gpu, b: &Batch, steps: &[Step], norms: Option<&(Vec<f32>, Vec<f32>)>) -> Result<Outcome> {
-    let (qw, t) = (b.n_head * b.head_dim, steps.len());
+    let t = steps.len();
     let flat = |f: fn(&Step) -> &Vec<f32>| steps.iter().flat_map(|s| f(s).iter().copied()).collect::<Vec<f32>>();
     let (q, fk, fv) = (
         gpu.upload(&flat(|s| &s.q))?,
@@ -318,52 +352,26 @@ fn batched(gpu: &Gpu, b: &Batch, steps: &[Step], norms: Option<&(Vec<f32>, Vec<f
     }
     let rows = gpu.upload(&rows)?;
     let sh = shape(b, t, 0, tile_cap);
-    let mut partial = gpu.upload(&vec![f32::NAN; t * b.n_head * tile_cap * (b.head_dim + 2)])?;
-    let mut arrivals = gpu.alloc::<i32>(t * b.n_head)?;
-    let mut out = gpu.upload(&vec![f32::NAN; t * qw])?;
-    let fmt = merge(b).1;
-    let mut a = match fmt {
-        Some(f) => Some(gpu.upload(&vec![0xA5u8; f.bytes(t, qw)])?),
-        None => None,
-    };
-    let norms = match norms {
-        Some((qn, kn)) => Some((gpu.upload(qn)?, gpu.upload(kn)?)),
-        None => None,
-    };
+    let mut o = Outputs::new(gpu, b, t, tile_cap)?;
+    let norms = upload_norms(gpu, norms)?;
     let bufs = DecodeRowsBuffers {
         q: q.as_view(),
         seqs: seqs.as_view(),
         layer: 0,
         rows: rows.as_view(),
-        partial: &mut partial,
-        arrivals: &mut arrivals,
-        out: out.as_view_mut(),
-        quants: a.as_mut(),
+        partial: &mut o.partial,
+        arrivals: &mut o.arrivals,
+        out: o.out.as_view_mut(),
+        quants: o.a.as_mut(),
         k: fk.as_view(),
         v: fv.as_view(),
         rope: b.rope,
         head_norms: norms.as_ref().map(|(q, k)| (q.as_view(), k.as_view(), EPS)),
     };
     decode_rows_attention_into(gpu, &sh, bufs)?;
-    let counters = gpu.download(&arrivals)?;
-    anyhow::ensure!(
-        counters.iter().all(|&c| c == 0),
-        "batched decode attention left arrival counters set"
-    );
-    let out = gpu.download(&out)?;
-    let quants = match (fmt, &a) {
-        (Some(f), Some(a)) => {
-            let host = gpu.download(a)?;
-            (0..t).map(|r| quant_row(f, &host, t, r, qw)).collect()
-        }
-        _ => vec![vec![]; t],
-    };
-    Ok(Outcome {
-        out: out.chunks(qw).map(bits).collect(),
-        quants,
-        caches: caches
-            .iter()
-            .map(|(k, v)| Ok((gpu.download(k)?, gpu.download(v)?)))
-            .collect::<Result<Vec<_>>>()?,
-    })
+    let caches = caches
+        .iter()
+        .map(|(k, v)| Ok((gpu.download(k)?, gpu.download(v)?)))
+        .collect::<Result<Vec<_>>>()?;
+    o.read(gpu, b, t, caches)
 }
