@@ -21,7 +21,7 @@ import tempfile
 
 KERNELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "tandem-cuda", "src", "kernels")
 # The headers each file takes after common.cuh (crates/tandem-cuda/src/nvrtc.rs: `headers`).
-HEADERS = {"mmvq.cu": ["int8.cuh"], "mmq.cu": ["int8.cuh"], "attention.cu": ["tiles.cuh"]}
+HEADERS = {"mmvq.cu": ["int8.cuh"], "mmq.cu": ["int8.cuh"], "qmma.cu": ["int8.cuh"], "attention.cu": ["tiles.cuh"]}
 # The backend's options (crates/tandem-cuda/src/nvrtc.rs: OPTIONS, then the architecture).
 OPTIONS = [b"--std=c++17", b"--fmad=true", b"--gpu-architecture=sm_90"]
 

@@ -533,7 +533,10 @@ impl CudaModel {
                     err: format!("{n} needed while capturing a graph, {} allocated", a.len()),
                 });
             }
-            *a = self.gpu.alloc::<i32>(n)?;
+            // Graphs captured earlier keep the old counters' address: they stay allocated (and zero
+            // between launches) for those graphs' replays, never freed for reuse by other buffers.
+            let old = std::mem::replace(&mut *a, self.gpu.alloc::<i32>(n)?);
+            self.retired_arrivals.borrow_mut().push(old);
         }
         Ok(a)
     }
@@ -609,6 +612,13 @@ impl CudaModel {
     ) -> Result<(), ModelError> {
         if self.takes_decode_rows(layer, spans, span_rows, qkv.q.rows, rope) {
             return self.attend_decode_rows(layer, spans, qkv, positions, rope);
+        }
+        // The routes below take each span's caches as kernel arguments: a batched graph holding them
+        // would write another batch's rows into these sequences' caches.
+        if spans.len() > 1 && self.mode.get() != Mode::Normal {
+            return Err(ModelError::Kernel(
+                "a batched decode graph needs every row on the batched attention kernel".into(),
+            ));
         }
         let fused = match (&*spans, span_rows) {
             ([span], [rows]) => {

@@ -17,7 +17,7 @@ use crate::attend::{decode_heads, decode_splits, keep_quantized, tile_error, Til
 use crate::device::driver;
 use crate::kv::GpuSequenceKv;
 use crate::launch::{i32_of, launch_cfg};
-use crate::model::{CudaModel, GpuAct, Mode};
+use crate::model::{CudaModel, GpuAct};
 use crate::routes::{self, KvRoute, ATT_THREADS};
 use crate::rows::quant_flag;
 use crate::{CudaError, Gpu};
@@ -171,8 +171,26 @@ pub fn decode_rows_attention_into(gpu: &Gpu, s: &TileShape, b: DecodeRowsBuffers
 }
 
 impl CudaModel {
+    /// The tiles a batched step's attention grid spans in a layer of `window`: `routes::batch_tiles`
+    /// of the furthest row, within the most any row's cache holds. A function of the rows' count,
+    /// furthest position and largest context alone, as a batched decode graph's key
+    /// (`decode_graph::GraphKey::Batch`) needs: its grid and partial buffers are fixed at capture.
+    pub(crate) fn batch_tile_cap(
+        &self,
+        spans: &[Span<GpuSequenceKv>],
+        positions: &[usize],
+        window: Option<usize>,
+    ) -> usize {
+        let furthest = positions.iter().copied().max().unwrap_or(0);
+        let most = spans.iter().map(|s| self.tile_cap(s.kv, window)).max().unwrap_or(1);
+        routes::batch_tiles(furthest).min(most)
+    }
+
     /// Whether a pass of several spans is a batched decode step the batched fused kernel takes: one
-    /// row a span (the rows in span order), every row's cache taken in place, a direct launch.
+    /// row a span (the rows in span order), every row's cache taken in place. Launched directly,
+    /// captured or replayed: its kernel finds each row's caches through the tables in its parameters,
+    /// so a graph captured for some sequences serves any others of the same count
+    /// (`decode_graph::GraphKey::Batch`).
     pub(crate) fn takes_decode_rows(
         &self,
         layer: usize,
@@ -183,7 +201,6 @@ impl CudaModel {
     ) -> bool {
         spans.len() > 1
             && q_rows == spans.len()
-            && self.mode.get() == Mode::Normal
             && rope.n_rot.is_multiple_of(2)
             && span_rows.iter().enumerate().all(|(i, r)| *r == (i..i + 1))
             && spans.iter().all(|s| {
@@ -209,9 +226,7 @@ impl CudaModel {
         let window = spans[0].kv.layers[layer].window;
         let mut ints = Vec::with_capacity(ROW_INTS * t);
         let seqs = table_addresses(&self.gpu, spans.iter().map(|s| &s.kv.buffers));
-        // The grid spans the most live tiles of any row: a direct launch, never replayed, so it need
-        // not keep one grid from step to step as a decode graph does.
-        let mut tile_cap = 1;
+        let tile_cap = self.batch_tile_cap(spans, positions, window);
         // Every row's placement after the step, set only once all rows' parameters are made, so an
         // error leaves every sequence as it was.
         let mut afters = Vec::with_capacity(t);
@@ -219,7 +234,9 @@ impl CudaModel {
             let (dst, after) = routes::store_rows(&span.kv.layers[layer].placement, 1);
             afters.push(after);
             let tiles = routes::tile_span(&[p], window, after.origin_logical);
-            tile_cap = tile_cap.max(tiles.n);
+            if tiles.n > tile_cap {
+                return Err(tile_error(format!("a row spans {} tiles, the batch's grid {tile_cap}", tiles.n)).into());
+            }
             for v in [
                 after.capacity,
                 after.origin_logical,
@@ -236,7 +253,10 @@ impl CudaModel {
             span.kv.layers[layer].placement = after;
         }
         let rows = self.param_ints(ints)?;
-        let seqs = self.param_ints(seqs)?;
+        let seqs = self.param_addresses(seqs)?;
+        if self.dry() {
+            return Ok(());
+        }
         let quant = self.int8_input(&self.cpu.weights.layers[layer].wo.name, t);
         let (group, quant, mut a) = self.merge_output(quant, t)?;
         let mut partial = self.act(t * c.n_head * tile_cap, hd + 2)?;

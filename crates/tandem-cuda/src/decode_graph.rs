@@ -7,12 +7,19 @@
 //! while the GPU runs this one: `Ahead`); the logits come back in page-locked memory, lent to the
 //! caller (`LentHost`). Kernels read every per-step value from the arena, so replays compute
 //! exactly what a direct launch would (`tandem gpu-check` compares bits).
+//!
+//! A batched decode step (one row of each of several sequences, as the server's decoders take
+//! turns) is captured the same way, keyed by its shape rather than its sequences (`GraphKey`): its
+//! attention kernel finds each row's caches through tables in the arena, so the graph serves any
+//! sequences of that count. Launched directly, such a step spent about 3 ms a step enqueueing its
+//! kernels (docs/gpu-runs/2026-12-01-batch), more than the GPU's work for a few sequences.
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, DevicePtr};
+use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr};
+use tandem_model::backend::SequenceCache;
 use tandem_model::kv::RingPlacement;
 use tandem_model::{graph, LogitRows, Logits, ModelError, Span};
 
@@ -22,29 +29,67 @@ use crate::launch::i32_of;
 use crate::model::{CudaModel, GpuScratch, Mode};
 use crate::pool::DevBuf;
 use crate::programmatic;
+use crate::routes;
+use crate::CudaError;
 
-/// Graphs kept at once (one per sequence being decoded; the oldest goes first).
-const MAX_GRAPHS: usize = 8;
-/// Sequences remembered as having taken their direct first step (the oldest is forgotten first, so a
+/// Graphs kept at once (one per sequence being decoded, one per batch shape; the oldest goes first).
+const MAX_GRAPHS: usize = 16;
+/// Keys remembered as having taken their direct first step (the oldest is forgotten first, so a
 /// long-running server holds a bounded list; a forgotten one takes one more direct step).
 const MAX_WARMED: usize = 64;
+/// Rows up to which a batched decode step is captured (`ARENA_INTS` holds their parameters; larger
+/// batches spend more GPU time than their launches cost, and launch directly).
+pub(crate) const MAX_BATCH_ROWS: usize = 64;
 
-/// Whether `seq` is on its first decode step (then remembered, within `MAX_WARMED`).
-fn warm_up(warmed: &mut VecDeque<u64>, seq: u64) -> bool {
-    if warmed.contains(&seq) {
+/// What a captured decode graph serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GraphKey {
+    /// One sequence's step: its kernels take that sequence's caches as arguments.
+    Sequence(u64),
+    /// A batched step of `rows` sequences, whose kernels find each row's caches through the arena:
+    /// any `rows` sequences whose furthest row spans at most `tiles` attention tiles
+    /// (`routes::batch_tiles`) and whose largest context is `n_ctx` (the tile grid and partial
+    /// buffers fixed at capture follow from these three alone: `CudaModel::batch_tile_cap`).
+    Batch { rows: usize, tiles: usize, n_ctx: usize },
+}
+
+/// The graph a pass of `spans` takes, if any: a decode step of one row a span asking for its logits
+/// (`(rows, position, n_ctx)` of each span; a batch of more than `MAX_BATCH_ROWS` takes none).
+fn graph_key(spans: &[(usize, LogitRows, u64, usize, usize)], batches: bool) -> Option<GraphKey> {
+    if !spans
+        .iter()
+        .all(|&(rows, logits, ..)| rows == 1 && logits == LogitRows::Last)
+    {
+        return None;
+    }
+    match spans {
+        [] => None,
+        [(_, _, seq, ..)] => Some(GraphKey::Sequence(*seq)),
+        _ if !batches || spans.len() > MAX_BATCH_ROWS => None,
+        _ => Some(GraphKey::Batch {
+            rows: spans.len(),
+            tiles: routes::batch_tiles(spans.iter().map(|s| s.3).max().unwrap_or(0)),
+            n_ctx: spans.iter().map(|s| s.4).max().unwrap_or(0),
+        }),
+    }
+}
+
+/// Whether `key` is on its first decode step (then remembered, within `MAX_WARMED`).
+fn warm_up(warmed: &mut VecDeque<GraphKey>, key: GraphKey) -> bool {
+    if warmed.contains(&key) {
         return false;
     }
     if warmed.len() == MAX_WARMED {
         warmed.pop_front();
     }
-    warmed.push_back(seq);
+    warmed.push_back(key);
     true
 }
 
 pub(crate) struct DecodeGraph {
-    seq: u64,
+    key: GraphKey,
     graph: CudaGraph,
-    /// The logits buffer the graph writes.
+    /// The logits buffer the graph writes (a row per span).
     out: DevBuf<f32>,
 }
 
@@ -98,6 +143,11 @@ fn placements(kv: &GpuSequenceKv) -> Vec<RingPlacement> {
     kv.layers.iter().map(|l| l.placement).collect()
 }
 
+/// Every span's placements, to restore after a failed capture.
+fn all_placements(spans: &[Span<GpuSequenceKv>]) -> Vec<Vec<RingPlacement>> {
+    spans.iter().map(|s| placements(s.kv)).collect()
+}
+
 fn set_placements(kv: &mut GpuSequenceKv, to: &[RingPlacement]) {
     for (layer, p) in kv.layers.iter_mut().zip(to) {
         layer.placement = *p;
@@ -148,8 +198,12 @@ impl CudaModel {
         scratch: &mut GpuScratch,
         spans: &mut [Span<GpuSequenceKv>],
     ) -> Result<Vec<Logits>, ModelError> {
-        let decode_step = spans.len() == 1 && spans[0].tokens.len() == 1 && spans[0].logits == LogitRows::Last;
-        if !self.graphs_enabled.get() || !decode_step {
+        let shape: Vec<_> = spans
+            .iter()
+            .map(|s| (s.tokens.len(), s.logits, s.kv.id, s.kv.len(), s.kv.n_ctx))
+            .collect();
+        let key = graph_key(&shape, self.batch_graphs_enabled.get()).filter(|_| self.graphs_enabled.get());
+        let Some(key) = key else {
             let Some(clock) = &self.pass_clock else {
                 return graph::forward(self, scratch, spans);
             };
@@ -157,19 +211,26 @@ impl CudaModel {
             let out = graph::forward(self, scratch, spans)?;
             clock.end(spans.iter().map(|s| s.tokens.len()).sum())?;
             return Ok(out);
-        }
-        let seq = spans[0].kv.id;
+        };
         // The position first: `replay` borrows the graphs mutably, and an `if let` on the borrow
         // would hold it through its body.
-        let cached = self.graphs.borrow().iter().position(|g| g.seq == seq);
+        let cached = self.graphs.borrow().iter().position(|g| g.key == key);
         if let Some(i) = cached {
             return self.replay(scratch, spans, i);
         }
-        if warm_up(&mut self.warmed.borrow_mut(), seq) {
-            // First decode step of this sequence: run it directly, which sizes the pool.
+        if warm_up(&mut self.warmed.borrow_mut(), key) {
+            // First decode step of this sequence or batch shape: run it directly, which sizes the pool.
             return graph::forward(self, scratch, spans);
         }
-        self.capture(scratch, spans, seq)
+        self.capture(scratch, spans, key)
+    }
+
+    /// The logits a graph wrote to `out`, a row a span, lent from page-locked memory.
+    fn lend_graph_logits(&self, out: &CudaSlice<f32>, spans: usize) -> Result<Vec<Logits>, CudaError> {
+        if spans == 1 {
+            return Ok(vec![self.lend_logits(out)?]);
+        }
+        self.lend_logit_rows(out, &vec![1; spans])
     }
 
     fn upload_params(&self) -> Result<(), ModelError> {
@@ -216,10 +277,14 @@ impl CudaModel {
             w.before_replay()?;
         }
         driver("cuGraphLaunch", g.graph.launch())?;
+        if spans.len() > 1 {
+            self.batch_replays.set(self.batch_replays.get() + 1);
+        }
         marks.mark(2);
         // The GPU runs this step for about 2 ms; the host's dry pass of the next one (tens of µs)
-        // fits in that time instead of in the gap between steps.
-        if self.ahead_enabled {
+        // fits in that time instead of in the gap between steps. (One sequence's: a batch's next
+        // step may hold other sequences.)
+        if self.ahead_enabled && spans.len() == 1 {
             self.prepare_ahead(scratch, spans);
         }
         if let Some(clock) = clock {
@@ -228,16 +293,16 @@ impl CudaModel {
             self.gpu.synchronize()?;
             marks.mark(3);
         }
-        let logits = self.lend_logits(&g.out)?;
+        let logits = self.lend_graph_logits(&g.out, spans.len())?;
         marks.mark(4);
         if let Some(w) = &self.profiler_window {
             w.after_replay()?;
         }
         if let Some(clock) = clock {
-            clock.end(1)?;
+            clock.end(spans.len())?;
             eprintln!("{}", marks.line());
         }
-        Ok(vec![logits])
+        Ok(logits)
     }
 
     /// Takes the next step's parameters made ahead when they fit this step: the staging filled in
@@ -246,9 +311,12 @@ impl CudaModel {
         let Some(ahead) = self.ahead.borrow_mut().take() else {
             return Ok(false);
         };
-        let kv = &mut *spans[0].kv;
+        let [span] = spans else {
+            return Ok(false);
+        };
+        let kv = &mut *span.kv;
         let n_vocab = self.cpu.weights.token_embd.rows;
-        let Some((staging, after)) = ahead.take_for(kv.id, spans[0].tokens, &placements(kv), n_vocab)? else {
+        let Some((staging, after)) = ahead.take_for(kv.id, span.tokens, &placements(kv), n_vocab)? else {
             return Ok(false);
         };
         *self.staging.borrow_mut() = staging;
@@ -292,9 +360,9 @@ impl CudaModel {
         &self,
         scratch: &mut GpuScratch,
         spans: &mut [Span<GpuSequenceKv>],
-        seq: u64,
+        key: GraphKey,
     ) -> Result<Vec<Logits>, ModelError> {
-        let saved = placements(spans[0].kv);
+        let saved = all_placements(spans);
         self.staging.borrow_mut().clear();
         self.captured_out.borrow_mut().take();
         let stream = &self.gpu.stream;
@@ -314,24 +382,37 @@ impl CudaModel {
             (Ok(_), Ok(Some(graph)), Some(out)) => {
                 self.upload_params()?;
                 driver("cuGraphLaunch", graph.launch())?;
-                let logits = self.lend_logits(&out)?;
+                let logits = self.lend_graph_logits(&out, spans.len())?;
                 let mut graphs = self.graphs.borrow_mut();
                 if graphs.len() == MAX_GRAPHS {
                     graphs.remove(0);
                 }
-                graphs.push(DecodeGraph { seq, graph, out });
-                Ok(vec![logits])
+                graphs.push(DecodeGraph { key, graph, out });
+                Ok(logits)
             }
             (recorded, ended, _) => {
-                // Nothing ran: undo the placement updates and take the direct route for good.
-                set_placements(spans[0].kv, &saved);
+                // Nothing ran: undo the placement updates and take the direct route for good (for
+                // batched steps only, when a batched step failed).
+                for (span, saved) in spans.iter_mut().zip(&saved) {
+                    set_placements(span.kv, saved);
+                }
                 let why = match (recorded, ended) {
                     (Err(e), _) => e.to_string(),
                     (_, Err(e)) => format!("{e:?}"),
                     _ => "capture produced no graph".into(),
                 };
-                eprintln!("tandem: CUDA graph capture failed ({why}); decoding without graphs");
-                self.graphs_enabled.set(false);
+                match key {
+                    GraphKey::Sequence(_) => {
+                        eprintln!("tandem: CUDA graph capture failed ({why}); decoding without graphs");
+                        self.graphs_enabled.set(false);
+                    }
+                    GraphKey::Batch { .. } => {
+                        eprintln!(
+                            "tandem: CUDA graph capture of a batched step failed ({why}); batched steps without graphs"
+                        );
+                        self.batch_graphs_enabled.set(false);
+                    }
+                }
                 graph::forward(self, scratch, spans)
             }
         }
@@ -393,13 +474,49 @@ mod tests {
     #[test]
     fn a_sequence_warms_up_once_and_the_list_stays_bounded() {
         let mut warmed = VecDeque::new();
-        assert!(warm_up(&mut warmed, 1));
-        assert!(!warm_up(&mut warmed, 1));
-        for seq in 2..=(MAX_WARMED as u64 + 1) {
-            assert!(warm_up(&mut warmed, seq));
+        let seq = GraphKey::Sequence;
+        assert!(warm_up(&mut warmed, seq(1)));
+        assert!(!warm_up(&mut warmed, seq(1)));
+        for id in 2..=(MAX_WARMED as u64 + 1) {
+            assert!(warm_up(&mut warmed, seq(id)));
         }
         assert_eq!(warmed.len(), MAX_WARMED);
         // Sequence 1 was the oldest and is forgotten: one more direct step.
-        assert!(warm_up(&mut warmed, 1));
+        assert!(warm_up(&mut warmed, seq(1)));
+    }
+
+    #[test]
+    fn decode_steps_take_a_graph_per_sequence_and_batches_one_per_shape() {
+        let last = LogitRows::Last;
+        // (rows, logits, sequence, position, n_ctx) of each span.
+        assert_eq!(graph_key(&[(1, last, 7, 90, 2048)], true), Some(GraphKey::Sequence(7)));
+        assert_eq!(graph_key(&[(1, last, 7, 90, 2048)], false), Some(GraphKey::Sequence(7)));
+        let batch = [(1, last, 7, 90, 2048), (1, last, 8, 300, 4096), (1, last, 9, 5, 2048)];
+        let key = Some(GraphKey::Batch {
+            rows: 3,
+            tiles: 4,
+            n_ctx: 4096,
+        });
+        assert_eq!(graph_key(&batch, true), key);
+        // Other sequences of the same count, furthest position's tiles and context share it.
+        let others = [(1, last, 1, 383, 4096), (1, last, 2, 0, 16), (1, last, 3, 256, 4096)];
+        assert_eq!(graph_key(&others, true), key);
+        // Past a power of two of tiles: another graph.
+        let further = [(1, last, 1, 512, 4096), (1, last, 2, 0, 16), (1, last, 3, 256, 4096)];
+        assert!(matches!(
+            graph_key(&further, true),
+            Some(GraphKey::Batch { tiles: 8, .. })
+        ));
+        // No graph: batched graphs off, a chunk, a row without logits, too many rows, nothing.
+        assert_eq!(graph_key(&batch, false), None);
+        assert_eq!(graph_key(&[(2, last, 7, 90, 2048)], true), None);
+        assert_eq!(
+            graph_key(&[(1, last, 7, 90, 2048), (1, LogitRows::None, 8, 9, 2048)], true),
+            None
+        );
+        let many: Vec<_> = (0..=MAX_BATCH_ROWS as u64).map(|s| (1, last, s, 10, 2048)).collect();
+        assert_eq!(graph_key(&many, true), None);
+        assert_eq!(graph_key(&many[1..], true).map(|_| ()), Some(()));
+        assert_eq!(graph_key(&[], true), None);
     }
 }

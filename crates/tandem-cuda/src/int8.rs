@@ -389,14 +389,37 @@ pub fn mmvq_group_into_with(
         });
     }
     let f = gpu.function(&name)?;
-    let stream = &gpu.stream;
     let total: usize = row_counts.iter().sum();
+    let mut cfg = launch_cfg((variant.blocks(total), blocks(t, per_block), 1), 128);
+    if variant.staged && t == 1 {
+        // As many blocks as are resident at once (and no more than one row group a warp).
+        let smem = staged_bytes(cols);
+        let per_sm = driver(&name, f.occupancy_max_active_blocks_per_multiprocessor(128, smem, None))?;
+        cfg.grid_dim.0 = cfg.grid_dim.0.min(per_sm.max(1) * gpu.sm_count);
+        cfg.shared_mem_bytes = smem as u32;
+    }
+    launch_grouped(gpu, &name, cfg, targets, a, t, cols)
+}
+
+/// Launches `name`, a kernel taking up to three matrices that read one input (`W0, W1, W2, A, Y0, Y1,
+/// Y2, rows0, rows1, rows2, cols, n_t`), over `targets`.
+pub(crate) fn launch_grouped(
+    gpu: &Gpu,
+    name: &str,
+    cfg: cudarc::driver::LaunchConfig,
+    targets: &mut [MmvqTarget<'_>],
+    a: &CudaSlice<u8>,
+    t: usize,
+    cols: usize,
+) -> Result<(), CudaError> {
+    let f = gpu.function(name)?;
+    let stream = &gpu.stream;
     let mut rows = [0i32; 3];
     for (r, g) in rows.iter_mut().zip(targets.iter()) {
         *r = i32_of(g.rows, "rows")?;
     }
     let (c, n) = (i32_of(cols, "cols")?, i32_of(t, "t")?);
-    i32_of(total, "rows")?;
+    i32_of(targets.iter().map(|g| g.rows).sum(), "rows")?;
     // Raw pointers: a slot past the targets repeats the first, and its zero rows keep it unread.
     let mut w_ptrs = [0u64; 3];
     let mut y_ptrs = [0u64; 3];
@@ -416,15 +439,9 @@ pub fn mmvq_group_into_with(
     b.arg(&w_ptrs[0]).arg(&w_ptrs[1]).arg(&w_ptrs[2]).arg(a);
     b.arg(&y_ptrs[0]).arg(&y_ptrs[1]).arg(&y_ptrs[2]);
     b.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]).arg(&c).arg(&n);
-    let mut cfg = launch_cfg((variant.blocks(total), blocks(t, per_block), 1), 128);
-    if variant.staged && t == 1 {
-        // As many blocks as are resident at once (and no more than one row group a warp).
-        let smem = staged_bytes(cols);
-        let per_sm = driver(&name, f.occupancy_max_active_blocks_per_multiprocessor(128, smem, None))?;
-        cfg.grid_dim.0 = cfg.grid_dim.0.min(per_sm.max(1) * gpu.sm_count);
-        cfg.shared_mem_bytes = smem as u32;
-    }
-    driver(&name, unsafe { b.launch(cfg) })?;
+    // SAFETY: each target's weights are in the integer-route layout of rows x cols and its output
+    // holds t x rows floats; `a` is quantized for t rows of cols; unused slots have zero rows.
+    driver(name, unsafe { b.launch(cfg) })?;
     drop(guards);
     Ok(())
 }

@@ -126,12 +126,7 @@ pub fn dequant_f16(
 }
 
 /// The first `n` values of `x` rounded to f16 into `out` (a tensor-core GEMM operand).
-pub(crate) fn to_f16_into(
-    gpu: &Gpu,
-    x: &CudaView<'_, f32>,
-    out: &mut CudaSlice<u16>,
-    n: usize,
-) -> Result<(), CudaError> {
+pub fn to_f16_into(gpu: &Gpu, x: &CudaView<'_, f32>, out: &mut CudaSlice<u16>, n: usize) -> Result<(), CudaError> {
     let f = gpu.function("to_f16")?;
     let mut b = gpu.launch_builder(f)?;
     let n64 = n as u64;

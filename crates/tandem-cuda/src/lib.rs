@@ -8,7 +8,8 @@
 //! - `kv`: per-sequence f16 caches on the device under the CPU's `RingPlacement` metadata, their
 //!   checkpoints and byte ledger, and the serving engine's `ServingBackend` for `CudaModel`.
 //! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM) and load-time tuning;
-//!   `int8`: the integer decode route (int8 activations, `dp4a` matvecs).
+//!   `int8`: the integer decode route (int8 activations, `dp4a` matvecs); `qmma`: decode batches on
+//!   the tensor cores, the quantized weights read once for every row.
 //! - `model`: the `Backend` implementation; `rows`: norms, RoPE and gating; `attend`: KV store and
 //!   the tile attention kernel (RoPE fused into the store for decode steps); `ffn`: gate and up side
 //!   by side in f16 on the GEMM route; `upload`: weights onto the device and the decode kernel
@@ -38,6 +39,7 @@ pub mod nvrtc;
 pub mod pool;
 mod profile;
 mod programmatic;
+pub mod qmma;
 pub mod routes;
 pub mod rows;
 mod trace;

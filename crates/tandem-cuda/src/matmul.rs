@@ -1,6 +1,6 @@
 //! The CUDA backend's matmuls: the route each takes (`routes::matmul_route`), cuBLAS over the f16
-//! copy for prefill, the matvec kernel chosen at load for decode, and one launch for a run of
-//! matrices reading the same quantized input.
+//! copy for prefill, the matvec kernel chosen at load for decode, the tensor cores over the quantized
+//! weights for decode batches, and one launch for a run of matrices reading the same quantized input.
 
 use cudarc::driver::{CudaSlice, CudaView};
 use tandem_model::weights::Matrix;
@@ -10,6 +10,7 @@ use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, ActQuant, MmvqT
 use crate::launch::{gemm_f16_into, matvec_into, to_f16_into, DecodeKernel};
 use crate::model::{CudaModel, GpuAct, Mode};
 use crate::pool::DevBuf;
+use crate::qmma::qmma_group_into;
 use crate::routes::{self, MatmulRoute};
 use crate::upload::GpuMatrix;
 use crate::CudaError;
@@ -86,9 +87,18 @@ impl CudaModel {
         f(a)
     }
 
-    /// Whether `t` rows of `g` take its matvec-route kernel (else the GEMM over its f16 copy).
+    /// The route `t` rows of `g` take (the GEMM only where it has an f16 copy).
+    pub(crate) fn route(&self, g: &GpuMatrix, t: usize) -> MatmulRoute {
+        match routes::matmul_route(t, self.deterministic, g.decode_cublas, g.quant_mma) {
+            MatmulRoute::Gemm if g.f16.is_none() => MatmulRoute::Matvec,
+            r => r,
+        }
+    }
+
+    /// Whether `t` rows of `g` take a kernel over its quantized weights (else the GEMM over its f16
+    /// copy).
     pub(crate) fn takes_matvec(&self, g: &GpuMatrix, t: usize) -> bool {
-        routes::matmul_route(t, self.deterministic, g.decode_cublas) == MatmulRoute::Matvec || g.f16.is_none()
+        self.route(g, t) != MatmulRoute::Gemm
     }
 
     /// The quantized form the integer kernel of `reader` wants for `t` rows, when it takes that route
@@ -141,6 +151,18 @@ impl CudaModel {
                             )
                         })?
                     }
+                    DecodeKernel::Int8 { fmt, .. } if self.route(g, t) == MatmulRoute::QuantMma => {
+                        let mut targets = [MmvqTarget {
+                            w: &g.quantized,
+                            rows: m.rows,
+                            out: out.buf_mut()?,
+                        }];
+                        self.with_quantized(x, fmt, |a| {
+                            self.profiled(format_args!("qmma {shape}"), || {
+                                qmma_group_into(&self.gpu, g.suffix, &mut targets, a, t, m.cols)
+                            })
+                        })?
+                    }
                     DecodeKernel::Int8 { fmt, variant } => {
                         let buf = out.buf_mut()?;
                         self.with_quantized(x, fmt, |a| {
@@ -163,10 +185,12 @@ impl CudaModel {
             return ms.iter().map(|m| self.matmul_rows(m, x)).collect();
         }
         let gs = ms.iter().map(|m| self.matrix(m)).collect::<Result<Vec<_>, _>>()?;
-        // Members on the integer matvec route with one kernel, type and width share a launch.
-        let key = |j: usize| match gs[j].decode {
-            DecodeKernel::Int8 { fmt, variant } if self.takes_matvec(gs[j], t) => {
-                Some((fmt, variant, gs[j].suffix, ms[j].cols))
+        // Members on the integer matvec route with one kernel, type and width share a launch; so do
+        // members of one type and width on the tensor cores (`None` in the key: any variant).
+        let key = |j: usize| match (gs[j].decode, self.route(gs[j], t)) {
+            (DecodeKernel::Int8 { fmt, .. }, MatmulRoute::QuantMma) => Some((fmt, None, gs[j].suffix, ms[j].cols)),
+            (DecodeKernel::Int8 { fmt, variant }, MatmulRoute::Matvec) => {
+                Some((fmt, Some(variant), gs[j].suffix, ms[j].cols))
             }
             _ => None,
         };
@@ -204,10 +228,15 @@ impl CudaModel {
                     })
                     .collect::<Result<Vec<_>, CudaError>>()?;
                 let n = members.len();
-                self.profiled(
-                    format_args!("matvec Int8 {n} matrices {total}x{cols} {suffix}, t={t}"),
-                    || mmvq_group_into(&self.gpu, suffix, variant, &mut targets, a, t, cols),
-                )
+                match variant {
+                    Some(variant) => self.profiled(
+                        format_args!("matvec Int8 {n} matrices {total}x{cols} {suffix}, t={t}"),
+                        || mmvq_group_into(&self.gpu, suffix, variant, &mut targets, a, t, cols),
+                    ),
+                    None => self.profiled(format_args!("qmma {n} matrices {total}x{cols} {suffix}, t={t}"), || {
+                        qmma_group_into(&self.gpu, suffix, &mut targets, a, t, cols)
+                    }),
+                }
             })?;
             for (j, act) in members.into_iter().zip(acts) {
                 outs[j] = Some(act);

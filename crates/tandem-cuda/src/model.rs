@@ -18,7 +18,7 @@ use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm, Weights};
 use tandem_model::{Logits, Model, ModelConfig, ModelError, Span};
 
-use crate::decode_graph::{Ahead, DecodeGraph};
+use crate::decode_graph::{Ahead, DecodeGraph, GraphKey};
 use crate::device::{driver, Gpu};
 use crate::host_logits::PinnedLogits;
 use crate::int8::ActQuant;
@@ -111,6 +111,9 @@ pub struct CudaModel {
     pub deterministic: bool,
     /// Decode steps through captured CUDA graphs (`TANDEM_CUDA_GRAPHS=0` turns this off).
     pub graphs_enabled: Cell<bool>,
+    /// Batched decode steps through them too (`TANDEM_CUDA_BATCH_GRAPHS=0` turns only this off; a
+    /// failed batched capture too).
+    pub batch_graphs_enabled: Cell<bool>,
     pub(crate) matrices: HashMap<String, GpuMatrix>,
     pub(crate) norms: HashMap<String, CudaSlice<f32>>,
     /// Pre-norm name to the matrices reading its output (the first one's kernel says how to quantize
@@ -136,11 +139,15 @@ pub struct CudaModel {
     pub ahead_enabled: bool,
     /// Replayed steps that took their parameters from a dry pass made ahead (for checks).
     pub ahead_taken: Cell<u64>,
+    /// Batched decode steps replayed from a graph (for checks).
+    pub batch_replays: Cell<u64>,
     /// Where the last dry or captured pass staged its token ids in the parameter arena.
     pub(crate) token_slot: Cell<Option<usize>>,
-    pub(crate) warmed: RefCell<VecDeque<u64>>,
+    pub(crate) warmed: RefCell<VecDeque<GraphKey>>,
     /// The attention kernel's arrival counters per (query, head) (`attend.rs`).
     pub(crate) arrivals: RefCell<CudaSlice<i32>>,
+    /// Counters outgrown by `arrivals`, kept for the graphs captured with them.
+    pub(crate) retired_arrivals: RefCell<Vec<CudaSlice<i32>>>,
     /// GPU time per op (`TANDEM_CUDA_PROFILE=1`).
     pub(crate) profile: Option<OpProfile>,
     /// Enqueue, GPU and wall time per pass (`TANDEM_CUDA_PASS_TIMES=1`).
@@ -167,8 +174,10 @@ impl Drop for CudaModel {
     }
 }
 
-/// Index slots in the parameter arena: far more than a decode step's few per layer.
-pub(crate) const ARENA_INTS: usize = 1 << 16;
+/// Index slots in the parameter arena: far more than a decode step's few per layer, or a batched
+/// step's ten a row and layer (`decode_graph::MAX_BATCH_ROWS` rows of an 80-layer model stage about
+/// 51,000).
+pub(crate) const ARENA_INTS: usize = 1 << 18;
 
 impl CudaModel {
     /// A fresh device KV cache for one sequence of up to `n_ctx` positions.
@@ -243,9 +252,22 @@ impl CudaModel {
     }
 
     pub(crate) fn param_ints(&self, ints: Vec<i32>) -> Result<Param, CudaError> {
+        self.param_aligned(ints, 1)
+    }
+
+    /// Device addresses split into pairs of ints (low, high), which kernels read as 8-byte pointers:
+    /// in the arena they start at an even slot (an upload of their own is aligned anyway).
+    pub(crate) fn param_addresses(&self, ints: Vec<i32>) -> Result<Param, CudaError> {
+        self.param_aligned(ints, 2)
+    }
+
+    /// `param_ints`, the list starting at a multiple of `align` slots in the arena (the slots
+    /// skipped are zero, the same every step).
+    fn param_aligned(&self, ints: Vec<i32>, align: usize) -> Result<Param, CudaError> {
         if self.mode.get() != Mode::Normal {
             let mut staging = self.staging.borrow_mut();
-            let start = staging.len();
+            let start = staging.len().next_multiple_of(align);
+            staging.resize(start, 0);
             if start + ints.len() > ARENA_INTS {
                 return Err(CudaError::Driver {
                     what: "graph parameters".into(),

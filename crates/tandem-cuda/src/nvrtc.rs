@@ -72,13 +72,20 @@ pub const MMQ: KernelFile = KernelFile {
     body: include_str!("kernels/mmq.cu"),
 };
 
+/// Decode batches on the tensor cores in default mode: the quantized weights read once for every row.
+pub const QMMA: KernelFile = KernelFile {
+    name: "qmma.cu",
+    headers: &[INT8],
+    body: include_str!("kernels/qmma.cu"),
+};
+
 pub const FLASH: KernelFile = KernelFile {
     name: "flash.cu",
     headers: &[],
     body: include_str!("kernels/flash.cu"),
 };
 
-pub const ALL: [KernelFile; 6] = [QUANT, MMVQ, MMQ, OPS, ATTENTION, FLASH];
+pub const ALL: [KernelFile; 7] = [QUANT, MMVQ, MMQ, QMMA, OPS, ATTENTION, FLASH];
 
 /// NVRTC options besides the architecture (no fast math: kernels round as written).
 pub const OPTIONS: [&str; 2] = ["--std=c++17", "--fmad=true"];
@@ -228,8 +235,8 @@ mod tests {
                 assert!(common_at < at && at < body_at, "{} in {}", h.name, f.name);
             }
         }
-        // Both integer-route files share the header that holds the float steps of their sums.
-        for f in [MMVQ, MMQ] {
+        // The integer-route files share the header that holds the float steps of their sums.
+        for f in [MMVQ, MMQ, QMMA] {
             assert!(assemble(&f).contains("float q4k_fold("), "{}", f.name);
         }
     }

@@ -5,11 +5,14 @@
 //!   step is memory-bound, so reading 4-6 bits per weight is what sets its speed. Unless cuBLAS over
 //!   the f16 copy was measured faster for this matrix at load (`one_row_cublas`): then `Gemm` with one
 //!   row, which reads 4x the bytes of Q4 weights but streams them at full bandwidth.
-//! - `1 < t < GEMM_MIN_ROWS` (very short chunks, small decode batches): `Matvec` again, batched —
-//!   each warp applies a decoded weight unit to up to 8 rows, so the weights are still read about
-//!   once; its integer sums grow with the rows, and from 5 rows the GEMM over the f16 copy (4x the
-//!   bytes, but on the tensor cores) is faster (`GEMM_MIN_ROWS`).
-//! - `t >= GEMM_MIN_ROWS` (prefill, decode batches): `Gemm` — tensor-core GEMM (cuBLAS, f16
+//! - `2 <= t <= QUANT_MMA_MAX_ROWS` (decode batches, very short chunks) times a Q4_K matrix:
+//!   `QuantMma` — the quantized weights read once for all rows, their integer products on the tensor
+//!   cores (`qmma.rs`), one float sum per output and super-block.
+//! - other `1 < t < GEMM_MIN_ROWS` (other types): `Matvec` again, batched — each warp applies a
+//!   decoded weight unit to up to 8 rows, so the weights are still read about once; its integer sums
+//!   grow with the rows, and from 5 rows the GEMM over the f16 copy (4x the bytes, but on the tensor
+//!   cores) is faster (`GEMM_MIN_ROWS`).
+//! - `t >= GEMM_MIN_ROWS` otherwise (prefill, decode batches): `Gemm` — tensor-core GEMM (cuBLAS, f16
 //!   operands, f32 accumulation) over an f16 copy of the weights made at load; prefill is
 //!   compute-bound, so the weights are kept in the form the tensor cores read fastest, at 2 bytes per
 //!   weight of memory.
@@ -53,6 +56,13 @@ pub const MATVEC_MAX_ROWS: usize = 8;
 /// 940 through the GEMM, 6 rows 944 against 1,136, 8 rows 1,042 against 1,473 (g3), while 4 rows
 /// favour the matvec, which reads a quarter of the bytes (835 against 752, g2).
 pub const GEMM_MIN_ROWS: usize = 5;
+/// Rows up to which a matmul of a type `qmma` has a kernel for takes it (`MatmulRoute::QuantMma`)
+/// rather than the batched matvec or the GEMM, in default mode: one n-tile of the mma. Measured on
+/// the 8B Q4_K_M's shapes (`gpu-check --bench-qmma`, docs/gpu-runs/2026-12-02-graphs, call c1): gate
+/// and up at 2, 4 and 8 rows in 34, 36 and 39 µs, against the batched matvec's 53, 87 and 156 and
+/// cuBLAS's 56, 61 and 62; at 16 rows cuBLAS over the f16 copy is faster on every shape (gate and up
+/// 60 against 67 with two tiles a warp).
+pub const QUANT_MMA_MAX_ROWS: usize = 8;
 /// Keys per attention tile (must match `ATT_TILE` in `kernels/tiles.cuh`).
 pub const ATT_TILE: usize = 128;
 /// Threads of an attention block (must match `ATT_THREADS` in `kernels/tiles.cuh`).
@@ -130,14 +140,18 @@ pub fn head_dim_supported(head_dim: usize) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulRoute {
     Matvec,
+    QuantMma,
     Gemm,
 }
 
 /// The route for `t` rows of a matrix; `one_row_cublas`: the load-time measurement found cuBLAS over
-/// the f16 copy faster than every matvec family for one row of this matrix.
-pub fn matmul_route(t: usize, deterministic: bool, one_row_cublas: bool) -> MatmulRoute {
+/// the f16 copy faster than every matvec family for one row of this matrix; `quant_mma`: the matrix
+/// has a `qmma` kernel.
+pub fn matmul_route(t: usize, deterministic: bool, one_row_cublas: bool, quant_mma: bool) -> MatmulRoute {
     if deterministic {
         MatmulRoute::Matvec
+    } else if quant_mma && (2..=QUANT_MMA_MAX_ROWS).contains(&t) {
+        MatmulRoute::QuantMma
     } else if t >= GEMM_MIN_ROWS || (t == 1 && one_row_cublas) {
         MatmulRoute::Gemm
     } else {
@@ -176,6 +190,14 @@ pub fn attention_route(t: usize, deterministic: bool) -> AttentionRoute {
 pub struct TileSpan {
     pub lo: usize,
     pub n: usize,
+}
+
+/// The tiles a batched decode step's attention grid spans, given the furthest row's position: a bound
+/// on any row's `tile_span(..).n` (at most `p / ATT_TILE + 1`), rounded up to a power of two so that a
+/// graph captured for it serves the sequences' next steps until the furthest context doubles (a
+/// decode graph's grid is fixed). The caller also caps it at the most a row's cache can hold.
+pub fn batch_tiles(max_position: usize) -> usize {
+    (max_position / ATT_TILE + 1).next_power_of_two()
 }
 
 /// The first position a query at `p` sees (`window`: keys from `p + 1 - window`).
@@ -343,17 +365,37 @@ mod tests {
 
     #[test]
     fn decode_and_short_chunks_take_the_matvec_and_prefill_the_gemm() {
-        assert_eq!(matmul_route(1, false, false), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(GEMM_MIN_ROWS - 1, false, false), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(GEMM_MIN_ROWS, false, false), MatmulRoute::Gemm);
-        assert_eq!(matmul_route(512, true, false), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(1, false, false, false), MatmulRoute::Matvec);
+        assert_eq!(
+            matmul_route(GEMM_MIN_ROWS - 1, false, false, false),
+            MatmulRoute::Matvec
+        );
+        assert_eq!(matmul_route(GEMM_MIN_ROWS, false, false, false), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(512, true, false, false), MatmulRoute::Matvec);
+    }
+
+    #[test]
+    fn decode_batches_of_k_quants_take_the_tensor_cores_over_the_quantized_weights() {
+        assert_eq!(matmul_route(1, false, false, true), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(2, false, false, true), MatmulRoute::QuantMma);
+        assert_eq!(
+            matmul_route(QUANT_MMA_MAX_ROWS, false, true, true),
+            MatmulRoute::QuantMma
+        );
+        assert_eq!(
+            matmul_route(QUANT_MMA_MAX_ROWS + 1, false, false, true),
+            MatmulRoute::Gemm
+        );
+        // Never in deterministic mode: its bits are not the matvec lanes'.
+        assert_eq!(matmul_route(8, true, false, true), MatmulRoute::Matvec);
     }
 
     #[test]
     fn one_row_takes_cublas_only_where_it_was_measured_faster_and_never_when_deterministic() {
-        assert_eq!(matmul_route(1, false, true), MatmulRoute::Gemm);
-        assert_eq!(matmul_route(2, false, true), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(1, true, true), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(1, false, true, false), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(1, false, true, true), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(2, false, true, false), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(1, true, true, false), MatmulRoute::Matvec);
     }
 
     #[test]
@@ -362,6 +404,23 @@ mod tests {
         assert_eq!(attention_route(MATVEC_MAX_ROWS, false), AttentionRoute::Tiles);
         assert_eq!(attention_route(MATVEC_MAX_ROWS + 1, false), AttentionRoute::Flash);
         assert_eq!(attention_route(512, true), AttentionRoute::Tiles);
+    }
+
+    #[test]
+    fn a_batched_steps_tiles_bound_every_row_and_double_as_the_context_grows() {
+        for p in [0, 1, 127, 128, 129, 255, 256, 1000, 4095, 4096, 70_000] {
+            let tiles = batch_tiles(p);
+            assert!(tiles.is_power_of_two(), "{p}");
+            // Any row at or before p, with or without a window, spans no more.
+            for (q, window) in [(p, None), (p, Some(512)), (p / 2, None), (0, None)] {
+                assert!(tile_span(&[q], window, 0).n <= tiles, "{q} {window:?}");
+            }
+            assert!(tiles < 2 * (p / ATT_TILE + 1), "{p}: {tiles}");
+        }
+        assert_eq!(batch_tiles(127), 1);
+        assert_eq!(batch_tiles(128), 2);
+        assert_eq!(batch_tiles(383), 4);
+        assert_eq!(batch_tiles(512), 8);
     }
 
     #[test]

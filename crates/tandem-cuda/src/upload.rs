@@ -18,6 +18,7 @@ use crate::int8::{self, int8_format};
 use crate::launch::{dequant_f16, tune_decode, tune_group, type_suffix, DecodeKernel, GroupMember, Tuning};
 use crate::model::{CudaModel, Mode, ARENA_INTS};
 use crate::profile::{OpProfile, PassClock, ProfilerWindow};
+use crate::qmma;
 use crate::routes;
 use crate::CudaError;
 
@@ -31,6 +32,9 @@ pub(crate) struct GpuMatrix {
     pub(crate) decode: DecodeKernel,
     /// Whether cuBLAS over the f16 copy beat every matvec for one row (not in deterministic mode).
     pub(crate) decode_cublas: bool,
+    /// Whether decode batches can take the tensor cores over `quantized` (`qmma`): an integer-route
+    /// layout of a type with a kernel, whole groups of `qmma::GROUP_ROWS` rows.
+    pub(crate) quant_mma: bool,
     /// The ggml-layout rows the embedding kernel reads, kept beside `quantized` when that was
     /// repacked for the integer route: an embedding table that is also the output projection.
     pub(crate) embed_rows: Option<CudaSlice<u8>>,
@@ -84,6 +88,7 @@ impl GpuMatrix {
 /// the integer-route layout until its group's launch is decided.
 struct Pending {
     suffix: &'static str,
+    rows: usize,
     original: CudaSlice<u8>,
     /// `Some(None)`: `original` itself holds the integer-route layout (once `settle` moved it there).
     repacked: Option<Option<CudaSlice<u8>>>,
@@ -253,6 +258,7 @@ impl CudaModel {
             };
             let p = Pending {
                 suffix,
+                rows: m.rows,
                 original,
                 repacked,
                 f16,
@@ -317,6 +323,10 @@ impl CudaModel {
                 memory.tied_output_int8 += p.original.len();
             }
             let quantized = p.repacked.flatten().unwrap_or(p.original);
+            let quant_mma = matches!(p.tuning.kernel, DecodeKernel::Int8 { .. })
+                && qmma::has_kernel(p.suffix)
+                && qmma::fits(&[p.rows])
+                && qmma::enabled();
             matrices.insert(
                 name,
                 GpuMatrix {
@@ -325,6 +335,7 @@ impl CudaModel {
                     f16: p.f16,
                     decode: p.tuning.kernel,
                     decode_cublas: p.tuning.cublas,
+                    quant_mma,
                     embed_rows: p.embed_rows,
                 },
             );
@@ -357,6 +368,7 @@ impl CudaModel {
             graphs_enabled: Cell::new(
                 profile.is_none() && std::env::var("TANDEM_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
+            batch_graphs_enabled: Cell::new(std::env::var("TANDEM_CUDA_BATCH_GRAPHS").map_or(true, |v| v != "0")),
             matrices,
             norms,
             norm_readers,
@@ -375,8 +387,10 @@ impl CudaModel {
             pinned_logits: Default::default(),
             ahead_enabled: std::env::var("TANDEM_CUDA_AHEAD").map_or(true, |v| v != "0"),
             ahead_taken: Cell::new(0),
+            batch_replays: Cell::new(0),
             token_slot: Cell::new(None),
             arrivals: RefCell::new(arrivals),
+            retired_arrivals: RefCell::new(Vec::new()),
             warmed: RefCell::new(VecDeque::new()),
             profile,
             pass_clock: PassClock::enabled().then(PassClock::default),

@@ -49,7 +49,7 @@ pub(super) fn cpu_quantize(fmt: ActQuant, x: &[f32], t: usize, cols: usize) -> V
 }
 
 /// The value each quantized activation stands for: `d[block] * q`.
-fn dequantized_activations(fmt: ActQuant, a: &[u8], t: usize, cols: usize) -> Vec<f64> {
+pub(super) fn dequantized_activations(fmt: ActQuant, a: &[u8], t: usize, cols: usize) -> Vec<f64> {
     let nb = cols / fmt.block();
     let scales = fmt.bytes(t, cols) - t * nb * 4;
     let d = |i: usize| f32::from_le_bytes(a[scales + 4 * i..scales + 4 * i + 4].try_into().unwrap());

@@ -12,10 +12,12 @@
 //! 3. Deterministic mode (the model loaded again as `--deterministic` loads it): `logits_sha256` of
 //!    teacher-forced scoring must match across chunk sizes.
 
+mod batch_graphs;
 mod decode_rows;
 mod flash;
 mod gemm;
 mod int8;
+mod qmma;
 mod rows;
 mod tiles;
 
@@ -67,6 +69,10 @@ pub struct GpuCheckArgs {
     /// Time the prefill GEMM shapes through cuBLAS (a part of `--bench-kernels`).
     #[arg(long)]
     pub bench_gemm: bool,
+    /// Time the decode batches' tensor-core kernels against the batched matvec and cuBLAS (a part of
+    /// `--bench-kernels`).
+    #[arg(long)]
+    pub bench_qmma: bool,
     /// Time the 8B files' decode matvecs from a flushed L2 and from a hot L2 (a part of
     /// `--bench-kernels`): a kernel barely faster hot is bound by its instructions, not memory.
     #[arg(long)]
@@ -138,6 +144,9 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     }
     if args.bench_kernels || args.bench_gemm {
         gemm::gemm_bench(&gpu, &mut table)?;
+    }
+    if args.bench_kernels || args.bench_qmma {
+        qmma::qmma_bench(&gpu, &mut table)?;
     }
     if args.bench_kernels || args.bench_l2 {
         int8::l2_bench(&gpu, &mut table)?;
@@ -335,6 +344,7 @@ fn kernel_checks(gpu: &Gpu, seed: Option<u64>, table: &mut Vec<Row>) -> Result<(
     rows::row_checks(gpu, &mut rng, table)?;
     gemm::pair_checks(gpu, &mut rng, table)?;
     int8::mmq_checks(gpu, &mut rng, table)?;
+    qmma::qmma_checks(gpu, &mut rng, table)?;
     Ok(())
 }
 
@@ -567,6 +577,10 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
         ),
         pass: same && graphs_used && ahead_ok,
     });
+
+    // Batched decode steps: on the tensor cores over the quantized weights (3 and 8 rows) and through
+    // cuBLAS (20 rows), each replayed from graphs.
+    batch_graphs::batch_graph_rows(&mut gpu, &short, &prompt, &[3, 8, 20], table)?;
 
     // Default mode first: its hashes differ across chunkings (the GEMM and flash routes).
     let hash_prompt = prompt_ids(args.hash_prompt, n_vocab, 11);

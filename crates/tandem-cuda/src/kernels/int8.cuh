@@ -76,3 +76,22 @@ __device__ __forceinline__ int q6_word(u32 ql, int nib, u32 qh, int hshift) {
     if (OFF == OFF_SUMS) return (int)(lo | hi);
     return (int)(((lo | hi | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
 }
+
+// The integer products on the tensor cores (mmq.cu, qmma.cu): d += A (16 x k, s8, row-major) times
+// B (k x 8, s8, column-major), exact in int32.
+__device__ __forceinline__ void imma_k32(int (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void imma_k16(int (&d)[4], u32 a0, u32 a1, u32 b0) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+                 "{%0, %1, %2, %3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// Q6_K's piece (16 quants, one scale) that the matvec lane at position k reads in its quarter q.
+__device__ __forceinline__ int q6k_piece(int k, int q) { return 8 * (k >> 1) + 2 * q + (k & 1); }

@@ -13,20 +13,6 @@
 // g and g + 8, quants 4 i .. + 4 (and 16 + 4 i for k32); B weight row g, the same quants; C rows g and
 // g + 8, weight rows 2 i and 2 i + 1. Rows past the chunk read zeros and are not stored.
 
-__device__ __forceinline__ void imma_k32(int (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void imma_k16(int (&d)[4], u32 a0, u32 a1, u32 b0) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
-                 "{%0, %1, %2, %3};"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(a0), "r"(a1), "r"(b0));
-}
-
 // A chunk's activations for one super-block, staged in shared memory once a block (the four warps
 // read the same 16 rows): the profile of these kernels reading them from global memory had the L1 at
 // 96-97% of its throughput (docs/gpu-runs/2026-11-30-bulk, call k9). Per row: the 256 quants in a
@@ -190,9 +176,6 @@ struct MmqQ4k {
         }
     }
 };
-
-// Q6_K's piece (16 quants, one scale) that the matvec lane at position k reads in its quarter q.
-__device__ __forceinline__ int q6k_piece(int k, int q) { return 8 * (k >> 1) + 2 * q + (k & 1); }
 
 // Q6_K: one super-block's products into the chains p[e][k] (k: the matvec lane's position).
 struct MmqQ6k {

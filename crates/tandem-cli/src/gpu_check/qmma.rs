@@ -1,0 +1,201 @@
+//! Decode batches on the tensor cores (`tandem_cuda::qmma`): the Q4_K kernel against an f64 reference
+//! over the same dequantized weights and quantized activations, outputs poisoned first; a grouped
+//! launch against each matrix alone; and a timing of the 8B decode shapes against the routes a batch
+//! takes otherwise (the batched `dp4a` matvec, cuBLAS over the f16 copy).
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use tandem_cuda::int8::{int8_format, mmvq_group_into_with, quantize_act_into, repack, variants, MmvqTarget};
+use tandem_cuda::launch::{dequant_f16, gemm_f16_into, to_f16_into, type_suffix};
+use tandem_cuda::qmma::{kernel, qmma_group_into, MAX_ROWS};
+use tandem_cuda::Gpu;
+use tandem_gguf::GgmlType;
+
+use super::int8::dequantized_activations;
+use super::{rel_err, Rng, Row};
+
+/// Quantized rows of `ty`: 64 distinct random rows, tiled to `rows` (host bytes).
+fn host_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Result<Vec<u8>> {
+    let row_bytes = ty.row_bytes(cols as u64).context("row size")? as usize;
+    let mut tile = vec![0u8; 64 * row_bytes];
+    for r in 0..64 {
+        let src: Vec<f32> = (0..cols).map(|_| rng.normal() * 0.05).collect();
+        tandem_quant::quantize_row(ty, &src, &mut tile[r * row_bytes..(r + 1) * row_bytes])?;
+    }
+    Ok(tile.iter().copied().cycle().take(rows * row_bytes).collect())
+}
+
+fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Every batch size the kernel takes, on widths whose super-blocks leave the four warps unequal
+/// shares.
+pub(super) fn qmma_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+    let rows = 16 * 37;
+    for ty in [GgmlType::Q4_K] {
+        let fmt = int8_format(ty).context("an integer type")?;
+        let suffix = type_suffix(ty).context("type has kernels")?;
+        let (mut worst, mut group_equal, mut failures) = (0f64, true, Vec::new());
+        for cols in [2560, 4352] {
+            let host = host_weights(rng, ty, rows, cols)?;
+            let deq = tandem_quant::dequantize(ty, &host)?;
+            let w = gpu.upload(&host)?;
+            let wq = repack(gpu, ty, &w, rows, cols)?.context("an integer layout")?;
+            for t in 1..=MAX_ROWS {
+                let x: Vec<f32> = (0..t * cols).map(|_| rng.normal()).collect();
+                let mut a = gpu.alloc::<u8>(fmt.bytes(t, cols))?;
+                quantize_act_into(gpu, fmt, &gpu.upload(&x)?, t, cols, &mut a)?;
+                let xa = dequantized_activations(fmt, &gpu.download(&a)?, t, cols);
+                let reference: Vec<f64> = (0..t * rows)
+                    .map(|i| {
+                        let (ti, r) = (i / rows, i % rows);
+                        (0..cols).map(|c| deq[r * cols + c] as f64 * xa[ti * cols + c]).sum()
+                    })
+                    .collect();
+                let mut alone = gpu.upload(&vec![f32::NAN; t * rows])?;
+                qmma_group_into(
+                    gpu,
+                    suffix,
+                    &mut [MmvqTarget {
+                        w: &wq,
+                        rows,
+                        out: &mut alone,
+                    }],
+                    &a,
+                    t,
+                    cols,
+                )?;
+                let alone = gpu.download(&alone)?;
+                let err = rel_err(&alone, &reference);
+                if err >= BOUND {
+                    failures.push(format!("{} {cols} wide, t={t}: {err:.2e}", kernel(suffix)));
+                }
+                worst = worst.max(err);
+                // Three matrices in one launch (q, k and v; gate and up): each as alone.
+                let mut outs = (0..3)
+                    .map(|_| gpu.upload(&vec![f32::NAN; t * rows]))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut targets: Vec<MmvqTarget> =
+                    outs.iter_mut().map(|out| MmvqTarget { w: &wq, rows, out }).collect();
+                qmma_group_into(gpu, suffix, &mut targets, &a, t, cols)?;
+                for out in &outs {
+                    group_equal &= bits_equal(&gpu.download(out)?, &alone);
+                }
+            }
+        }
+        table.push(Row {
+            check: format!("qmma {ty} ({rows} rows, 2560 and 4352 wide, t=1-{MAX_ROWS}) against f64; grouped launch"),
+            result: if failures.is_empty() {
+                format!("rel err {worst:.2e} (bound {BOUND:.0e}); grouped launch bit-equal: {group_equal}")
+            } else {
+                failures.join("; ")
+            },
+            pass: failures.is_empty() && group_equal,
+        });
+    }
+    Ok(())
+}
+
+/// The matvec's bound (`int8_checks`): the same exact integers, only the float sums' order differs.
+const BOUND: f64 = 1e-5;
+
+/// Times the 8B Q4_K_M's Q4_K decode shapes at 2-8 rows: the qmma kernel, the batched `dp4a` matvec
+/// and cuBLAS over the f16 copy (the routes batches took before), over copies rotated so that L2
+/// cannot hold them.
+pub(super) fn qmma_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
+    let mut rng = Rng(0x51ed_2701_9e37_79b9);
+    let cases = [
+        (GgmlType::Q4_K, 28672, 4096),
+        (GgmlType::Q4_K, 6144, 4096),
+        (GgmlType::Q4_K, 4096, 4096),
+        (GgmlType::Q4_K, 4096, 14336),
+    ];
+    for (ty, rows, cols) in cases {
+        let fmt = int8_format(ty).context("an integer type")?;
+        let suffix = type_suffix(ty).context("type has kernels")?;
+        let host = host_weights(&mut rng, ty, rows, cols)?;
+        let bytes = host.len();
+        let n = (160 << 20) / bytes.max(1) + 2;
+        let copies = (0..n)
+            .map(|_| {
+                let w = gpu.upload(&host)?;
+                repack(gpu, ty, &w, rows, cols)?.context("an integer layout")
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let w16 = {
+            let w = gpu.upload(&host)?;
+            (0..2)
+                .map(|_| Ok(dequant_f16(gpu, suffix, &w, rows, cols)?))
+                .collect::<Result<Vec<_>>>()?
+        };
+        let variant = variants(suffix)
+            .into_iter()
+            .find(|v| !v.staged && v.fits(&[rows], cols))
+            .context("a batched variant")?;
+        for t in [2usize, 3, 4, 6, 8] {
+            let x: Vec<f32> = (0..t * cols).map(|_| rng.normal()).collect();
+            let x_dev = gpu.upload(&x)?;
+            let mut a = gpu.alloc::<u8>(fmt.bytes(t, cols))?;
+            quantize_act_into(gpu, fmt, &x_dev, t, cols, &mut a)?;
+            let mut x16 = gpu.alloc::<u16>(t * cols)?;
+            to_f16_into(gpu, &x_dev.as_view(), &mut x16, t * cols)?;
+            let mut out = gpu.alloc::<f32>(t * rows)?;
+            let mut results = Vec::new();
+            let us = time_rotated(gpu, copies.len(), &mut |i| {
+                let mut targets = [MmvqTarget {
+                    w: &copies[i],
+                    rows,
+                    out: &mut out,
+                }];
+                Ok(qmma_group_into(gpu, suffix, &mut targets, &a, t, cols)?)
+            })?;
+            let regs = gpu.function(&kernel(suffix))?.num_regs().unwrap_or(-1);
+            results.push(format!("qmma {us:.1} us ({regs} regs)"));
+            let us = time_rotated(gpu, copies.len(), &mut |i| {
+                let mut targets = [MmvqTarget {
+                    w: &copies[i],
+                    rows,
+                    out: &mut out,
+                }];
+                Ok(mmvq_group_into_with(
+                    gpu,
+                    suffix,
+                    variant,
+                    &mut targets,
+                    &a,
+                    t,
+                    cols,
+                    false,
+                )?)
+            })?;
+            results.push(format!("dp4a {us:.1} us"));
+            let us = time_rotated(gpu, 2, &mut |i| {
+                Ok(gemm_f16_into(gpu, &w16[i].as_view(), &x16, t, rows, cols, &mut out)?)
+            })?;
+            results.push(format!("cuBLAS f16 {us:.1} us"));
+            table.push(Row {
+                check: format!("qmma speed {ty} {rows}x{cols}, t={t} ({:.1} MB)", bytes as f64 / 1e6),
+                result: results.join("; "),
+                pass: true,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Mean microseconds of `run(i)` over copies `i` in turn, after one warm-up pass.
+fn time_rotated(gpu: &Gpu, copies: usize, run: &mut dyn FnMut(usize) -> Result<()>) -> Result<f64> {
+    for i in 0..copies {
+        run(i)?;
+    }
+    gpu.synchronize()?;
+    let iters = 40.max(copies);
+    let t0 = Instant::now();
+    for i in 0..iters {
+        run(i % copies)?;
+    }
+    gpu.synchronize()?;
+    Ok(t0.elapsed().as_secs_f64() * 1e6 / iters as f64)
+}
