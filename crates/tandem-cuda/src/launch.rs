@@ -10,7 +10,8 @@ use tandem_gguf::GgmlType;
 
 use crate::device::{driver, Gpu};
 use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, variants, ActQuant, MmvqTarget, MmvqVariant};
-use crate::routes::MV_BATCH;
+use crate::qmma;
+use crate::routes::{self, MV_BATCH};
 use crate::CudaError;
 
 /// The kernel-name suffix of a weight type, or `None` when no CUDA kernel reads it.
@@ -268,6 +269,8 @@ pub enum DecodeKernel {
 pub(crate) struct Tuning {
     pub(crate) kernel: DecodeKernel,
     pub(crate) cublas: bool,
+    /// Rows from which cuBLAS over the f16 copy beats `kernel` batched (`batch_gemm_from`).
+    pub(crate) gemm_from: usize,
 }
 
 /// Runs `f` once, then `TUNE_ITERS` times, each after `flush` was read through; returns the GPU
@@ -448,7 +451,68 @@ pub(crate) fn tune_decode(
         }
         None => false,
     };
-    Ok(Tuning { kernel: best.1, cublas })
+    let kernel = best.1;
+    let gemm_from = match w16 {
+        Some(w16) if !deterministic && !qmma::takes(&kernel, suffix, rows) => {
+            let w = match kernel {
+                DecodeKernel::Int8 { .. } => int8.map(|(_, wq)| wq).ok_or_else(|| CudaError::Driver {
+                    what: format!("{rows}x{cols} {suffix}"),
+                    err: "an integer kernel chosen without its layout".into(),
+                })?,
+                DecodeKernel::Float(_) => w,
+            };
+            batch_gemm_from(gpu, &mut flush, suffix, kernel, w, w16, rows, cols)?
+        }
+        _ => routes::GEMM_MIN_ROWS,
+    };
+    Ok(Tuning {
+        kernel,
+        cublas,
+        gemm_from,
+    })
+}
+
+/// The fewest rows, from 2 up to `routes::GEMM_MIN_ROWS`, at which cuBLAS over the f16 copy `w16`
+/// beats `kernel` (the matrix's one-row choice, reading `w`) batched; `GEMM_MIN_ROWS` when it never
+/// did below that. The batched matvec reads a quarter of the bytes or less but repeats its per-row
+/// work, so where one wins depends on the shape: on the 8B Q4_K_M's Q6_K down projection cuBLAS is
+/// faster from 3 rows, on its Q6_K v projection the matvec up to 4 (docs/gpu-runs/2026-12-02-graphs,
+/// call c1).
+#[allow(clippy::too_many_arguments)]
+fn batch_gemm_from(
+    gpu: &Gpu,
+    flush: &mut L2Flush,
+    suffix: &str,
+    kernel: DecodeKernel,
+    w: &CudaSlice<u8>,
+    w16: &CudaView<'_, u16>,
+    rows: usize,
+    cols: usize,
+) -> Result<usize, CudaError> {
+    for t in 2..routes::GEMM_MIN_ROWS {
+        let x = tuning_input(gpu, t * cols)?;
+        let mut out = gpu.alloc_out::<f32>(t * rows)?;
+        let matvec = match kernel {
+            DecodeKernel::Int8 { fmt, variant } => {
+                let mut a = gpu.alloc_out::<u8>(fmt.bytes(t, cols))?;
+                time_launches(gpu, flush, &mut || {
+                    quantize_act_into(gpu, fmt, &x, t, cols, &mut a)?;
+                    mmvq_into(gpu, suffix, variant, w, &a, t, rows, cols, &mut out)
+                })?
+            }
+            DecodeKernel::Float(family) => time_launches(gpu, flush, &mut || {
+                matvec_into(gpu, family, suffix, w, &x, t, rows, cols, &mut out)
+            })?,
+        };
+        let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
+        let gemm = time_launches(gpu, flush, &mut || {
+            gemm_into(gpu, w16, &x, &mut x16, t, rows, cols, &mut out)
+        })?;
+        if gemm < matvec {
+            return Ok(t);
+        }
+    }
+    Ok(routes::GEMM_MIN_ROWS)
 }
 
 /// A member of a group of matrices reading one input, as tuned alone.

@@ -206,7 +206,13 @@ impl CudaModel {
             } else {
                 ""
             };
-            seen.insert(format!("{}x{} {}: {kernel}{cublas}", m.rows, m.cols, g.suffix));
+            let batches = match (g.f16.is_some(), g.quant_mma) {
+                _ if self.deterministic => String::new(),
+                (_, true) => format!("; batches: qmma to {} rows", crate::routes::QUANT_MMA_MAX_ROWS),
+                (true, false) => format!("; batches: cuBLAS from {} rows", g.gemm_from),
+                (false, false) => String::new(),
+            };
+            seen.insert(format!("{}x{} {}: {kernel}{cublas}{batches}", m.rows, m.cols, g.suffix));
         }
         seen.into_iter().collect()
     }

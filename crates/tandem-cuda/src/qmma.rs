@@ -10,6 +10,7 @@ use cudarc::driver::CudaSlice;
 use crate::device::Gpu;
 use crate::int8::{launch_grouped, MmvqTarget};
 use crate::launch::launch_cfg;
+use crate::launch::DecodeKernel;
 use crate::CudaError;
 
 /// Threads of a block: four warps splitting a row group's super-blocks (`QMMA_WARPS` in qmma.cu).
@@ -30,6 +31,13 @@ pub fn has_kernel(suffix: &str) -> bool {
 /// and cuBLAS instead, to measure it against them).
 pub fn enabled() -> bool {
     std::env::var("TANDEM_CUDA_QMMA").map_or(true, |v| v != "0")
+}
+
+/// Whether decode batches of a matrix of `rows` rows of type `suffix` whose one-row kernel is
+/// `kernel` take this route (up to `routes::QUANT_MMA_MAX_ROWS` rows): the integer route's layout, a
+/// type with a kernel, whole groups of rows, and the route not turned off.
+pub(crate) fn takes(kernel: &DecodeKernel, suffix: &str, rows: usize) -> bool {
+    matches!(kernel, DecodeKernel::Int8 { .. }) && has_kernel(suffix) && fits(&[rows]) && enabled()
 }
 
 /// Whether matrices of these row counts fit the kernel (whole groups of `GROUP_ROWS`).

@@ -8,11 +8,12 @@
 //! - `2 <= t <= QUANT_MMA_MAX_ROWS` (decode batches, very short chunks) times a Q4_K matrix:
 //!   `QuantMma` — the quantized weights read once for all rows, their integer products on the tensor
 //!   cores (`qmma.rs`), one float sum per output and super-block.
-//! - other `1 < t < GEMM_MIN_ROWS` (other types): `Matvec` again, batched — each warp applies a
-//!   decoded weight unit to up to 8 rows, so the weights are still read about once; its integer sums
-//!   grow with the rows, and from 5 rows the GEMM over the f16 copy (4x the bytes, but on the tensor
-//!   cores) is faster (`GEMM_MIN_ROWS`).
-//! - `t >= GEMM_MIN_ROWS` otherwise (prefill, decode batches): `Gemm` — tensor-core GEMM (cuBLAS, f16
+//! - other `1 < t < gemm_from` (other types): `Matvec` again, batched — each warp applies a decoded
+//!   weight unit to up to 8 rows, so the weights are still read about once; its integer sums grow
+//!   with the rows, and from some row count the GEMM over the f16 copy (4x the bytes, but on the
+//!   tensor cores) is faster: `gemm_from`, measured for each matrix at load between 2 and
+//!   `GEMM_MIN_ROWS` rows (`launch::batch_gemm_from`).
+//! - `t >= gemm_from` otherwise (prefill, decode batches): `Gemm` — tensor-core GEMM (cuBLAS, f16
 //!   operands, f32 accumulation) over an f16 copy of the weights made at load; prefill is
 //!   compute-bound, so the weights are kept in the form the tensor cores read fastest, at 2 bytes per
 //!   weight of memory.
@@ -50,11 +51,12 @@ use crate::int8::ActQuant;
 /// Rows up to which a chunk takes the tile attention kernel rather than the flash kernel
 /// (`attention_route`; a decode batch of any size takes its batched form, one row a sequence).
 pub const MATVEC_MAX_ROWS: usize = 8;
-/// Rows from which a matmul takes the GEMM over the f16 copy rather than the batched matvec. The
+/// Rows from which a matmul takes the GEMM over the f16 copy rather than the batched matvec at the
+/// latest (each matrix's load-time timing may move it down to 2 rows: `launch::batch_gemm_from`). The
 /// batched matvec reads the quantized weights once but its integer sums grow with the rows; measured
 /// on the 8B Q4_K_M (H200, docs/gpu-runs/2026-12-01-batch, calls g2 and g3): 5 rows 883 tok/s against
 /// 940 through the GEMM, 6 rows 944 against 1,136, 8 rows 1,042 against 1,473 (g3), while 4 rows
-/// favour the matvec, which reads a quarter of the bytes (835 against 752, g2).
+/// favoured the matvec overall, which reads a quarter of the bytes (835 against 752, g2).
 pub const GEMM_MIN_ROWS: usize = 5;
 /// Rows up to which a matmul of a type `qmma` has a kernel for takes it (`MatmulRoute::QuantMma`)
 /// rather than the batched matvec or the GEMM, in default mode: one n-tile of the mma. Measured on
@@ -146,13 +148,20 @@ pub enum MatmulRoute {
 
 /// The route for `t` rows of a matrix; `one_row_cublas`: the load-time measurement found cuBLAS over
 /// the f16 copy faster than every matvec family for one row of this matrix; `quant_mma`: the matrix
-/// has a `qmma` kernel.
-pub fn matmul_route(t: usize, deterministic: bool, one_row_cublas: bool, quant_mma: bool) -> MatmulRoute {
+/// has a `qmma` kernel; `gemm_from`: the rows from which cuBLAS beat its batched matvec at load (at
+/// most `GEMM_MIN_ROWS`).
+pub fn matmul_route(
+    t: usize,
+    deterministic: bool,
+    one_row_cublas: bool,
+    quant_mma: bool,
+    gemm_from: usize,
+) -> MatmulRoute {
     if deterministic {
         MatmulRoute::Matvec
     } else if quant_mma && (2..=QUANT_MMA_MAX_ROWS).contains(&t) {
         MatmulRoute::QuantMma
-    } else if t >= GEMM_MIN_ROWS || (t == 1 && one_row_cublas) {
+    } else if t >= gemm_from.clamp(2, GEMM_MIN_ROWS) || (t == 1 && one_row_cublas) {
         MatmulRoute::Gemm
     } else {
         MatmulRoute::Matvec
@@ -365,37 +374,59 @@ mod tests {
 
     #[test]
     fn decode_and_short_chunks_take_the_matvec_and_prefill_the_gemm() {
-        assert_eq!(matmul_route(1, false, false, false), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(1, false, false, false, GEMM_MIN_ROWS), MatmulRoute::Matvec);
         assert_eq!(
-            matmul_route(GEMM_MIN_ROWS - 1, false, false, false),
+            matmul_route(GEMM_MIN_ROWS - 1, false, false, false, GEMM_MIN_ROWS),
             MatmulRoute::Matvec
         );
-        assert_eq!(matmul_route(GEMM_MIN_ROWS, false, false, false), MatmulRoute::Gemm);
-        assert_eq!(matmul_route(512, true, false, false), MatmulRoute::Matvec);
+        assert_eq!(
+            matmul_route(GEMM_MIN_ROWS, false, false, false, GEMM_MIN_ROWS),
+            MatmulRoute::Gemm
+        );
+        assert_eq!(
+            matmul_route(512, true, false, false, GEMM_MIN_ROWS),
+            MatmulRoute::Matvec
+        );
     }
 
     #[test]
     fn decode_batches_of_k_quants_take_the_tensor_cores_over_the_quantized_weights() {
-        assert_eq!(matmul_route(1, false, false, true), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(2, false, false, true), MatmulRoute::QuantMma);
+        assert_eq!(matmul_route(1, false, false, true, GEMM_MIN_ROWS), MatmulRoute::Matvec);
         assert_eq!(
-            matmul_route(QUANT_MMA_MAX_ROWS, false, true, true),
+            matmul_route(2, false, false, true, GEMM_MIN_ROWS),
             MatmulRoute::QuantMma
         );
         assert_eq!(
-            matmul_route(QUANT_MMA_MAX_ROWS + 1, false, false, true),
+            matmul_route(QUANT_MMA_MAX_ROWS, false, true, true, GEMM_MIN_ROWS),
+            MatmulRoute::QuantMma
+        );
+        assert_eq!(
+            matmul_route(QUANT_MMA_MAX_ROWS + 1, false, false, true, GEMM_MIN_ROWS),
             MatmulRoute::Gemm
         );
         // Never in deterministic mode: its bits are not the matvec lanes'.
-        assert_eq!(matmul_route(8, true, false, true), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(8, true, false, true, GEMM_MIN_ROWS), MatmulRoute::Matvec);
+    }
+
+    #[test]
+    fn small_batches_take_the_gemm_from_the_rows_measured_at_load() {
+        assert_eq!(matmul_route(2, false, false, false, 3), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(3, false, false, false, 3), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(4, false, false, false, 2), MatmulRoute::Gemm);
+        // Never before 2 rows nor after GEMM_MIN_ROWS, never in deterministic mode, and not over
+        // the tensor-core route's rows.
+        assert_eq!(matmul_route(1, false, false, false, 0), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(GEMM_MIN_ROWS, false, false, false, 99), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(3, true, false, false, 2), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(3, false, false, true, 2), MatmulRoute::QuantMma);
     }
 
     #[test]
     fn one_row_takes_cublas_only_where_it_was_measured_faster_and_never_when_deterministic() {
-        assert_eq!(matmul_route(1, false, true, false), MatmulRoute::Gemm);
-        assert_eq!(matmul_route(1, false, true, true), MatmulRoute::Gemm);
-        assert_eq!(matmul_route(2, false, true, false), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(1, true, true, false), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(1, false, true, false, GEMM_MIN_ROWS), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(1, false, true, true, GEMM_MIN_ROWS), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(2, false, true, false, GEMM_MIN_ROWS), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(1, true, true, false, GEMM_MIN_ROWS), MatmulRoute::Matvec);
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub(crate) struct GpuMatrix {
     /// Whether decode batches can take the tensor cores over `quantized` (`qmma`): an integer-route
     /// layout of a type with a kernel, whole groups of `qmma::GROUP_ROWS` rows.
     pub(crate) quant_mma: bool,
+    /// Rows from which a batch takes cuBLAS over the f16 copy rather than the batched matvec
+    /// (measured at load: `launch::batch_gemm_from`; `routes::GEMM_MIN_ROWS` without a copy).
+    pub(crate) gemm_from: usize,
     /// The ggml-layout rows the embedding kernel reads, kept beside `quantized` when that was
     /// repacked for the integer route: an embedding table that is also the output projection.
     pub(crate) embed_rows: Option<CudaSlice<u8>>,
@@ -323,10 +326,7 @@ impl CudaModel {
                 memory.tied_output_int8 += p.original.len();
             }
             let quantized = p.repacked.flatten().unwrap_or(p.original);
-            let quant_mma = matches!(p.tuning.kernel, DecodeKernel::Int8 { .. })
-                && qmma::has_kernel(p.suffix)
-                && qmma::fits(&[p.rows])
-                && qmma::enabled();
+            let quant_mma = qmma::takes(&p.tuning.kernel, p.suffix, p.rows);
             matrices.insert(
                 name,
                 GpuMatrix {
@@ -336,6 +336,7 @@ impl CudaModel {
                     decode: p.tuning.kernel,
                     decode_cublas: p.tuning.cublas,
                     quant_mma,
+                    gemm_from: p.tuning.gemm_from,
                     embed_rows: p.embed_rows,
                 },
             );
