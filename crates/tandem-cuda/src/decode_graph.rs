@@ -32,7 +32,8 @@ use crate::programmatic;
 use crate::routes;
 use crate::CudaError;
 
-/// Graphs kept at once (one per sequence being decoded, one per batch shape; the oldest goes first).
+/// Graphs kept at once (one per sequence being decoded, one per batch shape; the one replayed longest
+/// ago goes first).
 const MAX_GRAPHS: usize = 16;
 /// Keys remembered as having taken their direct first step (the oldest is forgotten first, so a
 /// long-running server holds a bounded list; a forgotten one takes one more direct step).
@@ -53,23 +54,43 @@ pub(crate) enum GraphKey {
     Batch { rows: usize, tiles: usize, n_ctx: usize },
 }
 
-/// The graph a pass of `spans` takes, if any: a decode step of one row a span asking for its logits
-/// (`(rows, position, n_ctx)` of each span; a batch of more than `MAX_BATCH_ROWS` takes none).
-fn graph_key(spans: &[(usize, LogitRows, u64, usize, usize)], batches: bool) -> Option<GraphKey> {
-    if !spans
-        .iter()
-        .all(|&(rows, logits, ..)| rows == 1 && logits == LogitRows::Last)
-    {
+/// What a span of a pass is, as far as the choice of graph goes.
+#[derive(Clone, Copy, Debug)]
+struct SpanShape {
+    rows: usize,
+    logits: LogitRows,
+    seq: u64,
+    /// The position of its first row.
+    position: usize,
+    n_ctx: usize,
+}
+
+impl SpanShape {
+    fn of(s: &Span<GpuSequenceKv>) -> Self {
+        SpanShape {
+            rows: s.tokens.len(),
+            logits: s.logits,
+            seq: s.kv.id,
+            position: s.kv.len(),
+            n_ctx: s.kv.n_ctx,
+        }
+    }
+}
+
+/// The graph a pass of `spans` takes, if any: a decode step of one row a span, each asking for its
+/// logits (`batches`: also of several spans, up to `MAX_BATCH_ROWS`).
+fn graph_key(spans: &[SpanShape], batches: bool) -> Option<GraphKey> {
+    if !spans.iter().all(|s| s.rows == 1 && s.logits == LogitRows::Last) {
         return None;
     }
     match spans {
         [] => None,
-        [(_, _, seq, ..)] => Some(GraphKey::Sequence(*seq)),
+        [one] => Some(GraphKey::Sequence(one.seq)),
         _ if !batches || spans.len() > MAX_BATCH_ROWS => None,
         _ => Some(GraphKey::Batch {
             rows: spans.len(),
-            tiles: routes::batch_tiles(spans.iter().map(|s| s.3).max().unwrap_or(0)),
-            n_ctx: spans.iter().map(|s| s.4).max().unwrap_or(0),
+            tiles: routes::batch_tiles(spans.iter().map(|s| s.position).max().unwrap_or(0)),
+            n_ctx: spans.iter().map(|s| s.n_ctx).max().unwrap_or(0),
         }),
     }
 }
@@ -198,10 +219,7 @@ impl CudaModel {
         scratch: &mut GpuScratch,
         spans: &mut [Span<GpuSequenceKv>],
     ) -> Result<Vec<Logits>, ModelError> {
-        let shape: Vec<_> = spans
-            .iter()
-            .map(|s| (s.tokens.len(), s.logits, s.kv.id, s.kv.len(), s.kv.n_ctx))
-            .collect();
+        let shape: Vec<SpanShape> = spans.iter().map(|s| SpanShape::of(s)).collect();
         let key = graph_key(&shape, self.batch_graphs_enabled.get()).filter(|_| self.graphs_enabled.get());
         let Some(key) = key else {
             let Some(clock) = &self.pass_clock else {
@@ -216,7 +234,14 @@ impl CudaModel {
         // would hold it through its body.
         let cached = self.graphs.borrow().iter().position(|g| g.key == key);
         if let Some(i) = cached {
-            return self.replay(scratch, spans, i);
+            // Kept last, so the graph evicted first is the one replayed longest ago (a server's batch
+            // sizes come and go around its load).
+            let mut graphs = self.graphs.borrow_mut();
+            let g = graphs.remove(i);
+            graphs.push(g);
+            let last = graphs.len() - 1;
+            drop(graphs);
+            return self.replay(scratch, spans, last);
         }
         if warm_up(&mut self.warmed.borrow_mut(), key) {
             // First decode step of this sequence or batch shape: run it directly, which sizes the pool.
@@ -487,11 +512,16 @@ mod tests {
 
     #[test]
     fn decode_steps_take_a_graph_per_sequence_and_batches_one_per_shape() {
-        let last = LogitRows::Last;
-        // (rows, logits, sequence, position, n_ctx) of each span.
-        assert_eq!(graph_key(&[(1, last, 7, 90, 2048)], true), Some(GraphKey::Sequence(7)));
-        assert_eq!(graph_key(&[(1, last, 7, 90, 2048)], false), Some(GraphKey::Sequence(7)));
-        let batch = [(1, last, 7, 90, 2048), (1, last, 8, 300, 4096), (1, last, 9, 5, 2048)];
+        let span = |seq, position, n_ctx| SpanShape {
+            rows: 1,
+            logits: LogitRows::Last,
+            seq,
+            position,
+            n_ctx,
+        };
+        assert_eq!(graph_key(&[span(7, 90, 2048)], true), Some(GraphKey::Sequence(7)));
+        assert_eq!(graph_key(&[span(7, 90, 2048)], false), Some(GraphKey::Sequence(7)));
+        let batch = [span(7, 90, 2048), span(8, 300, 4096), span(9, 5, 2048)];
         let key = Some(GraphKey::Batch {
             rows: 3,
             tiles: 4,
@@ -499,24 +529,29 @@ mod tests {
         });
         assert_eq!(graph_key(&batch, true), key);
         // Other sequences of the same count, furthest position's tiles and context share it.
-        let others = [(1, last, 1, 383, 4096), (1, last, 2, 0, 16), (1, last, 3, 256, 4096)];
+        let others = [span(1, 383, 4096), span(2, 0, 16), span(3, 256, 4096)];
         assert_eq!(graph_key(&others, true), key);
         // Past a power of two of tiles: another graph.
-        let further = [(1, last, 1, 512, 4096), (1, last, 2, 0, 16), (1, last, 3, 256, 4096)];
+        let further = [span(1, 512, 4096), span(2, 0, 16), span(3, 256, 4096)];
         assert!(matches!(
             graph_key(&further, true),
             Some(GraphKey::Batch { tiles: 8, .. })
         ));
         // No graph: batched graphs off, a chunk, a row without logits, too many rows, nothing.
         assert_eq!(graph_key(&batch, false), None);
-        assert_eq!(graph_key(&[(2, last, 7, 90, 2048)], true), None);
-        assert_eq!(
-            graph_key(&[(1, last, 7, 90, 2048), (1, LogitRows::None, 8, 9, 2048)], true),
-            None
-        );
-        let many: Vec<_> = (0..=MAX_BATCH_ROWS as u64).map(|s| (1, last, s, 10, 2048)).collect();
+        let chunk = SpanShape {
+            rows: 2,
+            ..span(7, 90, 2048)
+        };
+        assert_eq!(graph_key(&[chunk], true), None);
+        let quiet = SpanShape {
+            logits: LogitRows::None,
+            ..span(8, 9, 2048)
+        };
+        assert_eq!(graph_key(&[span(7, 90, 2048), quiet], true), None);
+        let many: Vec<_> = (0..=MAX_BATCH_ROWS as u64).map(|s| span(s, 10, 2048)).collect();
         assert_eq!(graph_key(&many, true), None);
-        assert_eq!(graph_key(&many[1..], true).map(|_| ()), Some(()));
+        assert!(graph_key(&many[1..], true).is_some());
         assert_eq!(graph_key(&[], true), None);
     }
 }
