@@ -179,6 +179,21 @@ impl Drop for CudaModel {
 /// 51,000).
 pub(crate) const ARENA_INTS: usize = 1 << 18;
 
+/// Appends `ints` to a graph's staged parameters from a multiple of `align` slots on (the slots
+/// skipped are zero, the same every step); returns where they lie in the arena.
+fn stage(staging: &mut Vec<i32>, ints: Vec<i32>, align: usize) -> Result<Range<usize>, CudaError> {
+    let start = staging.len().next_multiple_of(align);
+    if start + ints.len() > ARENA_INTS {
+        return Err(CudaError::Driver {
+            what: "graph parameters".into(),
+            err: format!("more than {ARENA_INTS} index slots"),
+        });
+    }
+    staging.resize(start, 0);
+    staging.extend(ints);
+    Ok(start..staging.len())
+}
+
 impl CudaModel {
     /// A fresh device KV cache for one sequence of up to `n_ctx` positions.
     pub fn new_sequence(&self, n_ctx: usize) -> Result<GpuSequenceKv, CudaError> {
@@ -271,17 +286,7 @@ impl CudaModel {
     /// skipped are zero, the same every step).
     fn param_aligned(&self, ints: Vec<i32>, align: usize) -> Result<Param, CudaError> {
         if self.mode.get() != Mode::Normal {
-            let mut staging = self.staging.borrow_mut();
-            let start = staging.len().next_multiple_of(align);
-            staging.resize(start, 0);
-            if start + ints.len() > ARENA_INTS {
-                return Err(CudaError::Driver {
-                    what: "graph parameters".into(),
-                    err: format!("more than {ARENA_INTS} index slots"),
-                });
-            }
-            staging.extend(ints);
-            return Ok(Param::Arena(start..staging.len()));
+            return stage(&mut self.staging.borrow_mut(), ints, align).map(Param::Arena);
         }
         let mut memo = self.uploads.borrow_mut();
         if let Some((_, dev)) = memo.iter().find(|(h, _)| *h == ints) {
@@ -534,5 +539,25 @@ impl Backend for CudaModel {
             }
             Mode::Dry => Ok(Vec::new()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_addresses_start_at_an_even_slot_and_the_arena_bounds_every_list() {
+        let mut staging = vec![7];
+        assert_eq!(stage(&mut staging, vec![1, 2, 3], 1).unwrap(), 1..4);
+        // Four ints so far: an address pair starts right after them; after five, one slot later.
+        assert_eq!(stage(&mut staging, vec![10, 11], 2).unwrap(), 4..6);
+        assert_eq!(stage(&mut staging, vec![5], 1).unwrap(), 6..7);
+        assert_eq!(stage(&mut staging, vec![20, 21, 22, 23], 2).unwrap(), 8..12);
+        assert_eq!(staging, vec![7, 1, 2, 3, 10, 11, 5, 0, 20, 21, 22, 23]);
+        let mut full = vec![0; ARENA_INTS - 1];
+        assert!(stage(&mut full, vec![1], 1).is_ok());
+        assert!(stage(&mut full, vec![1], 1).is_err());
+        assert_eq!(full.len(), ARENA_INTS, "a refused list stages nothing");
     }
 }
