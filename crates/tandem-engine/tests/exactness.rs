@@ -56,31 +56,40 @@ fn smollm2_logits_do_not_depend_on_chunking() {
 }
 
 /// A decode step batched across sequences (`Engine::forward_each`, one forward pass for all, as the
-/// server and `tandem bench --parallel` run it) gives each sequence the logits it gets alone.
+/// server and `tandem bench --parallel` run it) gives each sequence the logits it gets alone: on
+/// SmolLM2, and on Gemma 3 with one sequence past its 512-row rings (windowed layers, QK-norm).
 #[test]
 fn a_batched_step_gives_each_sequence_its_own_logits() {
+    check_batched(SMOLLM, &[5, 40, 17]);
+    check_batched(GEMMA, &[5, 600, 17, 130]);
+}
+
+fn check_batched((key, file): (&str, &str), lens: &[usize]) {
     let golden = golden();
-    let tokens = ids(&prompt(&golden, SMOLLM.0, "gpl3-long")["ids"]);
-    let (mut engine, _) = load(SMOLLM.1);
-    let lens = [5usize, 40, 17];
+    let tokens = ids(&prompt(&golden, key, "gpl3-long")["ids"]);
+    let (mut engine, _) = load(file);
     let mut kvs: Vec<_> = lens.iter().map(|&n| engine.new_sequence(n + 2)).collect();
-    for (kv, &n) in kvs.iter_mut().zip(&lens) {
+    for (kv, &n) in kvs.iter_mut().zip(lens) {
         engine.prefill(kv, &tokens[..n], 64).unwrap();
     }
     let next: Vec<u32> = lens.iter().map(|&n| tokens[n]).collect();
     let mut alone_kvs: Vec<_> = lens.iter().map(|&n| engine.new_sequence(n + 2)).collect();
     let mut alone = Vec::new();
-    for ((kv, &n), &t) in alone_kvs.iter_mut().zip(&lens).zip(&next) {
+    for ((kv, &n), &t) in alone_kvs.iter_mut().zip(lens).zip(&next) {
         engine.prefill(kv, &tokens[..n], 64).unwrap();
         alone.push(engine.forward(kv, &[t], LogitRows::Last).unwrap());
     }
     let together = engine.forward_each(&mut kvs, &next).unwrap();
     assert_eq!(together.len(), lens.len());
     for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
-        assert_eq!(a[..], b[..], "sequence {i}: batched logits differ from its own step");
+        assert_eq!(
+            a[..],
+            b[..],
+            "{key}: sequence {i}: batched logits differ from its own step"
+        );
     }
     assert!(
-        engine.forward_each(&mut kvs, &next[..2]).is_err(),
+        engine.forward_each(&mut kvs, &next[..lens.len() - 1]).is_err(),
         "a token short must be an error"
     );
 }

@@ -3,11 +3,12 @@
 
 use std::ops::Range;
 
-use tandem_backend::cpu::attention::{attend, AttentionShape};
+use tandem_backend::cpu::attention::{attend, attend_decode_rows, AttentionShape, DecodeRow};
 use tandem_backend::cpu::ops::{self, rope_angles, rope_row, RopeParams};
 
-use crate::backend::{AttendRows, Backend, SequenceCache};
+use crate::backend::{AttendRows, Backend, QkvRows, SequenceCache};
 use crate::config::{Activation, ModelConfig};
+use crate::graph::{self, Span};
 use crate::kv::{SequenceKv, StagingBuffers};
 use crate::weights::{Matrix, Norm, Weights};
 use crate::{Model, ModelError};
@@ -56,6 +57,19 @@ impl SequenceCache for SequenceKv {
 
     fn bytes_at_capacity(&self) -> usize {
         SequenceKv::bytes_at_capacity(self)
+    }
+}
+
+impl Model {
+    fn attention_shape(&self, layer: usize) -> AttentionShape {
+        let c = &self.config;
+        AttentionShape {
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            scale: c.attn_scale,
+            window: c.layers[layer].window,
+        }
     }
 }
 
@@ -145,14 +159,7 @@ impl Backend for Model {
         rows: Range<usize>,
         positions: &[usize],
     ) -> Result<(), ModelError> {
-        let c = &self.config;
-        let shape = AttentionShape {
-            n_head: c.n_head,
-            n_kv_head: c.n_kv_head,
-            head_dim: c.head_dim,
-            scale: c.attn_scale,
-            window: c.layers[layer].window,
-        };
+        let shape = self.attention_shape(layer);
         let q_rows = &io.q.data[io.q.range(&rows)];
         let out_range = io.out.range(&rows);
         let out_rows = &mut io.out.data[out_range];
@@ -163,6 +170,55 @@ impl Backend for Model {
             &mut ws.staging,
             |view| attend(&self.pool, q_rows, positions, view, &shape, out_rows),
         )
+    }
+
+    /// A batched decode step (one row of each of several sequences): the head norms and RoPE on
+    /// every row, each row stored into its cache, then every row attended in one dispatch of the
+    /// pool (`attend_decode_rows`), each with the bits `store_and_attend` gives it alone. Anything
+    /// else: the default, each span's `store_and_attend` in turn.
+    fn rope_store_and_attend(
+        &self,
+        ws: &mut Workspace,
+        layer: usize,
+        spans: &mut [Span<SequenceKv>],
+        span_rows: &[Range<usize>],
+        qkv: QkvRows<'_, Rows>,
+        positions: &[usize],
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        let one_row_each = spans.len() > 1
+            && span_rows.len() == spans.len()
+            && span_rows.iter().enumerate().all(|(i, r)| *r == (i..i + 1));
+        if !one_row_each {
+            return graph::rope_then_attend_each(self, ws, layer, spans, span_rows, qkv, positions, rope);
+        }
+        if let Some(n) = qkv.head_norms {
+            graph::norm_heads(self, qkv.q, qkv.k, n)?;
+        }
+        self.rope_qk(qkv.q, qkv.k, positions, rope)?;
+        let (qw, kw) = (qkv.q.width, qkv.k.width);
+        for (i, span) in spans.iter_mut().enumerate() {
+            let (k, v) = (&qkv.k.data[i * kw..(i + 1) * kw], &qkv.v.data[i * kw..(i + 1) * kw]);
+            span.kv.layers[layer].store_row(k, v)?;
+        }
+        let views: Vec<_> = spans.iter().map(|s| s.kv.layers[layer].view()).collect();
+        let q = &qkv.q.data;
+        let mut rows: Vec<DecodeRow> = qkv
+            .out
+            .data
+            .chunks_mut(qw)
+            .zip(&views)
+            .zip(positions)
+            .enumerate()
+            .map(|(i, ((out, kv), &position))| DecodeRow {
+                q: &q[i * qw..(i + 1) * qw],
+                position,
+                kv,
+                out,
+            })
+            .collect();
+        attend_decode_rows(&self.pool, &mut rows, &self.attention_shape(layer));
+        Ok(())
     }
 
     fn normed(&self, x: &Rows, weight: &Norm) -> Result<Rows, ModelError> {

@@ -122,6 +122,17 @@ impl LayerCache {
         Ok(())
     }
 
+    /// Stores one decode row: as `store_and_attend` does for a chunk of one row, which every route
+    /// takes in place (`RingPlacement::route`). `view` then shows every row its query may see.
+    pub fn store_row(&mut self, k: &[f32], v: &[f32]) -> Result<(), ModelError> {
+        self.commit(k, v, 1)
+    }
+
+    /// The cached rows, as attention reads them in place.
+    pub fn view(&self) -> impl KvRows + '_ {
+        CacheView { layer: self }
+    }
+
     /// Stores a chunk of `t` rows and calls `attend` with a view of every row its queries may see.
     /// The route (store then attend, or stage → attend → commit) follows `RingPlacement::route`.
     pub fn store_and_attend(
@@ -135,7 +146,7 @@ impl LayerCache {
         match self.placement.route(t, self.window) {
             ChunkRoute::StoreThenAttend => {
                 self.commit(k, v, t)?;
-                attend(&CacheView { layer: self });
+                attend(&self.view());
             }
             ChunkRoute::Staged { retained_from } => {
                 let w = self.width;

@@ -143,6 +143,67 @@ fn attend_with(
     });
 }
 
+/// One row of a batched decode step: one sequence's query (every head) at `position`, the rows its
+/// cache holds, and its output row.
+pub struct DecodeRow<'a> {
+    pub q: &'a [f32],
+    pub position: usize,
+    pub kv: &'a dyn KvRows,
+    pub out: &'a mut [f32],
+}
+
+/// A batched decode step's attention (one row of each of several sequences) in one dispatch of the
+/// pool, where a call of `attend` a sequence cost a hand-off to the threads each. Each (row, KV head)
+/// task runs the block job `attend` runs for that row alone, whose values the long-row route also
+/// forms in the same order, so each row gets the bits of its own call.
+pub fn attend_decode_rows(pool: &ThreadPool, rows: &mut [DecodeRow<'_>], shape: &AttentionShape) {
+    let isa = Simd::detect();
+    let width = shape.n_head * shape.head_dim;
+    assert!(
+        rows.iter().all(|r| r.q.len() == width && r.out.len() == width),
+        "query and output rows"
+    );
+    assert!(
+        shape.n_kv_head > 0 && shape.n_head.is_multiple_of(shape.n_kv_head),
+        "GQA grouping"
+    );
+    let positions: Vec<[usize; 1]> = rows.iter().map(|r| [r.position]).collect();
+    let outs: Vec<OutPtr> = rows.iter_mut().map(|r| OutPtr(r.out.as_mut_ptr())).collect();
+    let group = shape.n_head / shape.n_kv_head;
+    // As `attend` splits a step's heads: a task a query head when the KV heads are too few.
+    let parts = if rows.len() * shape.n_kv_head < 4 * pool.n_threads() {
+        group
+    } else {
+        1
+    };
+    let rows = &*rows;
+    pool.run(rows.len() * shape.n_kv_head * parts, &|task| {
+        let (row, rest) = (task / (shape.n_kv_head * parts), task % (shape.n_kv_head * parts));
+        let (kv_head, part) = (rest / parts, rest % parts);
+        let per_part = group / parts;
+        let job = Block {
+            q: rows[row].q,
+            positions: &positions[row],
+            first_row: 0,
+            kv: rows[row].kv,
+            kv_head,
+            heads: part * per_part..(part + 1) * per_part,
+            shape,
+            simd: isa,
+        };
+        let out = &outs[row];
+        match isa {
+            // SAFETY: `Simd::detect` checked the CPU has these features; this task alone writes
+            // these heads of this row's output.
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 => unsafe { job.run_avx512(out) },
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx2 => unsafe { job.run_avx2(out) },
+            _ => job.run(out),
+        }
+    });
+}
+
 /// The widest vectors the attention loops may be compiled for. Every level runs the same operations in
 /// the same order (no fused multiply-add), so the level changes speed, never bits.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -736,6 +797,45 @@ mod tests {
                             "{isa:?}, head_dim {head_dim}, row at {p}, {threads} threads"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// Rows of several sequences attended in one dispatch get the bits each gets alone: short and
+    /// long (the long-row route) contexts, windows, one thread and several.
+    #[test]
+    fn a_batched_decode_step_gives_each_row_its_own_bits() {
+        for (n_head, n_kv_head, head_dim, window) in [(9, 3, 64, None), (4, 1, 256, Some(100)), (4, 2, 40, None)] {
+            let shape = test_shape(n_head, n_kv_head, head_dim, window);
+            let qw = n_head * head_dim;
+            let caches: Vec<Dense> = (0..4)
+                .map(|i| Dense::random(1300, n_kv_head * head_dim, 41 + 2 * i, 100))
+                .collect();
+            let positions = [0, 77, 1299, 400];
+            let q = values(positions.len() * qw, 43);
+            for threads in [1, 2, 3] {
+                let pool = ThreadPool::new(threads);
+                let mut out = vec![f32::NAN; q.len()];
+                let mut rows: Vec<DecodeRow> = out
+                    .chunks_mut(qw)
+                    .enumerate()
+                    .map(|(i, out)| DecodeRow {
+                        q: &q[i * qw..(i + 1) * qw],
+                        position: positions[i],
+                        kv: &caches[i],
+                        out,
+                    })
+                    .collect();
+                attend_decode_rows(&pool, &mut rows, &shape);
+                for (i, &p) in positions.iter().enumerate() {
+                    let mut alone = vec![f32::NAN; qw];
+                    attend(&pool, &q[i * qw..(i + 1) * qw], &[p], &caches[i], &shape, &mut alone);
+                    assert_eq!(
+                        bits(&out[i * qw..(i + 1) * qw]),
+                        bits(&alone),
+                        "head_dim {head_dim}, row {i} at {p}, {threads} threads"
+                    );
                 }
             }
         }
