@@ -475,9 +475,9 @@ pub(crate) fn tune_decode(
 /// The fewest rows, from 2 up to `routes::GEMM_MIN_ROWS`, at which cuBLAS over the f16 copy `w16`
 /// beats `kernel` (the matrix's one-row choice, reading `w`) batched; `GEMM_MIN_ROWS` when it never
 /// did below that. The batched matvec reads a quarter of the bytes or less but repeats its per-row
-/// work, so where one wins depends on the shape: on the 8B Q4_K_M's Q6_K down projection cuBLAS is
-/// faster from 3 rows, on its Q6_K v projection the matvec up to 4 (docs/gpu-runs/2026-12-02-graphs,
-/// call c1).
+/// work, so where one wins depends on the shape: on the H200 cuBLAS won from 3 rows on the 8B
+/// Q4_K_M's Q6_K down projection and head, from 4 on its Q6_K v projection, from 2 on gemma3-270m's
+/// tied Q8_0 head (docs/gpu-runs/2026-12-02-graphs, call c3).
 #[allow(clippy::too_many_arguments)]
 fn batch_gemm_from(
     gpu: &Gpu,
