@@ -9,7 +9,9 @@
 //!   exists. The four rows of a call come from the four quarters of the chunk, so the weights
 //!   are read as four long sequential streams (see `dot_rows`). With several activation rows,
 //!   chunks are small enough to stay in L2 while every activation row passes over them (float
-//!   weights then go through 4 × 4 register tiles of weight rows × activation rows).
+//!   weights then go through 4 × 4 register tiles of weight rows × activation rows, and legacy
+//!   types at AVX-512 take activation rows four and two at a time, each decoded weight block
+//!   serving them all: `dot_rows_batch`).
 //! * **GEMM route** (AVX-512 VNNI, quantized weights, `t >= GEMM_MIN_T`): tasks are (chunk of
 //!   weight rows) × (span of activation groups); a task decodes its weight rows once and runs the
 //!   register-tiled microkernels of `dot::gemm_avx512` over them (each decoded weight byte is
@@ -26,8 +28,8 @@ use tandem_gguf::GgmlType;
 
 #[cfg(target_arch = "x86_64")]
 use super::act_quant::AVec;
-use super::act_quant::QuantizedActs;
-use super::dot::{row_kernel, RowKernel, TileF, WeightClass};
+use super::act_quant::{Q8Row, QuantizedActs};
+use super::dot::{row_kernel, Dot4xnQ8, RowKernel, TileF, WeightClass};
 use super::pool::{SendPtr, ThreadPool};
 use crate::BackendError;
 
@@ -199,7 +201,7 @@ unsafe fn dot_rows(
     // SAFETY (all kernel calls): per the function contract.
     unsafe {
         match kernel {
-            RowKernel::Q8 { dot, dot4 } => {
+            RowKernel::Q8 { dot, dot4, .. } => {
                 let a = acts.q8_row(r);
                 match dot4 {
                     Some(dot4) => (j0..j0 + q).for_each(|j| put4(out, j, dot4(rows4(j), &a))),
@@ -218,6 +220,47 @@ unsafe fn dot_rows(
                 match dot4 {
                     Some(dot4) => (j0..j0 + q).for_each(|j| put4(out, j, dot4(rows4(j), xr))),
                     None => (j0..j1).for_each(|j| out[j - j0] = dot(w.row(j, row_bytes), xr)),
+                }
+            }
+        }
+    }
+}
+
+/// `N` activation rows from `r0` against weight rows `j0..j1` in one pass over them (a decode
+/// batch): the four weight rows of a call come from the range's quarters, as in [`dot_rows`], and
+/// each decoded block serves all `N` rows, each with the bits `dot_rows` gives it alone.
+///
+/// # Safety
+/// As for [`dot_rows`]; `out` must be valid for `t · rows` floats (`t > r0 + N - 1`), columns
+/// `j0..j1` of rows `r0..r0 + N` this caller's alone.
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_rows_batch<const N: usize>(
+    dot4n: Dot4xnQ8<N>,
+    w: &WeightMatrix,
+    row_bytes: usize,
+    acts: &QuantizedActs,
+    r0: usize,
+    j0: usize,
+    j1: usize,
+    out: SendPtr<f32>,
+) {
+    let q = (j1 - j0).div_ceil(4);
+    let rows4 = |j: usize| -> [&[u8]; 4] { std::array::from_fn(|i| w.row((j + i * q).min(j1 - 1), row_bytes)) };
+    if j1 > j0 {
+        for i in 0..4 {
+            let start = (j0 + i * q).min(j1 - 1) * row_bytes;
+            super::dot::prefetch(&w.data[start..(start + super::dot::PREFETCH_BYTES).min(w.data.len())]);
+        }
+    }
+    let a: [Q8Row; N] = std::array::from_fn(|n| acts.q8_row(r0 + n));
+    for j in j0..j0 + q {
+        // SAFETY (the kernel): per the function contract.
+        let v = unsafe { dot4n(rows4(j), std::array::from_fn(|n| &a[n])) };
+        for (n, v) in v.iter().enumerate() {
+            for (i, &v) in v.iter().enumerate() {
+                if j + i * q < j1 {
+                    // SAFETY: row r0 + n < t and column j + i·q < j1 <= rows: this caller's alone.
+                    unsafe { *out.0.add((r0 + n) * w.rows + j + i * q) = v };
                 }
             }
         }
@@ -293,23 +336,43 @@ fn row_route(
         });
         return;
     }
+    let batch = match kernel {
+        RowKernel::Q8 { batch, .. } => batch,
+        _ => None,
+    };
     pool.run(n_chunks, &|c| {
         let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(rows));
-        for r in 0..t {
-            // SAFETY: validated sizes; this task alone writes out[r·rows + j0 .. r·rows + j1].
-            unsafe {
-                dot_rows(
-                    kernel,
-                    w,
-                    row_bytes,
-                    acts,
-                    x,
-                    r,
-                    j0,
-                    j1,
-                    outp.slice(r * rows + j0, j1 - j0),
-                )
-            };
+        let mut r = 0;
+        while r < t {
+            // Activation rows in fours and twos where the level has kernels that decode each weight
+            // block once for several rows (the chunk is read once for them all); one at a time else.
+            // SAFETY (all): validated sizes; this task alone writes columns j0..j1 of these rows.
+            match batch {
+                Some((_, four)) if t - r >= 4 => {
+                    unsafe { dot_rows_batch(four, w, row_bytes, acts, r, j0, j1, outp) };
+                    r += 4;
+                }
+                Some((two, _)) if t - r >= 2 => {
+                    unsafe { dot_rows_batch(two, w, row_bytes, acts, r, j0, j1, outp) };
+                    r += 2;
+                }
+                _ => {
+                    unsafe {
+                        dot_rows(
+                            kernel,
+                            w,
+                            row_bytes,
+                            acts,
+                            x,
+                            r,
+                            j0,
+                            j1,
+                            outp.slice(r * rows + j0, j1 - j0),
+                        )
+                    };
+                    r += 1;
+                }
+            }
         }
     });
 }

@@ -113,16 +113,29 @@ fn reduce4x2(p: [__m512i; 4]) -> (__m128i, __m128i) {
 /// The CPU must support AVX-512 F/BW/VL/DQ/VNNI; each row must hold `a.d.len()` blocks of `T`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn dot4_legacy<T: Legacy>(w: [&[u8]; 4], a: &Q8Row) -> [f32; 4] {
-    let nb = a.d.len();
-    assert!(w.iter().all(|r| r.len() >= nb * T::BYTES) && a.qs.len() >= 32 * nb);
-    assert!(a.sum.len() >= nb && a.s.len() >= nb);
+    // SAFETY: per the function contract.
+    unsafe { dot4xn_legacy::<T, 1>(w, [a])[0] }
+}
+
+/// Four legacy-type rows against `N` Q8 rows (a decode batch): each weight block decoded once for
+/// all of them, and each activation row's outputs formed by exactly the operations of the one-row
+/// form (`dot4_legacy` is this with `N = 1`), so a row's results do not depend on its batch.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/DQ/VNNI; each weight row must hold `a[0].d.len()` blocks of
+/// `T`, and every activation row that many blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn dot4xn_legacy<T: Legacy, const N: usize>(w: [&[u8]; 4], a: [&Q8Row; N]) -> [[f32; 4]; N] {
+    let nb = a[0].d.len();
+    assert!(w.iter().all(|r| r.len() >= nb * T::BYTES));
+    assert!(a
+        .iter()
+        .all(|a| a.d.len() == nb && a.qs.len() >= 32 * nb && a.sum.len() >= nb && a.s.len() >= nb));
     let rows = [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()];
-    let qa = a.qs.as_ptr() as *const u8;
-    let mut acc = _mm_setzero_ps();
-    // The canonical per-block step (module docs), for block `b` with the rows' sums `isum`.
-    let step = |acc: __m128, b: usize, isum: __m128i| {
-        // SAFETY: b < nb, within the asserted lengths.
-        let (dw, mw) = unsafe { scales4(&rows, b * T::BYTES, T::HAS_MIN) };
+    let mut acc = [_mm_setzero_ps(); N];
+    // The canonical per-block step (module docs), for block `b` of activation row `a` with the
+    // weight rows' scales `(dw, mw)` and sums `isum`.
+    let step = |acc: __m128, a: &Q8Row, b: usize, (dw, mw): (__m128, __m128), isum: __m128i| {
         let mut isum = isum;
         if T::OFFSET != 0 {
             isum = _mm_sub_epi32(isum, _mm_set1_epi32(a.sum[b] << T::SHIFT));
@@ -137,34 +150,58 @@ pub(crate) unsafe fn dot4_legacy<T: Legacy>(w: [&[u8]; 4], a: &Q8Row) -> [f32; 4
     // Two blocks per row at a time: one 64-byte multiply per row, then one shared reduction.
     // (Plain loops: closures passed to iterator adapters would not inherit target features.)
     while b + 2 <= nb {
-        // SAFETY: blocks b, b + 1 and activation bytes 32b..32b + 64 are in bounds.
-        let av = unsafe { _mm512_loadu_si512(qa.add(32 * b) as *const _) };
-        let mut p = [_mm512_setzero_si512(); 4];
+        let mut q = [_mm512_setzero_si512(); 4];
         for r in 0..4 {
             // Each row is a stretch of one sequential stream (see `matmul::dot_rows`); fetching
             // ahead keeps DRAM busy when the streams are too short for the hardware prefetcher.
             // Prefetching never faults, so running past the end of the matrix is harmless.
             _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(b * T::BYTES + PREFETCH_BYTES) as *const i8);
-            let q = unsafe { legacy_q2::<T>(rows[r].add(b * T::BYTES)) };
-            p[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, av);
+            // SAFETY: blocks b and b + 1 are in bounds.
+            q[r] = unsafe { legacy_q2::<T>(rows[r].add(b * T::BYTES)) };
         }
-        let (i0, i1) = reduce4x2(p);
-        acc = step(acc, b, i0);
-        acc = step(acc, b + 1, i1);
+        // SAFETY: blocks b and b + 1 of every row.
+        let (s0, s1) = unsafe {
+            (
+                scales4(&rows, b * T::BYTES, T::HAS_MIN),
+                scales4(&rows, (b + 1) * T::BYTES, T::HAS_MIN),
+            )
+        };
+        for n in 0..N {
+            // SAFETY: activation bytes 32b..32b + 64 are in bounds.
+            let av = unsafe { _mm512_loadu_si512(a[n].qs.as_ptr().add(32 * b) as *const _) };
+            let mut p = [_mm512_setzero_si512(); 4];
+            for r in 0..4 {
+                p[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[r], av);
+            }
+            let (i0, i1) = reduce4x2(p);
+            acc[n] = step(acc[n], a[n], b, s0, i0);
+            acc[n] = step(acc[n], a[n], b + 1, s1, i1);
+        }
         b += 2;
     }
     if b < nb {
-        let qa = unsafe { std::slice::from_raw_parts(qa, 32 * nb) };
-        let av = load256(&qa[32 * b..]);
-        let mut p = [_mm256_setzero_si256(); 4];
+        let mut q = [_mm256_setzero_si256(); 4];
         for r in 0..4 {
-            p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), legacy_q::<T>(&w[r][b * T::BYTES..]), av);
+            q[r] = legacy_q::<T>(&w[r][b * T::BYTES..]);
         }
-        acc = step(acc, b, reduce4(p));
+        // SAFETY: block b of every row.
+        let sb = unsafe { scales4(&rows, b * T::BYTES, T::HAS_MIN) };
+        for n in 0..N {
+            // SAFETY: the row's 32·nb quants (asserted), read as bytes.
+            let qa = unsafe { std::slice::from_raw_parts(a[n].qs.as_ptr() as *const u8, 32 * nb) };
+            let av = load256(&qa[32 * b..]);
+            let mut p = [_mm256_setzero_si256(); 4];
+            for r in 0..4 {
+                p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[r], av);
+            }
+            acc[n] = step(acc[n], a[n], b, sb, reduce4(p));
+        }
     }
-    let mut out = [0.0f32; 4];
-    // SAFETY: 4 floats.
-    unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+    let mut out = [[0.0f32; 4]; N];
+    for n in 0..N {
+        // SAFETY: 4 floats.
+        unsafe { _mm_storeu_ps(out[n].as_mut_ptr(), acc[n]) };
+    }
     out
 }
 

@@ -128,6 +128,9 @@ impl WeightClass {
 
 pub(crate) type DotQ8 = unsafe fn(&[u8], &Q8Row) -> f32;
 pub(crate) type Dot4Q8 = unsafe fn([&[u8]; 4], &Q8Row) -> [f32; 4];
+/// Four weight rows against `N` activation rows, each decoded weight block serving them all, with
+/// each activation row's `Dot4Q8` bits.
+pub(crate) type Dot4xnQ8<const N: usize> = unsafe fn([&[u8]; 4], [&Q8Row; N]) -> [[f32; 4]; N];
 pub(crate) type DotQ8K = unsafe fn(&[u8], &Q8KRow) -> f32;
 pub(crate) type Dot4Q8K = unsafe fn([&[u8]; 4], &Q8KRow) -> [f32; 4];
 pub(crate) type DotF = unsafe fn(&[u8], &[f32]) -> f32;
@@ -141,6 +144,8 @@ pub(crate) enum RowKernel {
     Q8 {
         dot: DotQ8,
         dot4: Option<Dot4Q8>,
+        /// Batches of activation rows (two and four at a time), where the level has them.
+        batch: Option<(Dot4xnQ8<2>, Dot4xnQ8<4>)>,
     },
     Q8K {
         dot: DotQ8K,
@@ -199,12 +204,14 @@ pub(crate) fn row_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
                 return Some(RowKernel::Q8 {
                     dot: by_legacy!(ty, dot1_legacy_512),
                     dot4: Some(by_legacy!(ty, dot4_legacy_512)),
+                    batch: Some((by_legacy!(ty, dot4x2_legacy_512), by_legacy!(ty, dot4x4_legacy_512))),
                 })
             }
             (Isa::Avx2, WeightClass::Legacy) => {
                 return Some(RowKernel::Q8 {
                     dot: by_legacy!(ty, dot_legacy_256),
                     dot4: None,
+                    batch: None,
                 })
             }
             (Isa::Avx512, WeightClass::KQuant) => {
@@ -242,6 +249,7 @@ pub(crate) fn row_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
         WeightClass::Legacy => RowKernel::Q8 {
             dot: by_legacy!(ty, dot_legacy),
             dot4: None,
+            batch: None,
         },
         WeightClass::KQuant => RowKernel::Q8K {
             dot: by_kquant!(ty, dot_kquant),
@@ -265,6 +273,12 @@ mod x86_wrap {
 
     pub(crate) unsafe fn dot4_legacy_512<T: Legacy>(w: [&[u8]; 4], a: &Q8Row) -> [f32; 4] {
         unsafe { avx512::dot4_legacy::<T>(w, a) }
+    }
+    pub(crate) unsafe fn dot4x2_legacy_512<T: Legacy>(w: [&[u8]; 4], a: [&Q8Row; 2]) -> [[f32; 4]; 2] {
+        unsafe { avx512::dot4xn_legacy::<T, 2>(w, a) }
+    }
+    pub(crate) unsafe fn dot4x4_legacy_512<T: Legacy>(w: [&[u8]; 4], a: [&Q8Row; 4]) -> [[f32; 4]; 4] {
+        unsafe { avx512::dot4xn_legacy::<T, 4>(w, a) }
     }
     pub(crate) unsafe fn dot1_legacy_512<T: Legacy>(w: &[u8], a: &Q8Row) -> f32 {
         unsafe { avx512::dot4_legacy::<T>([w; 4], a)[0] }
