@@ -161,6 +161,54 @@ pub fn matmul_with(
     Ok(())
 }
 
+/// Weight rows `j0..j1` as the 4-row kernels take them: rows j, j + q, j + 2q, j + 3q (q = a quarter
+/// of the range) in one call, so the weights are read as four long sequential streams, which
+/// hardware prefetchers follow; four adjacent short rows read as interleaved streams run at a third
+/// of the DRAM bandwidth. The last quarter's missing rows repeat the range's last row.
+struct Quarters<'a> {
+    w: &'a WeightMatrix<'a>,
+    row_bytes: usize,
+    j0: usize,
+    j1: usize,
+    q: usize,
+}
+
+impl<'a> Quarters<'a> {
+    /// The quarters of `j0..j1`, each stream's start fetched (the kernels prefetch ahead within it).
+    fn new(w: &'a WeightMatrix<'a>, row_bytes: usize, j0: usize, j1: usize) -> Self {
+        let q = (j1 - j0).div_ceil(4);
+        if j1 > j0 {
+            for i in 0..4 {
+                let start = (j0 + i * q).min(j1 - 1) * row_bytes;
+                super::dot::prefetch(&w.data[start..(start + super::dot::PREFETCH_BYTES).min(w.data.len())]);
+            }
+        }
+        Quarters {
+            w,
+            row_bytes,
+            j0,
+            j1,
+            q,
+        }
+    }
+
+    /// The first rows of the calls: one per row of the first quarter.
+    fn calls(&self) -> std::ops::Range<usize> {
+        self.j0..self.j0 + self.q
+    }
+
+    /// The four weight rows of the call at `j`.
+    fn rows4(&self, j: usize) -> [&'a [u8]; 4] {
+        std::array::from_fn(|i| self.w.row((j + i * self.q).min(self.j1 - 1), self.row_bytes))
+    }
+
+    /// The weight row that result `i` of the call at `j` belongs to, unless it is a repeated one.
+    fn row_of(&self, j: usize, i: usize) -> Option<usize> {
+        let row = j + i * self.q;
+        (row < self.j1).then_some(row)
+    }
+}
+
 /// One activation row against weight rows `j0..j1`, four at a time where a 4-row kernel
 /// exists (the last group repeats its final row; extra results are dropped).
 ///
@@ -179,22 +227,12 @@ unsafe fn dot_rows(
     out: &mut [f32],
 ) {
     let cols = w.cols;
-    // The 4-row kernels take rows j, j + q, j + 2q, j + 3q (q = a quarter of the range) so the
-    // weights are read as four long sequential streams, which hardware prefetchers follow; four
-    // adjacent short rows read as interleaved streams run at a third of the DRAM bandwidth.
-    let q = (j1 - j0).div_ceil(4);
-    let rows4 = |j: usize| -> [&[u8]; 4] { std::array::from_fn(|i| w.row((j + i * q).min(j1 - 1), row_bytes)) };
-    // The kernels prefetch ahead within each stream; fetch each stream's start here.
-    if j1 > j0 {
-        for i in 0..4 {
-            let start = (j0 + i * q).min(j1 - 1) * row_bytes;
-            super::dot::prefetch(&w.data[start..(start + super::dot::PREFETCH_BYTES).min(w.data.len())]);
-        }
-    }
+    let quarters = Quarters::new(w, row_bytes, j0, j1);
+    let rows4 = |j: usize| quarters.rows4(j);
     let put4 = |out: &mut [f32], j: usize, v: [f32; 4]| {
         for (i, v) in v.into_iter().enumerate() {
-            if j + i * q < j1 {
-                out[j + i * q - j0] = v;
+            if let Some(row) = quarters.row_of(j, i) {
+                out[row - j0] = v;
             }
         }
     };
@@ -204,21 +242,21 @@ unsafe fn dot_rows(
             RowKernel::Q8 { dot, dot4, .. } => {
                 let a = acts.q8_row(r);
                 match dot4 {
-                    Some(dot4) => (j0..j0 + q).for_each(|j| put4(out, j, dot4(rows4(j), &a))),
+                    Some(dot4) => quarters.calls().for_each(|j| put4(out, j, dot4(rows4(j), &a))),
                     None => (j0..j1).for_each(|j| out[j - j0] = dot(w.row(j, row_bytes), &a)),
                 }
             }
             RowKernel::Q8K { dot, dot4 } => {
                 let a = acts.q8k_row(r);
                 match dot4 {
-                    Some(dot4) => (j0..j0 + q).for_each(|j| put4(out, j, dot4(rows4(j), &a))),
+                    Some(dot4) => quarters.calls().for_each(|j| put4(out, j, dot4(rows4(j), &a))),
                     None => (j0..j1).for_each(|j| out[j - j0] = dot(w.row(j, row_bytes), &a)),
                 }
             }
             RowKernel::Float { dot, dot4, .. } => {
                 let xr = &x[r * cols..(r + 1) * cols];
                 match dot4 {
-                    Some(dot4) => (j0..j0 + q).for_each(|j| put4(out, j, dot4(rows4(j), xr))),
+                    Some(dot4) => quarters.calls().for_each(|j| put4(out, j, dot4(rows4(j), xr))),
                     None => (j0..j1).for_each(|j| out[j - j0] = dot(w.row(j, row_bytes), xr)),
                 }
             }
@@ -244,23 +282,16 @@ unsafe fn dot_rows_batch<const N: usize>(
     j1: usize,
     out: SendPtr<f32>,
 ) {
-    let q = (j1 - j0).div_ceil(4);
-    let rows4 = |j: usize| -> [&[u8]; 4] { std::array::from_fn(|i| w.row((j + i * q).min(j1 - 1), row_bytes)) };
-    if j1 > j0 {
-        for i in 0..4 {
-            let start = (j0 + i * q).min(j1 - 1) * row_bytes;
-            super::dot::prefetch(&w.data[start..(start + super::dot::PREFETCH_BYTES).min(w.data.len())]);
-        }
-    }
+    let quarters = Quarters::new(w, row_bytes, j0, j1);
     let a: [Q8Row; N] = std::array::from_fn(|n| acts.q8_row(r0 + n));
-    for j in j0..j0 + q {
+    for j in quarters.calls() {
         // SAFETY (the kernel): per the function contract.
-        let v = unsafe { dot4n(rows4(j), std::array::from_fn(|n| &a[n])) };
+        let v = unsafe { dot4n(quarters.rows4(j), std::array::from_fn(|n| &a[n])) };
         for (n, v) in v.iter().enumerate() {
             for (i, &v) in v.iter().enumerate() {
-                if j + i * q < j1 {
-                    // SAFETY: row r0 + n < t and column j + i·q < j1 <= rows: this caller's alone.
-                    unsafe { *out.0.add((r0 + n) * w.rows + j + i * q) = v };
+                if let Some(row) = quarters.row_of(j, i) {
+                    // SAFETY: row r0 + n < t and column `row` < j1 <= rows: this caller's alone.
+                    unsafe { *out.0.add((r0 + n) * w.rows + row) = v };
                 }
             }
         }
