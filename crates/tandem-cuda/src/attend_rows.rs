@@ -11,7 +11,7 @@ use std::ops::Range;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, PushKernelArg};
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_model::backend::QkvRows;
-use tandem_model::{ModelError, Span};
+use tandem_model::{graph, ModelError, Span};
 
 use crate::attend::{decode_heads, decode_splits, keep_quantized, tile_error, TileShape};
 use crate::device::driver;
@@ -199,10 +199,10 @@ impl CudaModel {
         q_rows: usize,
         rope: &RopeParams,
     ) -> bool {
-        spans.len() > 1
+        graph::is_decode_batch(span_rows)
+            && span_rows.len() == spans.len()
             && q_rows == spans.len()
             && rope.n_rot.is_multiple_of(2)
-            && span_rows.iter().enumerate().all(|(i, r)| *r == (i..i + 1))
             && spans.iter().all(|s| {
                 let lc = &s.kv.layers[layer];
                 routes::kv_route(&lc.placement, 1, lc.window) == KvRoute::InPlace

@@ -186,10 +186,7 @@ impl Backend for Model {
         positions: &[usize],
         rope: &RopeParams,
     ) -> Result<(), ModelError> {
-        let one_row_each = spans.len() > 1
-            && span_rows.len() == spans.len()
-            && span_rows.iter().enumerate().all(|(i, r)| *r == (i..i + 1));
-        if !one_row_each {
+        if !graph::is_decode_batch(span_rows) || span_rows.len() != spans.len() {
             return graph::rope_then_attend_each(self, ws, layer, spans, span_rows, qkv, positions, rope);
         }
         if let Some(n) = qkv.head_norms {

@@ -121,6 +121,12 @@ pub fn forward<B: Backend>(
     b.logits_to_host(b.matmul(&w.output, &h)?, &counts)
 }
 
+/// Whether a pass's rows (`span_rows[i]`: span i's) are a batched decode step: several spans of one
+/// row each, in span order. A backend may attend those rows together, each against its own cache.
+pub fn is_decode_batch(span_rows: &[Range<usize>]) -> bool {
+    span_rows.len() > 1 && span_rows.iter().enumerate().all(|(i, r)| *r == (i..i + 1))
+}
+
 /// `Backend::rope_store_and_attend`'s default: the head norms and RoPE on every row of q and k, then
 /// each span's `store_and_attend`.
 #[allow(clippy::too_many_arguments)]
@@ -160,4 +166,19 @@ pub fn norm_heads<B: Backend>(b: &B, q: &mut B::Act, k: &mut B::Act, n: HeadNorm
 pub fn exactly<A, const N: usize>(v: Vec<A>) -> Result<[A; N], ModelError> {
     v.try_into()
         .map_err(|v: Vec<A>| ModelError::Kernel(format!("a backend returned {} products for {N} matrices", v.len())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decode_batch_is_several_spans_of_one_row_each_in_order() {
+        assert!(is_decode_batch(&[0..1, 1..2, 2..3]));
+        let one_span = vec![Range { start: 0, end: 1 }];
+        assert!(!is_decode_batch(&one_span), "one span");
+        assert!(!is_decode_batch(&[0..2, 2..3]), "a chunk");
+        assert!(!is_decode_batch(&[0..1, 2..3]), "rows out of place");
+        assert!(!is_decode_batch(&[]));
+    }
 }
