@@ -195,8 +195,12 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         ("MATVEC3", [t]) => pair("matvec3_", "matvec3b_", t.to_string()),
         // MMVQ(type, unroll, rows per group, warps per group): the integer kernels, a pair per variant.
         ("MMVQ", [t, u, r, w]) => pair("mmvq_", "mmvqb_", format!("{t}_u{u}_r{r}_s{w}")),
-        // MMVQ_STAGED(type, shared layout, unroll, rows per group): the staged one-row kernels.
-        ("MMVQ_STAGED", [t, _, u, r]) => vec![format!("mmvqp_{t}_u{u}_r{r}_s1")],
+        // MMVQ_STAGED(type, shared layout, unroll, rows per group): the staged one-row kernel and the
+        // staged batch kernels of 2, 4 and 8 rows.
+        ("MMVQ_STAGED", [t, _, u, r]) => ["p", "pb2", "pb4", "pb8"]
+            .iter()
+            .map(|k| format!("mmvq{k}_{t}_u{u}_r{r}_s1"))
+            .collect(),
         // ATTEND_TILES(head size, blocks a multiprocessor): the tile attention kernels for one head
         // size, over the cache and with a decode step's own row fused in (one row, or a row of each
         // sequence of a batched step).
@@ -327,6 +331,11 @@ mod tests {
                 for batched in [false, true] {
                     assert!(mmvq.contains(&v.kernel(suffix, batched)), "{suffix} {v:?}");
                     offered.insert(v.kernel(suffix, batched));
+                }
+                if suffix != "q8_0" && v.split == 1 {
+                    for nb in crate::int8::STAGED_BATCH_SIZES {
+                        offered.insert(v.staged_batch_kernel(suffix, nb));
+                    }
                 }
             }
         }

@@ -2,6 +2,7 @@
 //! quantized to int8 as the CPU backend quantizes them, weights repacked once into aligned blocks where
 //! their ggml layout is not, and matvecs that multiply the two with `dp4a` (or `mma.sync`).
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use tandem_gguf::GgmlType;
 
@@ -182,6 +183,42 @@ pub fn staged_bytes(cols: usize) -> usize {
 /// The most shared memory a staged launch takes without opting in to more per kernel.
 const STAGED_MAX_BYTES: usize = 48 * 1024;
 
+/// Shared-memory bytes a staged batch kernel gives each activation row (`staged_row_int4s` in
+/// mmvq.cu: `staged_bytes` rounded up to whole 16-byte words, so each row's copy starts aligned).
+pub fn staged_row_bytes(cols: usize) -> usize {
+    staged_bytes(cols).div_ceil(16) * 16
+}
+
+/// The most shared memory a staged batch launch takes: two blocks of eight warps still fit a Hopper
+/// multiprocessor (228 KB), so a block's copy is never the only one streaming weights there.
+const STAGED_BATCH_MAX_BYTES: usize = 112 * 1024;
+
+/// Threads of a staged batch block (`mmvqpb*`): eight warps share one copy of the rows.
+const STAGED_BATCH_THREADS: u32 = 256;
+
+/// Batch sizes a staged batch kernel is instantiated for (`mmvqpb<NB>_*`).
+pub(crate) const STAGED_BATCH_SIZES: [usize; 3] = [2, 4, 8];
+
+/// Whether staged batch kernels may be used (`TANDEM_CUDA_STAGED_BATCH=0`: the unstaged batched
+/// kernels instead, to measure one against the other; same bits).
+pub fn staged_batch_enabled() -> bool {
+    std::env::var("TANDEM_CUDA_STAGED_BATCH").map_or(true, |v| v != "0")
+}
+
+/// The staged batch kernel size (NB) that takes `t` activation rows of `cols` times a matrix of type
+/// `suffix` under `variant`, if any: a K-quant (the staged copy is of Q8_K rows), split 1 (the order
+/// the staged kernels sum in, so a batch row keeps its lone bits), 2 to 8 rows whose copies fit
+/// `STAGED_BATCH_MAX_BYTES`.
+pub fn staged_batch(suffix: &str, variant: MmvqVariant, t: usize, cols: usize) -> Option<usize> {
+    if !matches!(suffix, "q4_k" | "q6_k") || variant.split != 1 || t < 2 {
+        return None;
+    }
+    if t * staged_row_bytes(cols) > STAGED_BATCH_MAX_BYTES {
+        return None;
+    }
+    STAGED_BATCH_SIZES.into_iter().find(|&nb| nb >= t)
+}
+
 /// One of the integer kernels of a weight type: `unroll` steps of loads a lane issues before it
 /// computes, `rows` consecutive weight rows per group (sharing the activation loads), `split` warps
 /// per group (1, or 4 splitting a row's blocks). Variants of one `split` give the same bits; `split`
@@ -208,6 +245,11 @@ impl MmvqVariant {
             (false, false) => "",
         };
         format!("mmvq{kind}_{suffix}_u{}_r{}_s{}", self.unroll, self.rows, self.split)
+    }
+
+    /// The staged batch kernel of this unroll and rows for batches of up to `nb` rows (`staged_batch`).
+    pub fn staged_batch_kernel(self, suffix: &str, nb: usize) -> String {
+        format!("mmvqpb{nb}_{suffix}_u{}_r{}_s1", self.unroll, self.rows)
     }
 
     /// A short name for tables: `u2r1s1`, with `p` for staged.
@@ -348,10 +390,30 @@ pub fn mmvq_group_into(
     t: usize,
     cols: usize,
 ) -> Result<(), CudaError> {
-    mmvq_group_into_with(gpu, suffix, variant, targets, a, t, cols, true)
+    mmvq_group_into_with(gpu, suffix, variant, targets, a, t, cols, MmvqKernels::all())
 }
 
-/// `mmvq_group_into`, with the tensor-core kernel allowed or not (gpu-check compares the two).
+/// Which kernels `mmvq_group_into_with` may take besides the plain (unstaged) ones; all give the same
+/// bits (gpu-check compares them, and times one against another).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmvqKernels {
+    /// `mmq_*` on the tensor cores for chunks of `MMQ_MIN_ROWS` or more.
+    pub tensor_cores: bool,
+    /// `mmvqpb*` for batches of 2-8 rows (`staged_batch`).
+    pub staged_batch: bool,
+}
+
+impl MmvqKernels {
+    /// What a model's products take.
+    pub fn all() -> Self {
+        MmvqKernels {
+            tensor_cores: true,
+            staged_batch: staged_batch_enabled(),
+        }
+    }
+}
+
+/// `mmvq_group_into`, with the tensor-core and staged batch kernels allowed or not.
 #[allow(clippy::too_many_arguments)]
 pub fn mmvq_group_into_with(
     gpu: &Gpu,
@@ -361,10 +423,10 @@ pub fn mmvq_group_into_with(
     a: &CudaSlice<u8>,
     t: usize,
     cols: usize,
-    tensor_cores: bool,
+    kernels: MmvqKernels,
 ) -> Result<(), CudaError> {
     let row_counts: Vec<usize> = targets.iter().map(|g| g.rows).collect();
-    if tensor_cores && mmq_takes(suffix, variant, t, &row_counts) {
+    if kernels.tensor_cores && mmq_takes(suffix, variant, t, &row_counts) {
         for target in targets.iter_mut() {
             mmq_into(gpu, suffix, target, a, t, cols)?;
         }
@@ -388,8 +450,11 @@ pub fn mmvq_group_into_with(
             ),
         });
     }
-    let f = gpu.function(&name)?;
     let total: usize = row_counts.iter().sum();
+    if let Some(nb) = staged_batch(suffix, variant, t, cols).filter(|_| kernels.staged_batch) {
+        return staged_batch_into(gpu, suffix, variant, nb, targets, a, t, cols, total);
+    }
+    let f = gpu.function(&name)?;
     let mut cfg = launch_cfg((variant.blocks(total), blocks(t, per_block), 1), 128);
     if variant.staged && t == 1 {
         // As many blocks as are resident at once (and no more than one row group a warp).
@@ -398,6 +463,45 @@ pub fn mmvq_group_into_with(
         cfg.grid_dim.0 = cfg.grid_dim.0.min(per_sm.max(1) * gpu.sm_count);
         cfg.shared_mem_bytes = smem as u32;
     }
+    launch_grouped(gpu, &name, cfg, targets, a, t, cols)
+}
+
+/// A batch of `t` rows (at most `nb`) through the staged batch kernel `mmvqpb<nb>` of `variant`'s
+/// unroll and rows: a grid of the blocks resident at once, each copying the rows into shared memory.
+#[allow(clippy::too_many_arguments)]
+fn staged_batch_into(
+    gpu: &Gpu,
+    suffix: &str,
+    variant: MmvqVariant,
+    nb: usize,
+    targets: &mut [MmvqTarget<'_>],
+    a: &CudaSlice<u8>,
+    t: usize,
+    cols: usize,
+    total_rows: usize,
+) -> Result<(), CudaError> {
+    let name = variant.staged_batch_kernel(suffix, nb);
+    let f = gpu.function(&name)?;
+    let smem = t * staged_row_bytes(cols);
+    if smem > STAGED_MAX_BYTES {
+        // Above 48 KiB a kernel must opt in to its dynamic shared memory.
+        driver(
+            &name,
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            ),
+        )?;
+    }
+    let per_sm = driver(
+        &name,
+        f.occupancy_max_active_blocks_per_multiprocessor(STAGED_BATCH_THREADS, smem, None),
+    )?;
+    let warps = (STAGED_BATCH_THREADS / 32) as usize;
+    let groups = total_rows / variant.rows as usize;
+    let grid = blocks(groups, warps).min(per_sm.max(1) * gpu.sm_count);
+    let mut cfg = launch_cfg((grid, 1, 1), STAGED_BATCH_THREADS);
+    cfg.shared_mem_bytes = smem as u32;
     launch_grouped(gpu, &name, cfg, targets, a, t, cols)
 }
 
@@ -504,10 +608,44 @@ mod tests {
     }
 
     #[test]
+    fn batches_of_k_quants_take_the_smallest_staged_kernel_that_holds_them() {
+        let v = variant(2, 2, 1, false);
+        assert_eq!(staged_batch("q4_k", v, 1, 4096), None);
+        assert_eq!(staged_batch("q4_k", v, 2, 4096), Some(2));
+        assert_eq!(staged_batch("q4_k", v, 3, 4096), Some(4));
+        assert_eq!(staged_batch("q6_k", v, 5, 4096), Some(8));
+        assert_eq!(staged_batch("q4_k", v, 8, 4096), Some(8));
+        assert_eq!(staged_batch("q4_k", v, 9, 4096), None);
+        assert_eq!(v.staged_batch_kernel("q4_k", 4), "mmvqpb4_q4_k_u2_r2_s1");
+        // The 8B's down projection (14336 wide, 18,144 bytes a row) up to 6 rows in 112 KiB.
+        assert_eq!(staged_row_bytes(14336), 18144);
+        assert_eq!(staged_batch("q6_k", v, 6, 14336), Some(8));
+        assert_eq!(staged_batch("q6_k", v, 7, 14336), None);
+        // Rows start on whole 16-byte words (2560 wide: 4,776 bytes of copy).
+        assert_eq!(staged_row_bytes(2560), 4784);
+        // Only K-quants, only the split-1 order.
+        assert_eq!(staged_batch("q8_0", variant(2, 1, 1, false), 2, 4096), None);
+        assert_eq!(staged_batch("q6_k", variant(2, 1, 4, false), 2, 4096), None);
+    }
+
+    #[test]
+    fn every_split_one_k_quant_variant_has_its_staged_batch_kernels() {
+        let names = crate::device::kernel_names(crate::nvrtc::MMVQ.body);
+        for suffix in ["q4_k", "q6_k"] {
+            for v in variants(suffix).into_iter().filter(|v| v.split == 1) {
+                for nb in STAGED_BATCH_SIZES {
+                    let name = v.staged_batch_kernel(suffix, nb);
+                    assert!(names.contains(&name), "{name}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn staged_variants_fit_rows_whose_activation_fits_in_shared_memory() {
         let p = variant(2, 1, 1, true);
         assert_eq!(p.kernel("q4_k", false), "mmvqp_q4_k_u2_r1_s1");
-        // Batched launches take the unstaged kernel: the same sums.
+        // Batched launches that no staged batch kernel takes: the unstaged kernel, the same sums.
         assert_eq!(p.kernel("q4_k", true), "mmvqb_q4_k_u2_r1_s1");
         assert_eq!(p.label(), "u2r1s1p");
         // 16 super-blocks: two groups of eight (4 KiB of quants), 1 KiB of sums, 64 B of scales.

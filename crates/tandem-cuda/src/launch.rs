@@ -11,7 +11,7 @@ use tandem_gguf::GgmlType;
 use crate::device::{driver, Gpu};
 use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, variants, ActQuant, MmvqTarget, MmvqVariant};
 use crate::qmma;
-use crate::routes::{self, MV_BATCH};
+use crate::routes::{self, BatchRoutes, MatmulRoute, MV_BATCH};
 use crate::CudaError;
 
 /// The kernel-name suffix of a weight type, or `None` when no CUDA kernel reads it.
@@ -269,8 +269,8 @@ pub enum DecodeKernel {
 pub(crate) struct Tuning {
     pub(crate) kernel: DecodeKernel,
     pub(crate) cublas: bool,
-    /// Rows from which cuBLAS over the f16 copy beats `kernel` batched (`batch_gemm_from`).
-    pub(crate) gemm_from: usize,
+    /// The route of each batch of 2 to `routes::BATCH_TUNED_MAX_ROWS` rows (`batch_routes`).
+    pub(crate) batch: BatchRoutes,
 }
 
 /// Runs `f` once, then `TUNE_ITERS` times, each after `flush` was read through; returns the GPU
@@ -452,67 +452,86 @@ pub(crate) fn tune_decode(
         None => false,
     };
     let kernel = best.1;
-    let gemm_from = match w16 {
-        Some(w16) if !deterministic && !qmma::takes(&kernel, suffix, rows) => {
-            let w = match kernel {
-                DecodeKernel::Int8 { .. } => int8.map(|(_, wq)| wq).ok_or_else(|| CudaError::Driver {
-                    what: format!("{rows}x{cols} {suffix}"),
-                    err: "an integer kernel chosen without its layout".into(),
-                })?,
-                DecodeKernel::Float(_) => w,
-            };
-            batch_gemm_from(gpu, &mut flush, suffix, kernel, w, w16, rows, cols)?
-        }
-        _ => routes::GEMM_MIN_ROWS,
+    let batch = if deterministic {
+        BatchRoutes::MATVEC
+    } else {
+        let w = match kernel {
+            DecodeKernel::Int8 { .. } => int8.map(|(_, wq)| wq).ok_or_else(|| CudaError::Driver {
+                what: format!("{rows}x{cols} {suffix}"),
+                err: "an integer kernel chosen without its layout".into(),
+            })?,
+            DecodeKernel::Float(_) => w,
+        };
+        batch_routes(gpu, &mut flush, suffix, kernel, w, w16, rows, cols)?
     };
-    Ok(Tuning {
-        kernel,
-        cublas,
-        gemm_from,
-    })
+    Ok(Tuning { kernel, cublas, batch })
 }
 
-/// The fewest rows, from 2 up to `routes::GEMM_MIN_ROWS`, at which cuBLAS over the f16 copy `w16`
-/// beats `kernel` (the matrix's one-row choice, reading `w`) batched; `GEMM_MIN_ROWS` when it never
-/// did below that. The batched matvec reads a quarter of the bytes or less but repeats its per-row
-/// work, so where one wins depends on the shape: on the H200 cuBLAS won from 3 rows on the 8B
-/// Q4_K_M's Q6_K down projection and head, from 4 on its Q6_K v projection, from 2 on gemma3-270m's
-/// tied Q8_0 head (docs/gpu-runs/2026-12-02-graphs, call c3).
+/// For each batch of 2 to `routes::BATCH_TUNED_MAX_ROWS` rows, the fastest route this matrix has:
+/// `kernel` (its one-row choice, reading `w`) batched, `qmma` where it takes the matrix
+/// (`qmma::takes`), cuBLAS over the f16 copy `w16` where there is one. Only where there is a choice
+/// is anything timed. The batched matvec reads the quantized weights once but repeats its per-row
+/// work; qmma and cuBLAS barely grow with the rows (cuBLAS reads 4x the bytes of Q4 weights), so the
+/// winner depends on the shape and the rows.
 #[allow(clippy::too_many_arguments)]
-fn batch_gemm_from(
+fn batch_routes(
     gpu: &Gpu,
     flush: &mut L2Flush,
     suffix: &str,
     kernel: DecodeKernel,
     w: &CudaSlice<u8>,
-    w16: &CudaView<'_, u16>,
+    w16: Option<&CudaView<'_, u16>>,
     rows: usize,
     cols: usize,
-) -> Result<usize, CudaError> {
-    for t in 2..routes::GEMM_MIN_ROWS {
+) -> Result<BatchRoutes, CudaError> {
+    let quant_mma = qmma::takes(&kernel, suffix, rows);
+    if w16.is_none() && !quant_mma {
+        return Ok(BatchRoutes::MATVEC);
+    }
+    let mut routes = [MatmulRoute::Matvec; routes::BATCH_TUNED_MAX_ROWS + 1];
+    for t in 2..=routes::BATCH_TUNED_MAX_ROWS {
         let x = tuning_input(gpu, t * cols)?;
         let mut out = gpu.alloc_out::<f32>(t * rows)?;
-        let matvec = match kernel {
+        let mut best = match kernel {
             DecodeKernel::Int8 { fmt, variant } => {
                 let mut a = gpu.alloc_out::<u8>(fmt.bytes(t, cols))?;
-                time_launches(gpu, flush, &mut || {
+                quantize_act_into(gpu, fmt, &x, t, cols, &mut a)?;
+                let matvec = time_launches(gpu, flush, &mut || {
                     quantize_act_into(gpu, fmt, &x, t, cols, &mut a)?;
                     mmvq_into(gpu, suffix, variant, w, &a, t, rows, cols, &mut out)
-                })?
+                })?;
+                let mut best = (matvec, MatmulRoute::Matvec);
+                if quant_mma {
+                    let secs = time_launches(gpu, flush, &mut || {
+                        quantize_act_into(gpu, fmt, &x, t, cols, &mut a)?;
+                        let mut targets = [MmvqTarget { w, rows, out: &mut out }];
+                        qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols)
+                    })?;
+                    if secs < best.0 {
+                        best = (secs, MatmulRoute::QuantMma);
+                    }
+                }
+                best
             }
-            DecodeKernel::Float(family) => time_launches(gpu, flush, &mut || {
-                matvec_into(gpu, family, suffix, w, &x, t, rows, cols, &mut out)
-            })?,
+            DecodeKernel::Float(family) => {
+                let secs = time_launches(gpu, flush, &mut || {
+                    matvec_into(gpu, family, suffix, w, &x, t, rows, cols, &mut out)
+                })?;
+                (secs, MatmulRoute::Matvec)
+            }
         };
-        let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
-        let gemm = time_launches(gpu, flush, &mut || {
-            gemm_into(gpu, w16, &x, &mut x16, t, rows, cols, &mut out)
-        })?;
-        if gemm < matvec {
-            return Ok(t);
+        if let Some(w16) = w16 {
+            let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
+            let secs = time_launches(gpu, flush, &mut || {
+                gemm_into(gpu, w16, &x, &mut x16, t, rows, cols, &mut out)
+            })?;
+            if secs < best.0 {
+                best = (secs, MatmulRoute::Gemm);
+            }
         }
+        routes[t] = best.1;
     }
-    Ok(routes::GEMM_MIN_ROWS)
+    Ok(BatchRoutes::from_fn(|t| routes[t]))
 }
 
 /// A member of a group of matrices reading one input, as tuned alone.
@@ -523,6 +542,8 @@ pub(crate) struct GroupMember<'a> {
     pub(crate) original: &'a CudaSlice<u8>,
     /// The integer-route layout.
     pub(crate) int8: Option<&'a CudaSlice<u8>>,
+    /// The GEMM route's f16 operand (none in deterministic mode).
+    pub(crate) f16: Option<CudaView<'a, u16>>,
 }
 
 impl<'a> GroupMember<'a> {
@@ -589,4 +610,75 @@ pub(crate) fn tune_group(
         }
     }
     Ok(best.1)
+}
+
+/// The batch routes of a group of matrices that read one input and share one integer kernel
+/// (`variant`; q, k and v, gate and up), timed as the group: its matvec and qmma routes take one
+/// launch for all members (`CudaBackend::matmul_group`), so a small member's own fastest route,
+/// timed alone, would take it out of that launch at a cost the timing alone does not see (the 8B's
+/// k and v leaving q's qmma launch for cuBLAS at 4-8 rows: 0.91x at 6 sequences, call c1 of the
+/// staged session). For each batch of 2 to `routes::BATCH_TUNED_MAX_ROWS` rows: one matvec launch,
+/// one qmma launch where it takes every member, or cuBLAS over each member's f16 copy where all
+/// have one.
+pub(crate) fn tune_group_batches(
+    gpu: &Gpu,
+    suffix: &str,
+    fmt: ActQuant,
+    variant: MmvqVariant,
+    members: &[GroupMember<'_>],
+    cols: usize,
+) -> Result<BatchRoutes, CudaError> {
+    let mut flush = l2_flush_buffer(gpu)?;
+    let weights = members
+        .iter()
+        .map(|m| m.int8_layout(suffix))
+        .collect::<Result<Vec<_>, _>>()?;
+    let kernel = DecodeKernel::Int8 { fmt, variant };
+    let quant_mma = members.iter().all(|m| qmma::takes(&kernel, suffix, m.rows));
+    let f16: Option<Vec<&CudaView<'_, u16>>> = members.iter().map(|m| m.f16.as_ref()).collect();
+    let mut routes = [MatmulRoute::Matvec; routes::BATCH_TUNED_MAX_ROWS + 1];
+    for t in 2..=routes::BATCH_TUNED_MAX_ROWS {
+        let x = tuning_input(gpu, t * cols)?;
+        let mut a = gpu.alloc_out::<u8>(fmt.bytes(t, cols))?;
+        let mut outs = members
+            .iter()
+            .map(|m| gpu.alloc_out::<f32>(t * m.rows))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut one_launch = |qmma_route: bool| -> Result<f64, CudaError> {
+            time_launches(gpu, &mut flush, &mut || {
+                quantize_act_into(gpu, fmt, &x, t, cols, &mut a)?;
+                let mut targets: Vec<MmvqTarget> = members
+                    .iter()
+                    .zip(&weights)
+                    .zip(outs.iter_mut())
+                    .map(|((m, w), out)| MmvqTarget { w, rows: m.rows, out })
+                    .collect();
+                match qmma_route {
+                    true => qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols),
+                    false => mmvq_group_into(gpu, suffix, variant, &mut targets, &a, t, cols),
+                }
+            })
+        };
+        let mut best = (one_launch(false)?, MatmulRoute::Matvec);
+        if quant_mma {
+            let secs = one_launch(true)?;
+            if secs < best.0 {
+                best = (secs, MatmulRoute::QuantMma);
+            }
+        }
+        if let Some(f16) = &f16 {
+            let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
+            let secs = time_launches(gpu, &mut flush, &mut || {
+                for ((m, w16), out) in members.iter().zip(f16).zip(outs.iter_mut()) {
+                    gemm_into(gpu, w16, &x, &mut x16, t, m.rows, cols, out)?;
+                }
+                Ok(())
+            })?;
+            if secs < best.0 {
+                best = (secs, MatmulRoute::Gemm);
+            }
+        }
+        routes[t] = best.1;
+    }
+    Ok(BatchRoutes::from_fn(|t| routes[t]))
 }

@@ -89,7 +89,7 @@ impl CudaModel {
 
     /// The route `t` rows of `g` take (the GEMM only where it has an f16 copy).
     pub(crate) fn route(&self, g: &GpuMatrix, t: usize) -> MatmulRoute {
-        match routes::matmul_route(t, self.deterministic, g.decode_cublas, g.quant_mma, g.gemm_from) {
+        match routes::matmul_route(t, self.deterministic, g.decode_cublas, &g.batch) {
             MatmulRoute::Gemm if g.f16.is_none() => MatmulRoute::Matvec,
             r => r,
         }

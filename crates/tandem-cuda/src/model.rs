@@ -221,11 +221,9 @@ impl CudaModel {
             } else {
                 ""
             };
-            let batches = match (g.f16.is_some(), g.quant_mma) {
-                _ if self.deterministic => String::new(),
-                (_, true) => format!("; batches: qmma to {} rows", crate::routes::QUANT_MMA_MAX_ROWS),
-                (true, false) => format!("; batches: cuBLAS from {} rows", g.gemm_from),
-                (false, false) => String::new(),
+            let batches = match self.deterministic {
+                true => String::new(),
+                false => format!("; batches: {}", g.batch.describe()),
             };
             seen.insert(format!("{}x{} {}: {kernel}{cublas}{batches}", m.rows, m.cols, g.suffix));
         }

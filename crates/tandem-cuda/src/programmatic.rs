@@ -147,18 +147,21 @@ mod tests {
             "void mmvq_staged(",
             &[
                 "extern __shared__ int4 staged_act[];",
+                "int warps = blockDim.x >> 5;",
                 "int groups = ",
                 "int group = ",
-                "WarpRow<1> m[R];",
+                "WarpRow<NB> m[R];",
                 "m[0].",
+                "#pragma unroll",
+                "for (int t = 0; t < NB; t++) m[0].acc[t] = 0.f;",
                 "const u8* W = W0;",
                 "float* Y = Y0;",
                 "int rows = rows0;",
                 "Step st;",
                 "int base = lane >> 2;",
                 "if (group < groups) {",
-                "mmvq_resolve<1, R>(",
-                "st.template at_rows<1>(m, W, rows, cols);",
+                "mmvq_resolve<NB, R>(",
+                "st.template at_rows<NB>(m, W, rows, cols);",
                 "st.issue(base);",
                 "}",
             ],
@@ -256,11 +259,15 @@ mod tests {
             }
             assert!(kernels > 0, "{}", file.name);
         }
-        let mmvq = crate::nvrtc::MMVQ.body;
         for (name, allowed) in WAITING_BODIES {
-            let at = mmvq.find(name).unwrap_or_else(|| panic!("{name} in mmvq.cu"));
-            let open = at + mmvq[at..].find(") {").expect("body") + 2;
-            for stmt in before_wait(mmvq, open) {
+            let body = crate::nvrtc::ALL
+                .iter()
+                .map(|f| f.body)
+                .find(|b| b.contains(name))
+                .unwrap_or_else(|| panic!("{name} in a kernel file"));
+            let at = body.find(name).expect("found above");
+            let open = at + body[at..].find(") {").expect("body") + 2;
+            for stmt in before_wait(body, open) {
                 assert!(
                     allowed.iter().any(|a| stmt.starts_with(a)),
                     "`{stmt}` runs before WAIT_PRIOR_GRID() in {name}"

@@ -1,5 +1,5 @@
 //! Decode batches on the tensor cores in default mode (`kernels/qmma.cu`): 2 to
-//! `routes::QUANT_MMA_MAX_ROWS` activation rows times a Q4_K matrix, the quantized weights read once
+//! `routes::BATCH_TUNED_MAX_ROWS` activation rows times a Q4_K matrix, the quantized weights read once
 //! for all rows. The route (`routes::matmul_route`) sends such batches here instead of the
 //! batched `dp4a` matvec (whose work grows with each row) or cuBLAS over the f16 copy (four times the
 //! bytes). Each output has one float sum per super-block, so a row's bits depend on the kernel's
@@ -19,7 +19,7 @@ const THREADS: u32 = 128;
 /// Weight rows a block takes: one m-tile of the mma.
 pub const GROUP_ROWS: usize = 16;
 
-/// Batch rows a launch takes: one tile of the mma's n (`routes::QUANT_MMA_MAX_ROWS`).
+/// Batch rows a launch takes: one tile of the mma's n (`routes::BATCH_TUNED_MAX_ROWS`).
 pub const MAX_ROWS: usize = 8;
 
 /// Weight types with a kernel (Q6_K's ran slower than the batched matvec and cuBLAS: qmma.cu).
@@ -34,7 +34,7 @@ pub fn enabled() -> bool {
 }
 
 /// Whether decode batches of a matrix of `rows` rows of type `suffix` whose one-row kernel is
-/// `kernel` take this route (up to `routes::QUANT_MMA_MAX_ROWS` rows): the integer route's layout, a
+/// `kernel` can take this route (up to `routes::BATCH_TUNED_MAX_ROWS` rows): the integer route's layout, a
 /// type with a kernel, whole groups of rows, and the route not turned off.
 pub(crate) fn takes(kernel: &DecodeKernel, suffix: &str, rows: usize) -> bool {
     matches!(kernel, DecodeKernel::Int8 { .. }) && has_kernel(suffix) && fits(&[rows]) && enabled()
@@ -88,7 +88,7 @@ mod tests {
 
     #[test]
     fn the_route_sends_no_more_rows_than_one_launch_takes() {
-        assert_eq!(crate::routes::QUANT_MMA_MAX_ROWS, MAX_ROWS);
+        assert_eq!(crate::routes::BATCH_TUNED_MAX_ROWS, MAX_ROWS);
     }
 
     #[test]

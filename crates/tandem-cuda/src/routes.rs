@@ -5,16 +5,15 @@
 //!   step is memory-bound, so reading 4-6 bits per weight is what sets its speed. Unless cuBLAS over
 //!   the f16 copy was measured faster for this matrix at load (`one_row_cublas`): then `Gemm` with one
 //!   row, which reads 4x the bytes of Q4 weights but streams them at full bandwidth.
-//! - `2 <= t <= QUANT_MMA_MAX_ROWS` (decode batches, very short chunks) times a Q4_K matrix:
-//!   `QuantMma` — the quantized weights read once for all rows, their integer products on the tensor
-//!   cores (`qmma.rs`), one float sum per output and super-block.
-//! - other `1 < t < gemm_from` (other types): `Matvec` again, batched — each warp applies a decoded
-//!   weight unit to up to 8 rows, so the weights are still read about once; its integer sums grow
-//!   with the rows, and from some row count the GEMM over the f16 copy (4x the bytes, but on the
-//!   tensor cores) is faster: `gemm_from`, measured for each matrix at load between 2 and
-//!   `GEMM_MIN_ROWS` rows (`launch::batch_gemm_from`).
-//! - `t >= gemm_from` otherwise (prefill, decode batches): `Gemm` — tensor-core GEMM (cuBLAS, f16
-//!   operands, f32 accumulation) over an f16 copy of the weights made at load; prefill is
+//! - `2 <= t <= BATCH_TUNED_MAX_ROWS` (decode batches, very short chunks): the route measured
+//!   fastest for this matrix and row count at load (`BatchRoutes`, `launch::batch_routes`), among
+//!   `Matvec` batched (the quantized weights read once for all rows; K-quants copy the rows into
+//!   shared memory first, `int8::staged_batch`, other types apply each decoded weight unit to up to
+//!   8 rows), `QuantMma` for Q4_K (the same single read, the integer products on the tensor cores,
+//!   `qmma.rs`) and `Gemm` over the f16 copy (4x the bytes, on the tensor cores). The matvec's
+//!   instructions grow with the rows, the other two barely do, so which wins depends on the shape.
+//! - `t > BATCH_TUNED_MAX_ROWS` (prefill, larger decode batches): `Gemm` — tensor-core GEMM (cuBLAS,
+//!   f16 operands, f32 accumulation) over an f16 copy of the weights made at load; prefill is
 //!   compute-bound, so the weights are kept in the form the tensor cores read fastest, at 2 bytes per
 //!   weight of memory.
 //! - `deterministic`: always `Matvec`, whose per-element summation order depends on the matrix width
@@ -51,20 +50,11 @@ use crate::int8::ActQuant;
 /// Rows up to which a chunk takes the tile attention kernel rather than the flash kernel
 /// (`attention_route`; a decode batch of any size takes its batched form, one row a sequence).
 pub const MATVEC_MAX_ROWS: usize = 8;
-/// Rows from which a matmul takes the GEMM over the f16 copy rather than the batched matvec at the
-/// latest (each matrix's load-time timing may move it down to 2 rows: `launch::batch_gemm_from`). The
-/// batched matvec reads the quantized weights once but its integer sums grow with the rows; measured
-/// on the 8B Q4_K_M (H200, docs/gpu-runs/2026-12-01-batch, calls g2 and g3): 5 rows 883 tok/s against
-/// 940 through the GEMM, 6 rows 944 against 1,136, 8 rows 1,042 against 1,473 (g3), while 4 rows
-/// favoured the matvec overall, which reads a quarter of the bytes (835 against 752, g2).
-pub const GEMM_MIN_ROWS: usize = 5;
-/// Rows up to which a matmul of a type `qmma` has a kernel for takes it (`MatmulRoute::QuantMma`)
-/// rather than the batched matvec or the GEMM, in default mode: one n-tile of the mma. Measured on
-/// the 8B Q4_K_M's shapes (`gpu-check --bench-qmma`, docs/gpu-runs/2026-12-02-graphs, call c1): gate
-/// and up at 2, 4 and 8 rows in 34, 36 and 39 µs, against the batched matvec's 53, 87 and 156 and
-/// cuBLAS's 56, 61 and 62; at 16 rows cuBLAS over the f16 copy is faster on every shape (gate and up
-/// 60 against 67 with two tiles a warp).
-pub const QUANT_MMA_MAX_ROWS: usize = 8;
+/// Rows up to which each matrix's batch route is measured at load (`BatchRoutes`): one n-tile of the
+/// `qmma` kernel's mma and the largest staged batch kernel. Past it every matrix with an f16 copy
+/// takes cuBLAS: at 16 rows cuBLAS was faster than qmma with two n-tiles on every 8B shape (gate and
+/// up 60 against 67 µs, docs/gpu-runs/2026-12-02-graphs, call c1).
+pub const BATCH_TUNED_MAX_ROWS: usize = 8;
 /// Keys per attention tile (must match `ATT_TILE` in `kernels/tiles.cuh`).
 pub const ATT_TILE: usize = 128;
 /// Threads of an attention block (must match `ATT_THREADS` in `kernels/tiles.cuh`).
@@ -146,25 +136,67 @@ pub enum MatmulRoute {
     Gemm,
 }
 
+/// A matrix's route for each batch of 2 to `BATCH_TUNED_MAX_ROWS` rows, as measured at load: which
+/// kernel wins moved with the shape and the rows on the 8B Q4_K_M (cuBLAS from 3 rows on its Q6_K
+/// down projection, from 4 on its Q6_K v, the tensor-core `qmma` on Q4_K from 2; graphs session,
+/// call c3), so a fixed row count per route left time on several shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchRoutes([MatmulRoute; BATCH_TUNED_MAX_ROWS - 1]);
+
+impl BatchRoutes {
+    /// Every batch on the matvec: deterministic mode, or a matrix with no other route to take.
+    pub const MATVEC: BatchRoutes = BatchRoutes([MatmulRoute::Matvec; BATCH_TUNED_MAX_ROWS - 1]);
+
+    /// The routes `route(t)` gives for t = 2 ..= `BATCH_TUNED_MAX_ROWS`.
+    pub fn from_fn(mut route: impl FnMut(usize) -> MatmulRoute) -> Self {
+        BatchRoutes(std::array::from_fn(|i| route(i + 2)))
+    }
+
+    /// The route of `t` rows, 2 ..= `BATCH_TUNED_MAX_ROWS`.
+    pub fn at(&self, t: usize) -> MatmulRoute {
+        self.0[t.clamp(2, BATCH_TUNED_MAX_ROWS) - 2]
+    }
+
+    /// Runs of rows and their route, for `--verbose`: `2-3 matvec, 4-8 qmma`.
+    pub fn describe(&self) -> String {
+        let name = |r: MatmulRoute| match r {
+            MatmulRoute::Matvec => "matvec",
+            MatmulRoute::QuantMma => "qmma",
+            MatmulRoute::Gemm => "cuBLAS",
+        };
+        let mut runs: Vec<(usize, usize, MatmulRoute)> = Vec::new();
+        for t in 2..=BATCH_TUNED_MAX_ROWS {
+            match runs.last_mut() {
+                Some(run) if run.2 == self.at(t) => run.1 = t,
+                _ => runs.push((t, t, self.at(t))),
+            }
+        }
+        runs.iter()
+            .map(|&(lo, hi, r)| match lo == hi {
+                true => format!("{lo} {}", name(r)),
+                false => format!("{lo}-{hi} {}", name(r)),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// The route for `t` rows of a matrix; `one_row_cublas`: the load-time measurement found cuBLAS over
-/// the f16 copy faster than every matvec family for one row of this matrix; `quant_mma`: the matrix
-/// has a `qmma` kernel; `gemm_from`: the rows from which cuBLAS beat its batched matvec at load (at
-/// most `GEMM_MIN_ROWS`).
-pub fn matmul_route(
-    t: usize,
-    deterministic: bool,
-    one_row_cublas: bool,
-    quant_mma: bool,
-    gemm_from: usize,
-) -> MatmulRoute {
+/// the f16 copy faster than every matvec family for one row of this matrix; `batch`: the routes
+/// measured for batches of up to `BATCH_TUNED_MAX_ROWS` rows.
+pub fn matmul_route(t: usize, deterministic: bool, one_row_cublas: bool, batch: &BatchRoutes) -> MatmulRoute {
     if deterministic {
         MatmulRoute::Matvec
-    } else if quant_mma && (2..=QUANT_MMA_MAX_ROWS).contains(&t) {
-        MatmulRoute::QuantMma
-    } else if t >= gemm_from.clamp(2, GEMM_MIN_ROWS) || (t == 1 && one_row_cublas) {
-        MatmulRoute::Gemm
+    } else if t <= 1 {
+        if one_row_cublas {
+            MatmulRoute::Gemm
+        } else {
+            MatmulRoute::Matvec
+        }
+    } else if t <= BATCH_TUNED_MAX_ROWS {
+        batch.at(t)
     } else {
-        MatmulRoute::Matvec
+        MatmulRoute::Gemm
     }
 }
 
@@ -373,60 +405,47 @@ mod tests {
     }
 
     #[test]
-    fn decode_and_short_chunks_take_the_matvec_and_prefill_the_gemm() {
-        assert_eq!(matmul_route(1, false, false, false, GEMM_MIN_ROWS), MatmulRoute::Matvec);
+    fn decode_takes_the_matvec_and_prefill_the_gemm() {
+        let m = BatchRoutes::MATVEC;
+        assert_eq!(matmul_route(1, false, false, &m), MatmulRoute::Matvec);
         assert_eq!(
-            matmul_route(GEMM_MIN_ROWS - 1, false, false, false, GEMM_MIN_ROWS),
+            matmul_route(BATCH_TUNED_MAX_ROWS, false, false, &m),
             MatmulRoute::Matvec
         );
         assert_eq!(
-            matmul_route(GEMM_MIN_ROWS, false, false, false, GEMM_MIN_ROWS),
+            matmul_route(BATCH_TUNED_MAX_ROWS + 1, false, false, &m),
             MatmulRoute::Gemm
         );
-        assert_eq!(
-            matmul_route(512, true, false, false, GEMM_MIN_ROWS),
-            MatmulRoute::Matvec
-        );
+        assert_eq!(matmul_route(512, false, false, &m), MatmulRoute::Gemm);
+        // Deterministic mode: the matvec's order at every row count.
+        assert_eq!(matmul_route(512, true, false, &m), MatmulRoute::Matvec);
     }
 
     #[test]
-    fn decode_batches_of_k_quants_take_the_tensor_cores_over_the_quantized_weights() {
-        assert_eq!(matmul_route(1, false, false, true, GEMM_MIN_ROWS), MatmulRoute::Matvec);
-        assert_eq!(
-            matmul_route(2, false, false, true, GEMM_MIN_ROWS),
-            MatmulRoute::QuantMma
-        );
-        assert_eq!(
-            matmul_route(QUANT_MMA_MAX_ROWS, false, true, true, GEMM_MIN_ROWS),
-            MatmulRoute::QuantMma
-        );
-        assert_eq!(
-            matmul_route(QUANT_MMA_MAX_ROWS + 1, false, false, true, GEMM_MIN_ROWS),
-            MatmulRoute::Gemm
-        );
-        // Never in deterministic mode: its bits are not the matvec lanes'.
-        assert_eq!(matmul_route(8, true, false, true, GEMM_MIN_ROWS), MatmulRoute::Matvec);
+    fn small_batches_take_the_route_measured_for_their_rows() {
+        let b = BatchRoutes::from_fn(|t| match t {
+            2 => MatmulRoute::Matvec,
+            3..=5 => MatmulRoute::QuantMma,
+            _ => MatmulRoute::Gemm,
+        });
+        assert_eq!(matmul_route(2, false, false, &b), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(3, false, false, &b), MatmulRoute::QuantMma);
+        assert_eq!(matmul_route(5, false, true, &b), MatmulRoute::QuantMma);
+        assert_eq!(matmul_route(6, false, false, &b), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(8, false, false, &b), MatmulRoute::Gemm);
+        // One row and deterministic mode never read the batch table.
+        assert_eq!(matmul_route(1, false, false, &b), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(3, true, false, &b), MatmulRoute::Matvec);
+        assert_eq!(b.describe(), "2 matvec, 3-5 qmma, 6-8 cuBLAS");
+        assert_eq!(BatchRoutes::MATVEC.describe(), "2-8 matvec");
     }
 
     #[test]
-    fn small_batches_take_the_gemm_from_the_rows_measured_at_load() {
-        assert_eq!(matmul_route(2, false, false, false, 3), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(3, false, false, false, 3), MatmulRoute::Gemm);
-        assert_eq!(matmul_route(4, false, false, false, 2), MatmulRoute::Gemm);
-        // Never before 2 rows nor after GEMM_MIN_ROWS, never in deterministic mode, and not over
-        // the tensor-core route's rows.
-        assert_eq!(matmul_route(1, false, false, false, 0), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(GEMM_MIN_ROWS, false, false, false, 99), MatmulRoute::Gemm);
-        assert_eq!(matmul_route(3, true, false, false, 2), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(3, false, false, true, 2), MatmulRoute::QuantMma);
-    }
-
-    #[test]
-    fn one_row_takes_cublas_only_where_it_was_measured_faster_and_never_when_deterministic() {
-        assert_eq!(matmul_route(1, false, true, false, GEMM_MIN_ROWS), MatmulRoute::Gemm);
-        assert_eq!(matmul_route(1, false, true, true, GEMM_MIN_ROWS), MatmulRoute::Gemm);
-        assert_eq!(matmul_route(2, false, true, false, GEMM_MIN_ROWS), MatmulRoute::Matvec);
-        assert_eq!(matmul_route(1, true, true, false, GEMM_MIN_ROWS), MatmulRoute::Matvec);
+    fn one_row_takes_cublas_only_where_the_load_time_timing_found_it_faster() {
+        let m = BatchRoutes::MATVEC;
+        assert_eq!(matmul_route(1, false, true, &m), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(2, false, true, &m), MatmulRoute::Matvec);
+        assert_eq!(matmul_route(1, true, true, &m), MatmulRoute::Matvec);
     }
 
     #[test]

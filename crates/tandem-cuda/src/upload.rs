@@ -15,10 +15,11 @@ use tandem_model::Model;
 
 use crate::device::{driver, Gpu};
 use crate::int8::{self, int8_format};
-use crate::launch::{dequant_f16, tune_decode, tune_group, type_suffix, DecodeKernel, GroupMember, Tuning};
+use crate::launch::{
+    dequant_f16, tune_decode, tune_group, tune_group_batches, type_suffix, DecodeKernel, GroupMember, Tuning,
+};
 use crate::model::{CudaModel, Mode, ARENA_INTS};
 use crate::profile::{OpProfile, PassClock, ProfilerWindow};
-use crate::qmma;
 use crate::routes;
 use crate::CudaError;
 
@@ -32,12 +33,9 @@ pub(crate) struct GpuMatrix {
     pub(crate) decode: DecodeKernel,
     /// Whether cuBLAS over the f16 copy beat every matvec for one row (not in deterministic mode).
     pub(crate) decode_cublas: bool,
-    /// Whether decode batches can take the tensor cores over `quantized` (`qmma`): an integer-route
-    /// layout of a type with a kernel, whole groups of `qmma::GROUP_ROWS` rows.
-    pub(crate) quant_mma: bool,
-    /// Rows from which a batch takes cuBLAS over the f16 copy rather than the batched matvec
-    /// (measured at load: `launch::batch_gemm_from`; `routes::GEMM_MIN_ROWS` without a copy).
-    pub(crate) gemm_from: usize,
+    /// The route of each decode batch of 2 to `routes::BATCH_TUNED_MAX_ROWS` rows, measured at load
+    /// (`launch::batch_routes`; all the matvec in deterministic mode).
+    pub(crate) batch: routes::BatchRoutes,
     /// The ggml-layout rows the embedding kernel reads, kept beside `quantized` when that was
     /// repacked for the integer route: an embedding table that is also the output projection.
     pub(crate) embed_rows: Option<CudaSlice<u8>>,
@@ -91,7 +89,6 @@ impl GpuMatrix {
 /// the integer-route layout until its group's launch is decided.
 struct Pending {
     suffix: &'static str,
-    rows: usize,
     original: CudaSlice<u8>,
     /// `Some(None)`: `original` itself holds the integer-route layout (once `settle` moved it there).
     repacked: Option<Option<CudaSlice<u8>>>,
@@ -261,7 +258,6 @@ impl CudaModel {
             };
             let p = Pending {
                 suffix,
-                rows: m.rows,
                 original,
                 repacked,
                 f16,
@@ -291,30 +287,46 @@ impl CudaModel {
                     run[0].cols,
                     pending[&run[0].name].suffix,
                 );
-                let choice = match grouped.get(&key) {
+                let (choice, batch) = match grouped.get(&key) {
                     Some(&c) => c,
                     None => {
-                        let members: Vec<GroupMember> = run
+                        let members = run
                             .iter()
                             .map(|m| {
                                 let p = &pending[&m.name];
-                                GroupMember {
+                                Ok(GroupMember {
                                     rows: m.rows,
                                     kernel: p.tuning.kernel,
                                     original: &p.original,
                                     int8: p.int8_layout(),
-                                }
+                                    f16: p.f16.as_ref().map(|f| f.view(&p.original)).transpose()?,
+                                })
                             })
-                            .collect();
+                            .collect::<Result<Vec<_>, CudaError>>()?;
                         let fmt = int8_format(run[0].ty).expect("runs are integer-capable");
                         let c = tune_group(&gpu, key.2, fmt, &members, key.1, deterministic)?;
-                        grouped.insert(key, c);
-                        c
+                        // The members' one kernel, chosen for the group or each member's own.
+                        let shared = c.or_else(|| {
+                            let k = members[0].kernel;
+                            members.iter().all(|m| m.kernel == k).then_some(k)
+                        });
+                        let batch = match shared {
+                            Some(DecodeKernel::Int8 { variant, .. }) if !deterministic => {
+                                Some(tune_group_batches(&gpu, key.2, fmt, variant, &members, key.1)?)
+                            }
+                            _ => None,
+                        };
+                        grouped.insert(key, (c, batch));
+                        (c, batch)
                     }
                 };
-                if let Some(kernel) = choice {
-                    for m in &run {
-                        pending.get_mut(&m.name).expect("pending").tuning.kernel = kernel;
+                for m in &run {
+                    let tuning = &mut pending.get_mut(&m.name).expect("pending").tuning;
+                    if let Some(kernel) = choice {
+                        tuning.kernel = kernel;
+                    }
+                    if let Some(batch) = batch {
+                        tuning.batch = batch;
                     }
                 }
             }
@@ -326,7 +338,6 @@ impl CudaModel {
                 memory.tied_output_int8 += p.original.len();
             }
             let quantized = p.repacked.flatten().unwrap_or(p.original);
-            let quant_mma = qmma::takes(&p.tuning.kernel, p.suffix, p.rows);
             matrices.insert(
                 name,
                 GpuMatrix {
@@ -335,8 +346,7 @@ impl CudaModel {
                     f16: p.f16,
                     decode: p.tuning.kernel,
                     decode_cublas: p.tuning.cublas,
-                    quant_mma,
-                    gemm_from: p.tuning.gemm_from,
+                    batch: p.tuning.batch,
                     embed_rows: p.embed_rows,
                 },
             );

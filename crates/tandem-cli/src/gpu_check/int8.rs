@@ -9,7 +9,7 @@ use tandem_backend::cpu::act_quant::{quantize_row_q8, quantize_row_q8k};
 use tandem_backend::Isa;
 use tandem_cuda::int8::{
     int8_format, mmq_takes, mmvq_group_into, mmvq_group_into_with, mmvq_into, quantize_act_into, repack,
-    repacked_source, ActQuant, MmvqTarget,
+    repacked_source, ActQuant, MmvqKernels, MmvqTarget,
 };
 use tandem_cuda::launch::{time_cold_and_hot, type_suffix};
 use tandem_cuda::Gpu;
@@ -64,8 +64,12 @@ pub(super) fn dequantized_activations(fmt: ActQuant, a: &[u8], t: usize, cols: u
 /// How many times the staged kernels' check stacks the matrix, so every warp loops over row groups.
 const TALL_COPIES: usize = 80;
 
-/// For weight type `ty` (quantized rows `w`, dequantized `deq`): quantization bits, accuracy for 1, 5
-/// and 64 rows, and batched rows bit-equal to rows alone.
+/// Row counts the integer checks run: one row, each staged batch kernel size (2, 4 and 8) and one
+/// below it, and a chunk on the tensor cores.
+const CHECKED_ROWS: [usize; 6] = [1, 2, 3, 5, 8, 64];
+
+/// For weight type `ty` (quantized rows `w`, dequantized `deq`): quantization bits, accuracy for
+/// `CHECKED_ROWS`, and batched rows bit-equal to rows alone, staged or not.
 pub(super) fn int8_checks(
     gpu: &Gpu,
     rng: &mut Rng,
@@ -92,8 +96,12 @@ pub(super) fn int8_checks(
         |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
     let poisoned = |n: usize| gpu.upload(&vec![f32::NAN; n]);
     let variants = tandem_cuda::int8::variants(suffix);
-    let mut tall_equal = true;
-    for t in [1usize, 5, 64] {
+    let (mut tall_equal, mut staged_equal) = (true, true);
+    // Staged kernels loop over row groups when the matrix has more of them than the resident warps:
+    // the matrix stacked TALL_COPIES times must give its rows each time.
+    let tall: Vec<u8> = (0..TALL_COPIES).flat_map(|_| w.iter().copied()).collect();
+    let tall_q = repack(gpu, ty, &gpu.upload(&tall)?, rows * TALL_COPIES, cols)?;
+    for t in CHECKED_ROWS {
         let x: Vec<f32> = (0..t * cols).map(|_| rng.normal()).collect();
         let x_dev = gpu.upload(&x)?;
         let mut a = gpu.upload(&vec![0xA5u8; fmt.bytes(t, cols)])?;
@@ -139,21 +147,39 @@ pub(super) fn int8_checks(
         for out in &outs {
             group_equal &= bits_equal(&gpu.download(out)?, &got);
         }
-        if t == 1 {
-            // Staged kernels loop over row groups when the matrix has more of them than the
-            // resident warps: the matrix stacked TALL_COPIES times must give its rows each time.
-            let copies = TALL_COPIES;
-            let tall: Vec<u8> = (0..copies).flat_map(|_| w.iter().copied()).collect();
-            let tall_dev = gpu.upload(&tall)?;
-            let tall_q = repack(gpu, ty, &tall_dev, rows * copies, cols)?.context("integer type")?;
-            for &v in variants.iter().filter(|v| v.staged && v.fits(&[rows], cols)) {
-                let mut out = poisoned(rows * copies)?;
-                mmvq_into(gpu, suffix, v, &tall_q, &a, 1, rows * copies, cols, &mut out)?;
+        if let Some(tall_q) = tall_q.as_ref().filter(|_| t <= 8) {
+            // One row: the staged variants. A batch: every split-1 variant batched (its staged batch
+            // kernel where one takes it) and the same unstaged, which must agree bit for bit.
+            for &v in variants
+                .iter()
+                .filter(|v| v.fits(&[rows], cols) && if t == 1 { v.staged } else { v.split == 1 })
+            {
+                let mut out = poisoned(t * rows * TALL_COPIES)?;
+                mmvq_into(gpu, suffix, v, tall_q, &a, t, rows * TALL_COPIES, cols, &mut out)?;
                 let out = gpu.download(&out)?;
-                tall_equal &= out.chunks(rows).all(|c| bits_equal(c, &got));
+                let big = rows * TALL_COPIES;
+                tall_equal &= (0..t).all(|i| {
+                    out[i * big..(i + 1) * big]
+                        .chunks(rows)
+                        .all(|c| bits_equal(c, &got[i * rows..(i + 1) * rows]))
+                });
+                if t > 1 {
+                    let mut plain = poisoned(t * rows)?;
+                    let unstaged = MmvqKernels {
+                        staged_batch: false,
+                        ..MmvqKernels::all()
+                    };
+                    let mut targets = [MmvqTarget {
+                        w: &wq,
+                        rows,
+                        out: &mut plain,
+                    }];
+                    mmvq_group_into_with(gpu, suffix, v, &mut targets, &a, t, cols, unstaged)?;
+                    staged_equal &= bits_equal(&gpu.download(&plain)?, &got);
+                }
             }
         }
-        if t == 5 {
+        if (2..=8).contains(&t) {
             // Each row alone (single-row kernel) as in the batch, for every split.
             for (split, batched) in &first_of_split {
                 let v = *variants
@@ -180,11 +206,14 @@ pub(super) fn int8_checks(
     });
     let bound = 1e-5;
     table.push(Row {
-        check: format!("matvec Int8 {ty} {rows}x{cols}, t=1,5,64, {} variants", variants.len()),
-        result: format!(
-            "rel err {worst:.2e} (bound {bound:.0e}); bit-equal: batched rows {batch_equal}, variants {variant_equal}, grouped launch {group_equal}, staged on {TALL_COPIES}x rows {tall_equal}"
+        check: format!(
+            "matvec Int8 {ty} {rows}x{cols}, t={CHECKED_ROWS:?}, {} variants",
+            variants.len()
         ),
-        pass: worst < bound && batch_equal && variant_equal && group_equal && tall_equal,
+        result: format!(
+            "rel err {worst:.2e} (bound {bound:.0e}); bit-equal: batched rows {batch_equal}, variants {variant_equal}, grouped launch {group_equal}, on {TALL_COPIES}x rows {tall_equal}, staged batch = unstaged {staged_equal}"
+        ),
+        pass: worst < bound && batch_equal && variant_equal && group_equal && tall_equal && staged_equal,
     });
     Ok(())
 }
@@ -221,7 +250,11 @@ pub(super) fn mmq_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Resu
                         rows,
                         out: &mut out,
                     }];
-                    mmvq_group_into_with(gpu, suffix, variant, &mut targets, &a, t, cols, tensor_cores)?;
+                    let kernels = MmvqKernels {
+                        tensor_cores,
+                        ..MmvqKernels::all()
+                    };
+                    mmvq_group_into_with(gpu, suffix, variant, &mut targets, &a, t, cols, kernels)?;
                     outs.push(gpu.download(&out)?);
                 }
                 let same = outs[0]

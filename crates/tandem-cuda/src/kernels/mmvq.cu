@@ -131,51 +131,65 @@ __device__ __forceinline__ int dot16_us(const u32* v, int4 x) {
 // super-block (`piece`, 0..15) for global memory, and by the lane's load step `i` (0..3) and its
 // position `lp` (0..3) among the super-block's four lanes for the shared copy, which is laid out so
 // that each load instruction of a warp reads 512 consecutive bytes (no bank conflicts).
+template <int NB>
 struct SharedQ8K {
     const int4* qs;
     const int4* sum4;
     const float* dq;
-    __device__ __forceinline__ int4 q(int, int sb, int, int i, int lp) const {
-        return qs[(sb >> 3) * 128 + i * 32 + (sb & 7) * 4 + lp];
+    int stride;  // int4s from one activation row's copy to the next (`staged_row_int4s`)
+    // Row t's offset: a lone row's kernel (NB = 1) adds nothing.
+    __device__ __forceinline__ int row(int t) const { return NB == 1 ? 0 : t * stride; }
+    __device__ __forceinline__ int4 q(int t, int sb, int, int i, int lp) const {
+        return qs[row(t) + (sb >> 3) * 128 + i * 32 + (sb & 7) * 4 + lp];
     }
-    __device__ __forceinline__ int4 sums(int, int sb, int c) const { return sum4[sb * 4 + c]; }
-    __device__ __forceinline__ float d(int, int sb) const { return dq[sb]; }
+    __device__ __forceinline__ int4 sums(int t, int sb, int c) const { return sum4[row(t) + sb * 4 + c]; }
+    __device__ __forceinline__ float d(int t, int sb) const { return dq[4 * row(t) + sb]; }
     // Staged for Q6_K (L = 1), the sums are in each lane's order: int4 k of a super-block holds lane
     // k's four (`stage_q8k`).
-    __device__ __forceinline__ int4 q6_sums(int, int sb, int k) const { return sum4[sb * 4 + k]; }
+    __device__ __forceinline__ int4 q6_sums(int t, int sb, int k) const { return sum4[row(t) + sb * 4 + k]; }
 };
 
-// Copies one activation row (Q8_K, n_t = 1) into shared memory for a block's four warps, quants
-// reordered for the reading kernel: L = 0 for Q4_K (lane position c reads pieces 4c + i), L = 1 for
-// Q6_K (lane position 2h + g reads pieces 8h + g + 2i), the sums of 16 as they are for Q4_K and in
-// each lane's order for Q6_K (`q6_sums`). Bytes: `int8::staged_bytes`.
-template <int L>
-__device__ __forceinline__ SharedQ8K stage_q8k(const u8* __restrict__ A, int cols, int4* smem) {
-    int nsb = cols / 256;
-    int4* qs = smem;
-    int4* sum4 = smem + ((nsb + 7) / 8) * 128;
-    float* dq = (float*)(sum4 + nsb * 4);
-    const int4* gq = (const int4*)A;
-    for (int P = threadIdx.x; P < nsb * 16; P += blockDim.x) {
-        int sb = P >> 4, p = P & 15;
-        int i = L == 0 ? (p & 3) : ((p >> 1) & 3);
-        int lp = L == 0 ? (p >> 2) : 2 * (p >> 3) + (p & 1);
-        qs[(sb >> 3) * 128 + i * 32 + (sb & 7) * 4 + lp] = __ldg(gq + P);
-    }
-    const int* gs = act_sums(A, 1, 0, cols);
-    if (L == 0) {
-        for (int j = threadIdx.x; j < nsb * 4; j += blockDim.x) sum4[j] = __ldg((const int4*)gs + j);
-    } else {
-        // Lane k's sums of 16 (groups p0 + 2i, p0 = 8 * (k / 2) + k % 2) side by side.
-        for (int j = threadIdx.x; j < nsb * 4; j += blockDim.x) {
-            const int* g = gs + (j >> 2) * 16 + 8 * ((j & 3) >> 1) + (j & 1);
-            sum4[j] = make_int4(__ldg(g), __ldg(g + 2), __ldg(g + 4), __ldg(g + 6));
+// One staged activation row's int4s: the quants in whole groups of eight super-blocks, the sums of
+// 16, the block scales, rounded up to whole int4s (`int8::staged_row_bytes`).
+__device__ __forceinline__ int staged_row_int4s(int nsb) { return ((nsb + 7) / 8) * 128 + nsb * 4 + (nsb + 3) / 4; }
+
+// Copies n_t (at most NB) activation rows (Q8_K) into shared memory for a block's warps, one after
+// another (`staged_row_int4s` apart), quants reordered for the reading kernel: L = 0 for Q4_K (lane
+// position c reads pieces 4c + i), L = 1 for Q6_K (lane position 2h + g reads pieces 8h + g + 2i), the
+// sums of 16 as they are for Q4_K and in each lane's order for Q6_K (`q6_sums`). Bytes:
+// `int8::staged_bytes` for one row, `int8::staged_row_bytes` a row for several.
+template <int L, int NB>
+__device__ __forceinline__ SharedQ8K<NB> stage_q8k(const u8* __restrict__ A, int cols, int n_t, int4* smem) {
+    int nsb = cols / 256, stride = staged_row_int4s(nsb);
+    int qs_len = ((nsb + 7) / 8) * 128;
+#pragma unroll
+    for (int t = 0; t < NB; t++) {
+        if (t >= n_t) break;
+        int4* qs = smem + (NB == 1 ? 0 : t * stride);
+        int4* sum4 = qs + qs_len;
+        float* dq = (float*)(sum4 + nsb * 4);
+        const int4* gq = (const int4*)act_qs(A, t, cols);
+        for (int P = threadIdx.x; P < nsb * 16; P += blockDim.x) {
+            int sb = P >> 4, p = P & 15;
+            int i = L == 0 ? (p & 3) : ((p >> 1) & 3);
+            int lp = L == 0 ? (p >> 2) : 2 * (p >> 3) + (p & 1);
+            qs[(sb >> 3) * 128 + i * 32 + (sb & 7) * 4 + lp] = __ldg(gq + P);
         }
+        const int* gs = act_sums(A, n_t, t, cols);
+        if (L == 0) {
+            for (int j = threadIdx.x; j < nsb * 4; j += blockDim.x) sum4[j] = __ldg((const int4*)gs + j);
+        } else {
+            // Lane k's sums of 16 (groups p0 + 2i, p0 = 8 * (k / 2) + k % 2) side by side.
+            for (int j = threadIdx.x; j < nsb * 4; j += blockDim.x) {
+                const int* g = gs + (j >> 2) * 16 + 8 * ((j & 3) >> 1) + (j & 1);
+                sum4[j] = make_int4(__ldg(g), __ldg(g + 2), __ldg(g + 4), __ldg(g + 6));
+            }
+        }
+        const float* gd = act_d(A, n_t, t, cols, 256);
+        for (int j = threadIdx.x; j < nsb; j += blockDim.x) dq[j] = __ldg(gd + j);
     }
-    const float* gd = act_d(A, 1, 0, cols, 256);
-    for (int j = threadIdx.x; j < nsb; j += blockDim.x) dq[j] = __ldg(gd + j);
     __syncthreads();
-    return SharedQ8K{qs, sum4, dq};
+    return SharedQ8K<NB>{smem, smem + qs_len, (const float*)(smem + qs_len + nsb * 4), stride};
 }
 
 // One lane's share of a super-block, as loaded and as unpacked, for each K-quant type; the kernels
@@ -563,62 +577,79 @@ __device__ __forceinline__ void mmvq_unstaged(const u8* __restrict__ W0, const u
     MMVQ_KERNEL(mmvq_##T##_u##U##_r##R##_s##S, STEP_##T(U, R, S), ACT_##T, 1, R, S)               \
     MMVQ_KERNEL(mmvqb_##T##_u##U##_r##R##_s##S, STEP_##T(U, R, S), ACT_##T, MV_BATCH, R, S)
 
-// Staged (one activation row, K-quants): the block copies the activation row into shared memory
-// (`stage_q8k`), then each warp takes row groups warp, warp + 4 * gridDim.x, ... The host sizes the
-// grid to the blocks that fit on the GPU at once, so the copy is made once per resident block and no
-// second wave of blocks starts late. Each warp issues its first group's first step of weight loads
-// before the copy: the copy waits on the previous kernel's output (in L2) and the weights come from
-// memory, so the two latencies overlap instead of adding up. A row's sums are the S = 1 kernel's:
-// same bits. (A version that also kept the next step's loads in flight across rows was slower on the
-// 8B shapes: docs/gpu-runs/2026-11-30-decode.)
-template <class Step, int L, int R>
+// Staged (K-quants): the block copies the activation rows into shared memory (`stage_q8k`), then each
+// warp takes row groups warp, warp + warps * gridDim.x, ... The host sizes the grid to the blocks that
+// fit on the GPU at once, so the copy is made once per resident block and no second wave of blocks
+// starts late. Each warp issues its first group's first step of weight loads before the copy: the
+// copy waits on the previous kernel's output (in L2) and the weights come from memory, so the two
+// latencies overlap instead of adding up. A row's sums are the S = 1 kernel's: same bits. (A version
+// that also kept the next step's loads in flight across rows was slower on the 8B shapes:
+// docs/gpu-runs/2026-11-30-decode.)
+//
+// NB = 1: one activation row, four warps a block (`mmvqp_*`). NB = 2, 4, 8: a decode batch of up to
+// NB rows, eight warps a block sharing the copy (`mmvqpb<NB>_*`). Read from global memory, a batch's
+// activations cost a lane's four 16-byte loads per super-block and row, each warp-wide load touching
+// sixteen 128-byte lines (a lane's 64 bytes are one sub-block pair, the warp's eight super-blocks 2
+// KB apart), and the batched kernel above ran one row's weight stream's time per row; the staged
+// copy is laid out so that each such load reads 512 consecutive bytes.
+template <class Step, int L, int R, int NB>
 __device__ __forceinline__ void mmvq_staged(const u8* __restrict__ W0, const u8* __restrict__ W1,
                                             const u8* __restrict__ W2, const u8* __restrict__ A,
                                             float* __restrict__ Y0, float* __restrict__ Y1, float* __restrict__ Y2,
-                                            int rows0, int rows1, int rows2, int cols) {
+                                            int rows0, int rows1, int rows2, int cols, int n_t) {
     extern __shared__ int4 staged_act[];
+    int warps = blockDim.x >> 5;
     int groups = (rows0 + rows1 + rows2) / R, lane = threadIdx.x & 31;
-    int group = blockIdx.x * 4 + (threadIdx.x >> 5);
-    WarpRow<1> m[R];
+    int group = blockIdx.x * warps + (threadIdx.x >> 5);
+    WarpRow<NB> m[R];
     m[0].lane = lane;
     m[0].t0 = 0;
-    m[0].nt = 1;
-    m[0].acc[0] = 0.f;
+    m[0].nt = NB == 1 ? 1 : min(n_t, NB);
+#pragma unroll
+    for (int t = 0; t < NB; t++) m[0].acc[t] = 0.f;
     const u8* W = W0;
     float* Y = Y0;
     int rows = rows0;
     Step st;
     int base = lane >> 2;
     if (group < groups) {
-        mmvq_resolve<1, R>(group, rows0, rows1, &W, &Y, &rows, m, W1, W2, Y1, Y2, rows2);
-        st.template at_rows<1>(m, W, rows, cols);
+        mmvq_resolve<NB, R>(group, rows0, rows1, &W, &Y, &rows, m, W1, W2, Y1, Y2, rows2);
+        st.template at_rows<NB>(m, W, rows, cols);
         st.issue(base);
     }
     WAIT_PRIOR_GRID();
-    SharedQ8K act = stage_q8k<L>(A, cols, staged_act);
+    SharedQ8K<NB> act = stage_q8k<L, NB>(A, cols, m[0].nt, staged_act);
     if (group >= groups) return;
-    st.template consume<1>(m, act, base);
-    steps_from<1>(st, m, act, st.next(base));
-    mmvq_store<1, R, 1>(m, Y, rows);
-    for (group += gridDim.x * 4; group < groups; group += gridDim.x * 4) {
-        m[0].acc[0] = 0.f;
+    st.template consume<NB>(m, act, base);
+    steps_from<NB>(st, m, act, st.next(base));
+    mmvq_store<NB, R, 1>(m, Y, rows);
+    for (group += gridDim.x * warps; group < groups; group += gridDim.x * warps) {
+#pragma unroll
+        for (int t = 0; t < NB; t++) m[0].acc[t] = 0.f;
         W = W0, Y = Y0;
-        mmvq_resolve<1, R>(group, rows0, rows1, &W, &Y, &rows, m, W1, W2, Y1, Y2, rows2);
-        st.template at_rows<1>(m, W, rows, cols);
-        steps_from<1>(st, m, act, base);
-        mmvq_store<1, R, 1>(m, Y, rows);
+        mmvq_resolve<NB, R>(group, rows0, rows1, &W, &Y, &rows, m, W1, W2, Y1, Y2, rows2);
+        st.template at_rows<NB>(m, W, rows, cols);
+        steps_from<NB>(st, m, act, base);
+        mmvq_store<NB, R, 1>(m, Y, rows);
     }
 }
 
-#define MMVQ_STAGED_KERNEL(NAME, STEP, L, R)                                                        \
-    extern "C" __global__ void __launch_bounds__(128) NAME(                                        \
+#define MMVQ_STAGED_KERNEL(NAME, STEP, L, R, NB, THREADS)                                           \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(                                    \
         const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2,           \
         const u8* __restrict__ A, float* __restrict__ Y0, float* __restrict__ Y1, float* __restrict__ Y2, \
         int rows0, int rows1, int rows2, int cols, int n_t) {                                      \
-        mmvq_staged<STEP, L, R>(W0, W1, W2, A, Y0, Y1, Y2, rows0, rows1, rows2, cols);             \
+        mmvq_staged<STEP, L, R, NB>(W0, W1, W2, A, Y0, Y1, Y2, rows0, rows1, rows2, cols, n_t);    \
     }
-#define MMVQ_STAGED_q4_k(U, R) MMVQ_STAGED_KERNEL(mmvqp_q4_k_u##U##_r##R##_s1, Q4kStep<U COMMA R COMMA 1>, 0, R)
-#define MMVQ_STAGED_q6_k(U, R) MMVQ_STAGED_KERNEL(mmvqp_q6_k_u##U##_r##R##_s1, Q6kStep<U COMMA R COMMA 1>, 1, R)
+// The one-row kernel (`p`) and the batched ones (`pb2`, `pb4`, `pb8`) of one step and row group. The
+// step is named by its template and built here: a `COMMA` expanded one macro level up would split it.
+#define MMVQ_STAGED_ALL(T, STEPT, L, U, R)                                                            \
+    MMVQ_STAGED_KERNEL(mmvqp_##T##_u##U##_r##R##_s1, STEPT<U COMMA R COMMA 1>, L, R, 1, 128)         \
+    MMVQ_STAGED_KERNEL(mmvqpb2_##T##_u##U##_r##R##_s1, STEPT<U COMMA R COMMA 1>, L, R, 2, 256)       \
+    MMVQ_STAGED_KERNEL(mmvqpb4_##T##_u##U##_r##R##_s1, STEPT<U COMMA R COMMA 1>, L, R, 4, 256)       \
+    MMVQ_STAGED_KERNEL(mmvqpb8_##T##_u##U##_r##R##_s1, STEPT<U COMMA R COMMA 1>, L, R, 8, 256)
+#define MMVQ_STAGED_q4_k(U, R) MMVQ_STAGED_ALL(q4_k, Q4kStep, 0, U, R)
+#define MMVQ_STAGED_q6_k(U, R) MMVQ_STAGED_ALL(q6_k, Q6kStep, 1, U, R)
 // MMVQ_STAGED(type, shared layout, unroll, rows per group).
 #define MMVQ_STAGED(T, L, U, R) MMVQ_STAGED_##T(U, R)
 
@@ -640,7 +671,9 @@ MMVQ(q8_0, 4, 1, 1)
 MMVQ(q8_0, 8, 1, 1)
 MMVQ(q8_0, 1, 1, 4)
 MMVQ(q8_0, 2, 1, 4)
-// Staged variants (`p`): their batched launches take the `mmvqb` kernel of the same U and R above.
+// Staged kernels (`p`, `pb2`, `pb4`, `pb8`) of every split-1 K-quant step above: the one-row ones are
+// variants of their own; a batch of 2-8 rows of any split-1 variant takes the `pb` kernel of its U
+// and R where the rows fit in shared memory (`int8::staged_batch`), else its `mmvqb` kernel.
 MMVQ_STAGED(q4_k, 0, 1, 1)
 MMVQ_STAGED(q4_k, 0, 2, 1)
 MMVQ_STAGED(q4_k, 0, 1, 2)

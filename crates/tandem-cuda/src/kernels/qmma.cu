@@ -226,7 +226,7 @@ __device__ __forceinline__ void qmma_q4_k(const QmmaPlace& p, const u8* __restri
 
 // QMMA(type, batch tiles): `qmma_<type>_b<BT>`, up to 8 BT batch rows a grid row (further rows would
 // take further grid rows, each reading the weights again; the route sends batches past 8 rows to
-// cuBLAS over the f16 copy: `routes::QUANT_MMA_MAX_ROWS`).
+// cuBLAS over the f16 copy: `routes::BATCH_TUNED_MAX_ROWS`).
 #define QMMA(T, BT)                                                                                         \
     extern "C" __global__ void __launch_bounds__(32 * QMMA_WARPS) qmma_##T##_b##BT(                        \
         const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2,                   \
