@@ -342,6 +342,43 @@ fn time_launches(
     Ok(ms / 1e3)
 }
 
+/// `time_launches` for a product whose input is made first, as in a decode step: `f(true)` makes the
+/// input (quantizes the activations, or converts them to f16) after the flush and outside the timed
+/// span, `f(false)` runs the product, timed. The input is then in L2 as the kernel before leaves it
+/// in a step, and the weights are not; and the input's conversion, which a step's norm or gating
+/// kernel writes in the reader's form, is not charged to the product. Timed with the conversion
+/// and a cold input, the batch routes sent the 8B's v projection to cuBLAS from 3 rows (back to
+/// back its staged matvec took 6.5 µs against 11.7) and kept gemma3-270m's small matrices off
+/// cuBLAS; timed this way, gemma3-270m decodes 2-4 sequences 14-23% faster (staged session, c5).
+fn time_with_input(
+    gpu: &Gpu,
+    flush: &mut L2Flush,
+    f: &mut dyn FnMut(bool) -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    f(true)?;
+    f(false)?;
+    let event = || {
+        driver(
+            "tuning event",
+            gpu.stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
+        )
+    };
+    let mut marks = Vec::with_capacity(TUNE_ITERS);
+    for _ in 0..TUNE_ITERS {
+        flush.launch(gpu)?;
+        f(true)?;
+        let start = event()?;
+        f(false)?;
+        marks.push((start, event()?));
+    }
+    gpu.synchronize()?;
+    let mut ms = 0.0;
+    for (start, end) in &marks {
+        ms += driver("tuning elapsed", start.elapsed_ms(end))? as f64;
+    }
+    Ok(ms / 1e3)
+}
+
 /// Mean seconds of `run` after an L2 flush (as a decode step meets a matrix) and right after another
 /// `run` (its weights in L2 as far as they fit). A kernel barely faster hot than cold is bound by its
 /// own instructions and round trips, not by memory: `tandem gpu-check --bench-l2`.
@@ -469,8 +506,9 @@ pub(crate) fn tune_decode(
 
 /// For each batch of 2 to `routes::BATCH_TUNED_MAX_ROWS` rows, the fastest route this matrix has:
 /// `kernel` (its one-row choice, reading `w`) batched, `qmma` where it takes the matrix
-/// (`qmma::takes`), cuBLAS over the f16 copy `w16` where there is one. Only where there is a choice
-/// is anything timed. The batched matvec reads the quantized weights once but repeats its per-row
+/// (`qmma::takes`), cuBLAS over the f16 copy `w16` where there is one, each timed with its input
+/// made just before (`time_with_input`). Only where there is a choice is anything timed. The
+/// batched matvec reads the quantized weights once but repeats its per-row
 /// work; qmma and cuBLAS barely grow with the rows (cuBLAS reads 4x the bytes of Q4 weights), so the
 /// winner depends on the shape and the rows.
 #[allow(clippy::too_many_arguments)]
@@ -495,17 +533,18 @@ fn batch_routes(
         let mut best = match kernel {
             DecodeKernel::Int8 { fmt, variant } => {
                 let mut a = gpu.alloc_out::<u8>(fmt.bytes(t, cols))?;
-                quantize_act_into(gpu, fmt, &x, t, cols, &mut a)?;
-                let matvec = time_launches(gpu, flush, &mut || {
-                    quantize_act_into(gpu, fmt, &x, t, cols, &mut a)?;
-                    mmvq_into(gpu, suffix, variant, w, &a, t, rows, cols, &mut out)
+                let matvec = time_with_input(gpu, flush, &mut |input| match input {
+                    true => quantize_act_into(gpu, fmt, &x, t, cols, &mut a),
+                    false => mmvq_into(gpu, suffix, variant, w, &a, t, rows, cols, &mut out),
                 })?;
                 let mut best = (matvec, MatmulRoute::Matvec);
                 if quant_mma {
-                    let secs = time_launches(gpu, flush, &mut || {
-                        quantize_act_into(gpu, fmt, &x, t, cols, &mut a)?;
-                        let mut targets = [MmvqTarget { w, rows, out: &mut out }];
-                        qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols)
+                    let secs = time_with_input(gpu, flush, &mut |input| match input {
+                        true => quantize_act_into(gpu, fmt, &x, t, cols, &mut a),
+                        false => {
+                            let mut targets = [MmvqTarget { w, rows, out: &mut out }];
+                            qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols)
+                        }
                     })?;
                     if secs < best.0 {
                         best = (secs, MatmulRoute::QuantMma);
@@ -514,16 +553,18 @@ fn batch_routes(
                 best
             }
             DecodeKernel::Float(family) => {
-                let secs = time_launches(gpu, flush, &mut || {
-                    matvec_into(gpu, family, suffix, w, &x, t, rows, cols, &mut out)
+                let secs = time_with_input(gpu, flush, &mut |input| match input {
+                    true => Ok(()),
+                    false => matvec_into(gpu, family, suffix, w, &x, t, rows, cols, &mut out),
                 })?;
                 (secs, MatmulRoute::Matvec)
             }
         };
         if let Some(w16) = w16 {
             let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
-            let secs = time_launches(gpu, flush, &mut || {
-                gemm_into(gpu, w16, &x, &mut x16, t, rows, cols, &mut out)
+            let secs = time_with_input(gpu, flush, &mut |input| match input {
+                true => to_f16_into(gpu, &x.as_view(), &mut x16, t * cols),
+                false => gemm_f16_into(gpu, w16, &x16, t, rows, cols, &mut out),
             })?;
             if secs < best.0 {
                 best = (secs, MatmulRoute::Gemm);
@@ -645,8 +686,10 @@ pub(crate) fn tune_group_batches(
             .map(|m| gpu.alloc_out::<f32>(t * m.rows))
             .collect::<Result<Vec<_>, _>>()?;
         let mut one_launch = |qmma_route: bool| -> Result<f64, CudaError> {
-            time_launches(gpu, &mut flush, &mut || {
-                quantize_act_into(gpu, fmt, &x, t, cols, &mut a)?;
+            time_with_input(gpu, &mut flush, &mut |input| {
+                if input {
+                    return quantize_act_into(gpu, fmt, &x, t, cols, &mut a);
+                }
                 let mut targets: Vec<MmvqTarget> = members
                     .iter()
                     .zip(&weights)
@@ -668,9 +711,12 @@ pub(crate) fn tune_group_batches(
         }
         if let Some(f16) = &f16 {
             let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
-            let secs = time_launches(gpu, &mut flush, &mut || {
+            let secs = time_with_input(gpu, &mut flush, &mut |input| {
+                if input {
+                    return to_f16_into(gpu, &x.as_view(), &mut x16, t * cols);
+                }
                 for ((m, w16), out) in members.iter().zip(f16).zip(outs.iter_mut()) {
-                    gemm_into(gpu, w16, &x, &mut x16, t, m.rows, cols, out)?;
+                    gemm_f16_into(gpu, w16, &x16, t, m.rows, cols, out)?;
                 }
                 Ok(())
             })?;
