@@ -48,7 +48,7 @@ fn results_do_not_depend_on_batch_threads_or_route() {
                 );
                 assert_eq!(bits(&run(pool, &w, &x, 7)), bits(&full[..7 * rows]), "{ty} {isa:?} t=7");
                 // Two to five rows take the row kernels (below the GEMM's `GEMM_MIN_T`; legacy types
-                // at AVX-512 two and four activation rows a pass), with the same bits.
+                // and K-quants at AVX-512 two and four activation rows a pass), with the same bits.
                 for t in 2..=5 {
                     assert_eq!(
                         bits(&run(pool, &w, &x, t)),
@@ -70,7 +70,8 @@ fn results_do_not_depend_on_batch_threads_or_route() {
 }
 
 /// Batches that leave partial tiles everywhere: rows not a multiple of the tile height, batch
-/// sizes around multiples of 16 and 32, row counts spanning several tasks.
+/// sizes around multiples of 16 and 32, row counts spanning several tasks; and 2-5 rows, which the
+/// row kernels take two and four at a time, with weight rows not a multiple of four.
 #[test]
 fn odd_shapes_are_exact() {
     let mut rng = Rng(11);
@@ -81,9 +82,22 @@ fn odd_shapes_are_exact() {
         GgmlType::Q8_0,
         GgmlType::Q3_K,
         GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
         GgmlType::F16,
     ] {
-        for (rows, t) in [(1, 1), (1, 40), (3, 2), (5, 33), (130, 17), (257, 48), (66, 31)] {
+        for (rows, t) in [
+            (1, 1),
+            (1, 40),
+            (3, 2),
+            (5, 33),
+            (130, 17),
+            (257, 48),
+            (66, 31),
+            (7, 4),
+            (66, 3),
+            (130, 5),
+        ] {
             let cols = cols_for(ty, 288);
             let data = quantized_weights(ty, rows, cols, &mut rng);
             let w = WeightMatrix {

@@ -10,8 +10,8 @@
 //!   are read as four long sequential streams (see `dot_rows`). With several activation rows,
 //!   chunks are small enough to stay in L2 while every activation row passes over them (float
 //!   weights then go through 4 × 4 register tiles of weight rows × activation rows, and legacy
-//!   types at AVX-512 take activation rows four and two at a time, each decoded weight block
-//!   serving them all: `dot_rows_batch`).
+//!   types and K-quants at AVX-512 take activation rows four and two at a time, each decoded
+//!   weight block serving them all: `dot_rows_batch`).
 //! * **GEMM route** (AVX-512 VNNI, quantized weights, `t >= GEMM_MIN_T`): tasks are (chunk of
 //!   weight rows) × (span of activation groups); a task decodes its weight rows once and runs the
 //!   register-tiled microkernels of `dot::gemm_avx512` over them (each decoded weight byte is
@@ -28,8 +28,8 @@ use tandem_gguf::GgmlType;
 
 #[cfg(target_arch = "x86_64")]
 use super::act_quant::AVec;
-use super::act_quant::{Q8Row, QuantizedActs};
-use super::dot::{row_kernel, Dot4xnQ8, RowKernel, TileF, WeightClass};
+use super::act_quant::QuantizedActs;
+use super::dot::{row_kernel, Dot4xn, RowKernel, TileF, WeightClass};
 use super::pool::{SendPtr, ThreadPool};
 use crate::BackendError;
 
@@ -246,7 +246,7 @@ unsafe fn dot_rows(
                     None => (j0..j1).for_each(|j| out[j - j0] = dot(w.row(j, row_bytes), &a)),
                 }
             }
-            RowKernel::Q8K { dot, dot4 } => {
+            RowKernel::Q8K { dot, dot4, .. } => {
                 let a = acts.q8k_row(r);
                 match dot4 {
                     Some(dot4) => quarters.calls().for_each(|j| put4(out, j, dot4(rows4(j), &a))),
@@ -264,26 +264,26 @@ unsafe fn dot_rows(
     }
 }
 
-/// `N` activation rows from `r0` against weight rows `j0..j1` in one pass over them (a decode
-/// batch): the four weight rows of a call come from the range's quarters, as in [`dot_rows`], and
-/// each decoded block serves all `N` rows, each with the bits `dot_rows` gives it alone.
+/// `N` activation rows `a` (rows `r0..r0 + N`) against weight rows `j0..j1` in one pass over them
+/// (a decode batch): the four weight rows of a call come from the range's quarters, as in
+/// [`dot_rows`], and each decoded block serves all `N` rows, each with the bits `dot_rows` gives it
+/// alone. `A` is the activation format's row (`Q8Row` or `Q8KRow`).
 ///
 /// # Safety
 /// As for [`dot_rows`]; `out` must be valid for `t · rows` floats (`t > r0 + N - 1`), columns
 /// `j0..j1` of rows `r0..r0 + N` this caller's alone.
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_rows_batch<const N: usize>(
-    dot4n: Dot4xnQ8<N>,
+unsafe fn dot_rows_batch<A, const N: usize>(
+    dot4n: Dot4xn<A, N>,
     w: &WeightMatrix,
     row_bytes: usize,
-    acts: &QuantizedActs,
+    a: [A; N],
     r0: usize,
     j0: usize,
     j1: usize,
     out: SendPtr<f32>,
 ) {
     let quarters = Quarters::new(w, row_bytes, j0, j1);
-    let a: [Q8Row; N] = std::array::from_fn(|n| acts.q8_row(r0 + n));
     for j in quarters.calls() {
         // SAFETY (the kernel): per the function contract.
         let v = unsafe { dot4n(quarters.rows4(j), std::array::from_fn(|n| &a[n])) };
@@ -295,6 +295,61 @@ unsafe fn dot_rows_batch<const N: usize>(
                 }
             }
         }
+    }
+}
+
+/// One pass of `kernel`'s batched form (where the level has one) over activation rows from `r`,
+/// four of them if `left >= 4` remain, else two if `left >= 2`: how many it took (0 for none, and
+/// the caller takes row `r` alone).
+///
+/// # Safety
+/// As for [`dot_rows_batch`], with `r + left <= t`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn batch_pass(
+    kernel: RowKernel,
+    w: &WeightMatrix,
+    row_bytes: usize,
+    acts: &QuantizedActs,
+    r: usize,
+    left: usize,
+    j0: usize,
+    j1: usize,
+    out: SendPtr<f32>,
+) -> usize {
+    /// The pass for one activation format, its rows from `row`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pass<A>(
+        (two, four): (Dot4xn<A, 2>, Dot4xn<A, 4>),
+        row: impl Fn(usize) -> A,
+        w: &WeightMatrix,
+        row_bytes: usize,
+        r: usize,
+        left: usize,
+        j0: usize,
+        j1: usize,
+        out: SendPtr<f32>,
+    ) -> usize {
+        let rows = |n: usize| row(r + n);
+        // SAFETY (both): per `batch_pass`'s contract; rows r..r + 4 (or r + 2) are below t.
+        if left >= 4 {
+            unsafe { dot_rows_batch(four, w, row_bytes, std::array::from_fn(rows), r, j0, j1, out) };
+            4
+        } else if left >= 2 {
+            unsafe { dot_rows_batch(two, w, row_bytes, std::array::from_fn(rows), r, j0, j1, out) };
+            2
+        } else {
+            0
+        }
+    }
+    // SAFETY (both): per the function contract.
+    match kernel {
+        RowKernel::Q8 { batch: Some(k), .. } => unsafe {
+            pass(k, |i| acts.q8_row(i), w, row_bytes, r, left, j0, j1, out)
+        },
+        RowKernel::Q8K { batch: Some(k), .. } => unsafe {
+            pass(k, |i| acts.q8k_row(i), w, row_bytes, r, left, j0, j1, out)
+        },
+        _ => 0,
     }
 }
 
@@ -367,27 +422,15 @@ fn row_route(
         });
         return;
     }
-    let batch = match kernel {
-        RowKernel::Q8 { batch, .. } => batch,
-        _ => None,
-    };
     pool.run(n_chunks, &|c| {
         let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(rows));
         let mut r = 0;
         while r < t {
             // Activation rows in fours and twos where the level has kernels that decode each weight
             // block once for several rows (the chunk is read once for them all); one at a time else.
-            // SAFETY (all): validated sizes; this task alone writes columns j0..j1 of these rows.
-            match batch {
-                Some((_, four)) if t - r >= 4 => {
-                    unsafe { dot_rows_batch(four, w, row_bytes, acts, r, j0, j1, outp) };
-                    r += 4;
-                }
-                Some((two, _)) if t - r >= 2 => {
-                    unsafe { dot_rows_batch(two, w, row_bytes, acts, r, j0, j1, outp) };
-                    r += 2;
-                }
-                _ => {
+            // SAFETY (both): validated sizes; this task alone writes columns j0..j1 of these rows.
+            match unsafe { batch_pass(kernel, w, row_bytes, acts, r, t - r, j0, j1, outp) } {
+                0 => {
                     unsafe {
                         dot_rows(
                             kernel,
@@ -403,6 +446,7 @@ fn row_route(
                     };
                     r += 1;
                 }
+                n => r += n,
             }
         }
     });

@@ -13,7 +13,10 @@
 //!
 //! Four weight rows are processed together against one activation row: the activation block is
 //! loaded once, and the four per-row integer sums are reduced together and combined in one
-//! 4-lane vector (lane-wise the same operations as the scalar chain of a single row).
+//! 4-lane vector (lane-wise the same operations as the scalar chain of a single row). For a decode
+//! batch, the quantized kernels take two or four activation rows a pass (`dot4xn_legacy`,
+//! `dot4xn_kquant`, whose one-row cases are `dot4_legacy` and `dot4_kquant`): each weight block is
+//! decoded once for them all, and each row's outputs come from the one-row operations.
 
 // Index loops over lanes and rows are deliberate: they mirror the vector lanes they fill.
 #![allow(clippy::needless_range_loop)]
@@ -270,22 +273,49 @@ fn reduce4x16(v: [__m512i; 4]) -> __m128i {
 /// As for [`dot_kquant`], for each row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn dot4_kquant<T: KDecode>(w: [&[u8]; 4], a: &Q8KRow) -> [f32; 4] {
-    let nb = a.d.len();
+    // SAFETY: per the function contract.
+    unsafe { dot4xn_kquant::<T, 1>(w, [a])[0] }
+}
+
+/// Four K-quant rows against `N` Q8_K rows (a decode batch): each weight super-block decoded once
+/// for all of them, and each activation row's outputs formed by exactly the operations of the
+/// one-row form (`dot4_kquant` is this with `N = 1`), so a row's results do not depend on its batch.
+///
+/// A block's activations stay in registers (4·N of them) while the weight rows are decoded one at
+/// a time, each serving every activation row before the next is decoded.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/DQ/VNNI; each weight row must hold `a[0].d.len()` blocks of
+/// `T`, and every activation row that many blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn dot4xn_kquant<T: KDecode, const N: usize>(w: [&[u8]; 4], a: [&Q8KRow; N]) -> [[f32; 4]; N] {
+    let nb = a[0].d.len();
     assert!(w.iter().all(|r| r.len() >= nb * T::BYTES));
-    assert!(a.qs.len() >= 256 * nb && a.bsums.len() >= 16 * nb);
-    let qa = a.qs.as_ptr() as *const u8;
+    assert!(a
+        .iter()
+        .all(|a| a.d.len() == nb && a.qs.len() >= 256 * nb && a.bsums.len() >= 16 * nb));
     let zero = _mm512_setzero_si512();
     let perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    let mut acc = _mm_setzero_ps();
+    let mut acc = [_mm_setzero_ps(); N];
+    // Per activation row and weight row: the scaled sub-block sums, and the offset and min terms
+    // (every entry rewritten each block, so set once).
+    let (mut prod, mut corr, mut mins) = (
+        [[zero; 4]; N],
+        [[_mm256_setzero_si256(); 4]; N],
+        [[_mm256_setzero_si256(); 4]; N],
+    );
+    let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
     for b in 0..nb {
-        // SAFETY: 16 bsums and 256 quants of activation block `b` (asserted).
-        let bs = unsafe { _mm256_loadu_si256(a.bsums.as_ptr().add(16 * b) as *const __m256i) };
-        let mut av = [zero; 4];
-        for i in 0..4 {
-            av[i] = unsafe { _mm512_loadu_si512(qa.add(256 * b + 64 * i) as *const _) };
+        let mut bs = [_mm256_setzero_si256(); N];
+        let mut av = [[zero; 4]; N];
+        for n in 0..N {
+            let qa = a[n].qs.as_ptr() as *const u8;
+            // SAFETY: 16 bsums and 256 quants of activation block `b` (asserted).
+            bs[n] = unsafe { _mm256_loadu_si256(a[n].bsums.as_ptr().add(16 * b) as *const __m256i) };
+            for i in 0..4 {
+                av[n][i] = unsafe { _mm512_loadu_si512(qa.add(256 * b + 64 * i) as *const _) };
+            }
         }
-        let (mut prod, mut corr, mut mins) = ([zero; 4], [_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
-        let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
         for r in 0..4 {
             let blk = &w[r][b * T::BYTES..(b + 1) * T::BYTES];
             for off in (0..T::BYTES).step_by(64) {
@@ -293,33 +323,43 @@ pub(crate) unsafe fn dot4_kquant<T: KDecode>(w: [&[u8]; 4], a: &Q8KRow) -> [f32;
             }
             // SAFETY: a whole block.
             let (ks, q) = unsafe { (T::scales(blk), T::quants512(blk)) };
-            let mut p = [zero; 4];
-            for i in 0..4 {
-                p[i] = _mm512_dpbusd_epi32(zero, q[i], av[i]);
+            let sc = _mm512_permutexvar_epi32(perm, _mm512_cvtepi16_epi32(ks.scales));
+            for n in 0..N {
+                let mut p = [zero; 4];
+                for i in 0..4 {
+                    p[i] = _mm512_dpbusd_epi32(zero, q[i], av[n][i]);
+                }
+                let x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+                let x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+                let y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
+                prod[n][r] = _mm512_mullo_epi32(y, sc);
+                corr[n][r] = _mm256_madd_epi16(ks.scales, bs[n]);
+                mins[n][r] = _mm256_madd_epi16(ks.mins, bs[n]);
             }
-            let x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
-            let x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
-            let y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
-            prod[r] = _mm512_mullo_epi32(y, _mm512_permutexvar_epi32(perm, _mm512_cvtepi16_epi32(ks.scales)));
-            corr[r] = _mm256_madd_epi16(ks.scales, bs);
-            mins[r] = _mm256_madd_epi16(ks.mins, bs);
             (d[r], dmin[r]) = (ks.d, ks.dmin);
         }
-        let mut sumi = reduce4x16(prod);
-        if T::OFFSET != 0 {
-            sumi = _mm_sub_epi32(sumi, _mm_mullo_epi32(reduce4(corr), _mm_set1_epi32(T::OFFSET as i32)));
-        }
-        let da = _mm_set1_ps(a.d[b]);
         // SAFETY: 4 floats each.
         let (dv, dminv) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr())) };
-        acc = _mm_fmadd_ps(_mm_mul_ps(dv, da), _mm_cvtepi32_ps(sumi), acc);
-        if T::HAS_MIN {
-            acc = _mm_fnmadd_ps(_mm_mul_ps(dminv, da), _mm_cvtepi32_ps(reduce4(mins)), acc);
+        for n in 0..N {
+            let mut sumi = reduce4x16(prod[n]);
+            if T::OFFSET != 0 {
+                sumi = _mm_sub_epi32(
+                    sumi,
+                    _mm_mullo_epi32(reduce4(corr[n]), _mm_set1_epi32(T::OFFSET as i32)),
+                );
+            }
+            let da = _mm_set1_ps(a[n].d[b]);
+            acc[n] = _mm_fmadd_ps(_mm_mul_ps(dv, da), _mm_cvtepi32_ps(sumi), acc[n]);
+            if T::HAS_MIN {
+                acc[n] = _mm_fnmadd_ps(_mm_mul_ps(dminv, da), _mm_cvtepi32_ps(reduce4(mins[n])), acc[n]);
+            }
         }
     }
-    let mut out = [0.0f32; 4];
-    // SAFETY: 4 floats.
-    unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+    let mut out = [[0.0f32; 4]; N];
+    for n in 0..N {
+        // SAFETY: 4 floats.
+        unsafe { _mm_storeu_ps(out[n].as_mut_ptr(), acc[n]) };
+    }
     out
 }
 

@@ -133,6 +133,10 @@ pub(crate) type Dot4Q8 = unsafe fn([&[u8]; 4], &Q8Row) -> [f32; 4];
 pub(crate) type Dot4xnQ8<const N: usize> = unsafe fn([&[u8]; 4], [&Q8Row; N]) -> [[f32; 4]; N];
 pub(crate) type DotQ8K = unsafe fn(&[u8], &Q8KRow) -> f32;
 pub(crate) type Dot4Q8K = unsafe fn([&[u8]; 4], &Q8KRow) -> [f32; 4];
+/// As [`Dot4xnQ8`], for K-quant weights against Q8_K rows (each row with its `Dot4Q8K` bits).
+pub(crate) type Dot4xnQ8K<const N: usize> = unsafe fn([&[u8]; 4], [&Q8KRow; N]) -> [[f32; 4]; N];
+/// [`Dot4xnQ8`] or [`Dot4xnQ8K`] for activation rows of type `A`, which code serving both takes.
+pub(crate) type Dot4xn<A, const N: usize> = unsafe fn([&[u8]; 4], [&A; N]) -> [[f32; 4]; N];
 pub(crate) type DotF = unsafe fn(&[u8], &[f32]) -> f32;
 pub(crate) type Dot4F = unsafe fn([&[u8]; 4], &[f32]) -> [f32; 4];
 pub(crate) type TileF = unsafe fn([&[u8]; 4], [&[f32]; 4]) -> [[f32; 4]; 4];
@@ -150,6 +154,8 @@ pub(crate) enum RowKernel {
     Q8K {
         dot: DotQ8K,
         dot4: Option<Dot4Q8K>,
+        /// As for `Q8`.
+        batch: Option<(Dot4xnQ8K<2>, Dot4xnQ8K<4>)>,
     },
     /// `tile` (4 weight rows × 4 activation rows) serves batches.
     Float {
@@ -218,12 +224,14 @@ pub(crate) fn row_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
                 return Some(RowKernel::Q8K {
                     dot: by_kquant!(ty, dot_kquant_512),
                     dot4: Some(by_kquant!(ty, dot4_kquant_512)),
+                    batch: Some((by_kquant!(ty, dot4x2_kquant_512), by_kquant!(ty, dot4x4_kquant_512))),
                 })
             }
             (Isa::Avx2, WeightClass::KQuant) => {
                 return Some(RowKernel::Q8K {
                     dot: by_kquant!(ty, dot_kquant_256),
                     dot4: None,
+                    batch: None,
                 })
             }
             (Isa::Avx512, WeightClass::Float) => {
@@ -254,6 +262,7 @@ pub(crate) fn row_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
         WeightClass::KQuant => RowKernel::Q8K {
             dot: by_kquant!(ty, dot_kquant),
             dot4: None,
+            batch: None,
         },
         WeightClass::Float => RowKernel::Float {
             dot: by_float!(ty, dot_float),
@@ -291,6 +300,12 @@ mod x86_wrap {
     }
     pub(crate) unsafe fn dot4_kquant_512<T: KDecode>(w: [&[u8]; 4], a: &Q8KRow) -> [f32; 4] {
         unsafe { avx512::dot4_kquant::<T>(w, a) }
+    }
+    pub(crate) unsafe fn dot4x2_kquant_512<T: KDecode>(w: [&[u8]; 4], a: [&Q8KRow; 2]) -> [[f32; 4]; 2] {
+        unsafe { avx512::dot4xn_kquant::<T, 2>(w, a) }
+    }
+    pub(crate) unsafe fn dot4x4_kquant_512<T: KDecode>(w: [&[u8]; 4], a: [&Q8KRow; 4]) -> [[f32; 4]; 4] {
+        unsafe { avx512::dot4xn_kquant::<T, 4>(w, a) }
     }
     pub(crate) unsafe fn dot_kquant_256<T: KDecode>(w: &[u8], a: &Q8KRow) -> f32 {
         unsafe { avx2::dot_kquant::<T>(w, a) }
