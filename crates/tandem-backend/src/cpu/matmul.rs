@@ -29,7 +29,7 @@ use tandem_gguf::GgmlType;
 #[cfg(target_arch = "x86_64")]
 use super::act_quant::AVec;
 use super::act_quant::QuantizedActs;
-use super::dot::{row_kernel, Dot4xn, RowKernel, TileF, WeightClass};
+use super::dot::{row_kernel, BatchedFor, Dot4xn, RowKernel, TileF, WeightClass};
 use super::pool::{SendPtr, ThreadPool};
 use crate::BackendError;
 
@@ -299,7 +299,7 @@ unsafe fn dot_rows_batch<A, const N: usize>(
 }
 
 /// One pass of `kernel`'s batched form (where the level has one) over activation rows from `r`,
-/// four of them if `left >= 4` remain, else two if `left >= 2`: how many it took (0 for none, and
+/// four of them if `left >= 4` remain, else all `left` if 2 or 3: how many it took (0 for none, and
 /// the caller takes row `r` alone).
 ///
 /// # Safety
@@ -319,7 +319,7 @@ unsafe fn batch_pass(
     /// The pass for one activation format, its rows from `row`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn pass<A>(
-        (two, four): (Dot4xn<A, 2>, Dot4xn<A, 4>),
+        k: BatchedFor<A>,
         row: impl Fn(usize) -> A,
         w: &WeightMatrix,
         row_bytes: usize,
@@ -330,15 +330,21 @@ unsafe fn batch_pass(
         out: SendPtr<f32>,
     ) -> usize {
         let rows = |n: usize| row(r + n);
-        // SAFETY (both): per `batch_pass`'s contract; rows r..r + 4 (or r + 2) are below t.
-        if left >= 4 {
-            unsafe { dot_rows_batch(four, w, row_bytes, std::array::from_fn(rows), r, j0, j1, out) };
-            4
-        } else if left >= 2 {
-            unsafe { dot_rows_batch(two, w, row_bytes, std::array::from_fn(rows), r, j0, j1, out) };
-            2
-        } else {
-            0
+        // SAFETY (all): per `batch_pass`'s contract; rows r..r + min(left, 4) are below t.
+        match left {
+            0 | 1 => 0,
+            2 => {
+                unsafe { dot_rows_batch(k.two, w, row_bytes, std::array::from_fn(rows), r, j0, j1, out) };
+                2
+            }
+            3 => {
+                unsafe { dot_rows_batch(k.three, w, row_bytes, std::array::from_fn(rows), r, j0, j1, out) };
+                3
+            }
+            _ => {
+                unsafe { dot_rows_batch(k.four, w, row_bytes, std::array::from_fn(rows), r, j0, j1, out) };
+                4
+            }
         }
     }
     // SAFETY (both): per the function contract.
@@ -426,7 +432,7 @@ fn row_route(
         let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(rows));
         let mut r = 0;
         while r < t {
-            // Activation rows in fours and twos where the level has kernels that decode each weight
+            // Activation rows in fours, threes and twos where the level has kernels that decode each weight
             // block once for several rows (the chunk is read once for them all); one at a time else.
             // SAFETY (both): validated sizes; this task alone writes columns j0..j1 of these rows.
             match unsafe { batch_pass(kernel, w, row_bytes, acts, r, t - r, j0, j1, outp) } {

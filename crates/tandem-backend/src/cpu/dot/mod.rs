@@ -137,6 +137,19 @@ pub(crate) type Dot4Q8K = unsafe fn([&[u8]; 4], &Q8KRow) -> [f32; 4];
 pub(crate) type Dot4xnQ8K<const N: usize> = unsafe fn([&[u8]; 4], [&Q8KRow; N]) -> [[f32; 4]; N];
 /// [`Dot4xnQ8`] or [`Dot4xnQ8K`] for activation rows of type `A`, which code serving both takes.
 pub(crate) type Dot4xn<A, const N: usize> = unsafe fn([&[u8]; 4], [&A; N]) -> [[f32; 4]; N];
+/// A row kernel's batched forms: four weight rows against two, three or four activation rows a pass.
+#[derive(Clone, Copy)]
+pub(crate) struct Batched<F2, F3, F4> {
+    pub(crate) two: F2,
+    pub(crate) three: F3,
+    pub(crate) four: F4,
+}
+
+/// The batched forms for activation rows of type `A` ([`Dot4xn`]), which code serving both takes.
+pub(crate) type BatchedFor<A> = Batched<Dot4xn<A, 2>, Dot4xn<A, 3>, Dot4xn<A, 4>>;
+pub(crate) type BatchedQ8 = Batched<Dot4xnQ8<2>, Dot4xnQ8<3>, Dot4xnQ8<4>>;
+pub(crate) type BatchedQ8K = Batched<Dot4xnQ8K<2>, Dot4xnQ8K<3>, Dot4xnQ8K<4>>;
+
 pub(crate) type DotF = unsafe fn(&[u8], &[f32]) -> f32;
 pub(crate) type Dot4F = unsafe fn([&[u8]; 4], &[f32]) -> [f32; 4];
 pub(crate) type TileF = unsafe fn([&[u8]; 4], [&[f32]; 4]) -> [[f32; 4]; 4];
@@ -148,14 +161,14 @@ pub(crate) enum RowKernel {
     Q8 {
         dot: DotQ8,
         dot4: Option<Dot4Q8>,
-        /// Batches of activation rows (two and four at a time), where the level has them.
-        batch: Option<(Dot4xnQ8<2>, Dot4xnQ8<4>)>,
+        /// Batches of activation rows (two to four at a time), where the level has them.
+        batch: Option<BatchedQ8>,
     },
     Q8K {
         dot: DotQ8K,
         dot4: Option<Dot4Q8K>,
         /// As for `Q8`.
-        batch: Option<(Dot4xnQ8K<2>, Dot4xnQ8K<4>)>,
+        batch: Option<BatchedQ8K>,
     },
     /// `tile` (4 weight rows × 4 activation rows) serves batches.
     Float {
@@ -210,7 +223,11 @@ pub(crate) fn row_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
                 return Some(RowKernel::Q8 {
                     dot: by_legacy!(ty, dot1_legacy_512),
                     dot4: Some(by_legacy!(ty, dot4_legacy_512)),
-                    batch: Some((by_legacy!(ty, dot4x2_legacy_512), by_legacy!(ty, dot4x4_legacy_512))),
+                    batch: Some(Batched {
+                        two: by_legacy!(ty, dot4x2_legacy_512),
+                        three: by_legacy!(ty, dot4x3_legacy_512),
+                        four: by_legacy!(ty, dot4x4_legacy_512),
+                    }),
                 })
             }
             (Isa::Avx2, WeightClass::Legacy) => {
@@ -224,7 +241,11 @@ pub(crate) fn row_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
                 return Some(RowKernel::Q8K {
                     dot: by_kquant!(ty, dot_kquant_512),
                     dot4: Some(by_kquant!(ty, dot4_kquant_512)),
-                    batch: Some((by_kquant!(ty, dot4x2_kquant_512), by_kquant!(ty, dot4x4_kquant_512))),
+                    batch: Some(Batched {
+                        two: by_kquant!(ty, dot4x2_kquant_512),
+                        three: by_kquant!(ty, dot4x3_kquant_512),
+                        four: by_kquant!(ty, dot4x4_kquant_512),
+                    }),
                 })
             }
             (Isa::Avx2, WeightClass::KQuant) => {
@@ -286,6 +307,9 @@ mod x86_wrap {
     pub(crate) unsafe fn dot4x2_legacy_512<T: Legacy>(w: [&[u8]; 4], a: [&Q8Row; 2]) -> [[f32; 4]; 2] {
         unsafe { avx512::dot4xn_legacy::<T, 2>(w, a) }
     }
+    pub(crate) unsafe fn dot4x3_legacy_512<T: Legacy>(w: [&[u8]; 4], a: [&Q8Row; 3]) -> [[f32; 4]; 3] {
+        unsafe { avx512::dot4xn_legacy::<T, 3>(w, a) }
+    }
     pub(crate) unsafe fn dot4x4_legacy_512<T: Legacy>(w: [&[u8]; 4], a: [&Q8Row; 4]) -> [[f32; 4]; 4] {
         unsafe { avx512::dot4xn_legacy::<T, 4>(w, a) }
     }
@@ -303,6 +327,9 @@ mod x86_wrap {
     }
     pub(crate) unsafe fn dot4x2_kquant_512<T: KDecode>(w: [&[u8]; 4], a: [&Q8KRow; 2]) -> [[f32; 4]; 2] {
         unsafe { avx512::dot4xn_kquant::<T, 2>(w, a) }
+    }
+    pub(crate) unsafe fn dot4x3_kquant_512<T: KDecode>(w: [&[u8]; 4], a: [&Q8KRow; 3]) -> [[f32; 4]; 3] {
+        unsafe { avx512::dot4xn_kquant::<T, 3>(w, a) }
     }
     pub(crate) unsafe fn dot4x4_kquant_512<T: KDecode>(w: [&[u8]; 4], a: [&Q8KRow; 4]) -> [[f32; 4]; 4] {
         unsafe { avx512::dot4xn_kquant::<T, 4>(w, a) }
