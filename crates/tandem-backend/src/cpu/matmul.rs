@@ -100,12 +100,13 @@ pub fn matmul(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], t: usize, out: &mu
 }
 
 #[cfg(target_arch = "x86_64")]
-/// Smallest batch that goes to the AVX-512 GEMM (smaller ones use the row kernels per row). Measured
-/// on 2 threads (prefill chunks of 4-7 rows, 2026-12-01): SmolLM2's Q4_1 rows 328 / 339 / 346 / 349
-/// tok/s through the row kernels at 4 / 5 / 6 / 7 rows against 242 / 292 / 344 / 391 through the
-/// GEMM; Gemma 3 270M's K-quants 256-264 / 267-285 / 302 / 307 against 219-226 / 275 / 317-329 /
-/// 348-376. Four rows took the GEMM before (a decode batch of 4 sequences then ran slower than one).
-const GEMM_MIN_T: usize = 6;
+/// Smallest batch that goes to the AVX-512 GEMM (smaller ones take the row kernels, which decode each
+/// weight block once for up to four activation rows). Measured on 2 threads with those kernels (the
+/// staged session, decode batches, A B B A): at 6 / 7 / 8 sequences the row kernels ran 1.42x /
+/// 1.30x / 1.19x the GEMM on Gemma 3 270M and 1.45x / 1.29x / 1.22x on SmolLM2 Q4_1; at 10 the two
+/// tied (Gemma 236-239 against 238-240 tok/s), at 12 the GEMM won (271-275 against 237). When the row
+/// kernels took one activation row a pass, the GEMM won from 6 rows.
+const GEMM_MIN_T: usize = 9;
 
 /// `x` (`t × cols`, row-major) times the transposed weights into `out` (`t × rows`), on `pool`
 /// with the pool's instruction set. Sizes are validated first; nothing is written on error.
