@@ -13,7 +13,8 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use crate::device::{driver, Gpu};
-use crate::launch::{launch_cfg, time_back_to_back};
+use crate::launch::launch_cfg;
+use crate::tune::time_back_to_back;
 use crate::CudaError;
 
 /// Threads a block in every variant.

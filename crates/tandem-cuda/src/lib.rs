@@ -7,7 +7,8 @@
 //!   attention on the tensor cores, scores kept on chip, and its per-chunk tile plan.
 //! - `kv`: per-sequence f16 caches on the device under the CPU's `RingPlacement` metadata, their
 //!   checkpoints and byte ledger, and the serving engine's `ServingBackend` for `CudaModel`.
-//! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM) and load-time tuning;
+//! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM); `tune`: the
+//!   load-time timing that picks each shape's decode kernel and each decode batch size's route;
 //!   `int8`: the integer decode route (int8 activations, `dp4a` matvecs); `qmma`: decode batches on
 //!   the tensor cores, the quantized weights read once for every row.
 //! - `model`: the `Backend` implementation; `rows`: norms, RoPE and gating; `attend`: KV store and
@@ -43,6 +44,7 @@ pub mod qmma;
 pub mod routes;
 pub mod rows;
 mod trace;
+pub mod tune;
 mod upload;
 
 pub use cudarc::driver::CudaSlice;

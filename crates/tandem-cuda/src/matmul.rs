@@ -7,11 +7,12 @@ use tandem_model::weights::Matrix;
 use tandem_model::ModelError;
 
 use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, ActQuant, MmvqTarget};
-use crate::launch::{gemm_f16_into, matvec_into, to_f16_into, DecodeKernel};
+use crate::launch::{gemm_f16_into, matvec_into, to_f16_into};
 use crate::model::{CudaModel, GpuAct, Mode};
 use crate::pool::DevBuf;
 use crate::qmma::qmma_group_into;
 use crate::routes::{self, MatmulRoute};
+use crate::tune::DecodeKernel;
 use crate::upload::GpuMatrix;
 use crate::CudaError;
 

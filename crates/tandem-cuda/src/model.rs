@@ -213,8 +213,8 @@ impl CudaModel {
                 continue;
             };
             let kernel = match g.decode {
-                crate::launch::DecodeKernel::Float(family) => format!("{family:?}"),
-                crate::launch::DecodeKernel::Int8 { variant, .. } => format!("int8 {}", variant.label()),
+                crate::tune::DecodeKernel::Float(family) => format!("{family:?}"),
+                crate::tune::DecodeKernel::Int8 { variant, .. } => format!("int8 {}", variant.label()),
             };
             let cublas = if g.decode_cublas {
                 ", cuBLAS timed faster for one row"

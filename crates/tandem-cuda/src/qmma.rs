@@ -10,7 +10,7 @@ use cudarc::driver::CudaSlice;
 use crate::device::Gpu;
 use crate::int8::{launch_grouped, MmvqTarget};
 use crate::launch::launch_cfg;
-use crate::launch::DecodeKernel;
+use crate::tune::DecodeKernel;
 use crate::CudaError;
 
 /// Threads of a block: four warps splitting a row group's super-blocks (`QMMA_WARPS` in qmma.cu).

@@ -6,7 +6,7 @@
 //!   the f16 copy was measured faster for this matrix at load (`one_row_cublas`): then `Gemm` with one
 //!   row, which reads 4x the bytes of Q4 weights but streams them at full bandwidth.
 //! - `2 <= t <= BATCH_TUNED_MAX_ROWS` (decode batches, very short chunks): the route measured
-//!   fastest for this matrix and row count at load (`BatchRoutes`, `launch::batch_routes`), among
+//!   fastest for this matrix and row count at load (`BatchRoutes`, `tune::batch_routes`), among
 //!   `Matvec` batched (the quantized weights read once for all rows; K-quants copy the rows into
 //!   shared memory first, `int8::staged_batch`, other types apply each decoded weight unit to up to
 //!   8 rows), `QuantMma` for Q4_K (the same single read, the integer products on the tensor cores,

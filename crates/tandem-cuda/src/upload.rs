@@ -1,6 +1,6 @@
 //! Loading a model onto the GPU: every matrix uploaded once, an f16 copy made for the GEMM route
 //! (unless deterministic; F16 weights serve as their own), and the decode kernel of each matrix shape
-//! chosen by timing the candidates (`launch::tune_decode`, and `launch::tune_group` for matrices that
+//! chosen by timing the candidates (`tune::tune_decode`, and `tune::tune_group` for matrices that
 //! read one input); the integer route's weights are repacked here when it wins.
 
 use std::cell::{Cell, RefCell};
@@ -15,12 +15,11 @@ use tandem_model::Model;
 
 use crate::device::{driver, Gpu};
 use crate::int8::{self, int8_format};
-use crate::launch::{
-    dequant_f16, tune_decode, tune_group, tune_group_batches, type_suffix, DecodeKernel, GroupMember, Tuning,
-};
+use crate::launch::{dequant_f16, type_suffix};
 use crate::model::{CudaModel, Mode, ARENA_INTS};
 use crate::profile::{OpProfile, PassClock, ProfilerWindow};
 use crate::routes;
+use crate::tune::{tune_decode, tune_group, tune_group_batches, DecodeKernel, GroupMember, Tuning};
 use crate::CudaError;
 
 pub(crate) struct GpuMatrix {
@@ -34,7 +33,7 @@ pub(crate) struct GpuMatrix {
     /// Whether cuBLAS over the f16 copy beat every matvec for one row (not in deterministic mode).
     pub(crate) decode_cublas: bool,
     /// The route of each decode batch of 2 to `routes::BATCH_TUNED_MAX_ROWS` rows, measured at load
-    /// (`launch::batch_routes`; all the matvec in deterministic mode).
+    /// (`tune::batch_routes`; all the matvec in deterministic mode).
     pub(crate) batch: routes::BatchRoutes,
     /// The ggml-layout rows the embedding kernel reads, kept beside `quantized` when that was
     /// repacked for the integer route: an embedding table that is also the output projection.

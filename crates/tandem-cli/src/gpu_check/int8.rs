@@ -11,7 +11,8 @@ use tandem_cuda::int8::{
     int8_format, mmq_takes, mmvq_group_into, mmvq_group_into_with, mmvq_into, quantize_act_into, repack,
     repacked_source, ActQuant, MmvqKernels, MmvqTarget,
 };
-use tandem_cuda::launch::{time_cold_and_hot, type_suffix};
+use tandem_cuda::launch::type_suffix;
+use tandem_cuda::tune::time_cold_and_hot;
 use tandem_cuda::Gpu;
 use tandem_gguf::GgmlType;
 
@@ -358,7 +359,7 @@ pub(super) fn int8_bench(
 }
 
 /// The 8B files' decode matvecs (variants as their load-time choices) timed from a flushed L2 and
-/// hot (`launch::time_cold_and_hot`).
+/// hot (`tune::time_cold_and_hot`).
 pub(super) fn l2_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let cases = [
