@@ -78,26 +78,7 @@ fn time_launches(
     flush: &mut L2Flush,
     f: &mut dyn FnMut() -> Result<(), CudaError>,
 ) -> Result<f64, CudaError> {
-    f()?;
-    let event = || {
-        driver(
-            "tuning event",
-            gpu.stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
-        )
-    };
-    let mut marks = Vec::with_capacity(TUNE_ITERS);
-    for _ in 0..TUNE_ITERS {
-        flush.launch(gpu)?;
-        let start = event()?;
-        f()?;
-        marks.push((start, event()?));
-    }
-    gpu.synchronize()?;
-    let mut ms = 0.0;
-    for (start, end) in &marks {
-        ms += driver("tuning elapsed", start.elapsed_ms(end))? as f64;
-    }
-    Ok(ms / 1e3)
+    time_with_input(gpu, flush, &mut |input| if input { Ok(()) } else { f() })
 }
 
 /// `time_launches` for a product whose input is made first, as in a decode step: `f(true)` makes the
@@ -257,53 +238,73 @@ pub(crate) fn tune_decode(
             })?,
             DecodeKernel::Float(_) => w,
         };
-        batch_routes(gpu, &mut flush, suffix, kernel, w, w16, rows, cols)?
+        batch_routes(gpu, &mut flush, suffix, kernel, &[Timed { rows, w, w16 }], cols)?
     };
     Ok(Tuning { kernel, cublas, batch })
 }
 
-/// For each batch of 2 to `routes::BATCH_TUNED_MAX_ROWS` rows, the fastest route this matrix has:
-/// `kernel` (its one-row choice, reading `w`) batched, `qmma` where it takes the matrix
-/// (`qmma::takes`), cuBLAS over the f16 copy `w16` where there is one, each timed with its input
-/// made just before (`time_with_input`). Only where there is a choice is anything timed. The
-/// batched matvec reads the quantized weights once but repeats its per-row
-/// work; qmma and cuBLAS barely grow with the rows (cuBLAS reads 4x the bytes of Q4 weights), so the
-/// winner depends on the shape and the rows.
-#[allow(clippy::too_many_arguments)]
+/// A matrix whose batch routes are timed: its rows, the weights its matvec kernel reads, and its f16
+/// copy where it has one.
+struct Timed<'a> {
+    rows: usize,
+    w: &'a CudaSlice<u8>,
+    w16: Option<&'a CudaView<'a, u16>>,
+}
+
+/// For each batch of 2 to `routes::BATCH_TUNED_MAX_ROWS` rows, the fastest route of `members`
+/// (one matrix, or a group reading one input and sharing `kernel`, timed as the group): `kernel`
+/// batched (one launch for a group), `qmma` where it takes every member (`qmma::takes`; one
+/// launch), cuBLAS over each member's f16 copy where all have one. Each is timed with its input
+/// made just before (`time_with_input`); only where there is a choice is anything timed. The batched
+/// matvec reads the quantized weights once but repeats its per-row work; qmma and cuBLAS barely grow
+/// with the rows (cuBLAS reads 4x the bytes of Q4 weights), so the winner depends on the shape and
+/// the rows.
 fn batch_routes(
     gpu: &Gpu,
     flush: &mut L2Flush,
     suffix: &str,
     kernel: DecodeKernel,
-    w: &CudaSlice<u8>,
-    w16: Option<&CudaView<'_, u16>>,
-    rows: usize,
+    members: &[Timed<'_>],
     cols: usize,
 ) -> Result<BatchRoutes, CudaError> {
-    let quant_mma = qmma::takes(&kernel, suffix, rows);
-    if w16.is_none() && !quant_mma {
+    let quant_mma = members.iter().all(|m| qmma::takes(&kernel, suffix, m.rows));
+    let f16: Option<Vec<&CudaView<'_, u16>>> = members.iter().map(|m| m.w16).collect();
+    if f16.is_none() && !quant_mma {
         return Ok(BatchRoutes::MATVEC);
     }
     let mut routes = [MatmulRoute::Matvec; routes::BATCH_TUNED_MAX_ROWS + 1];
     for t in 2..=routes::BATCH_TUNED_MAX_ROWS {
         let x = tuning_input(gpu, t * cols)?;
-        let mut out = gpu.alloc_out::<f32>(t * rows)?;
+        let mut outs = members
+            .iter()
+            .map(|m| gpu.alloc_out::<f32>(t * m.rows))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut best = match kernel {
             DecodeKernel::Int8 { fmt, variant } => {
                 let mut a = gpu.alloc_out::<u8>(fmt.bytes(t, cols))?;
-                let matvec = time_with_input(gpu, flush, &mut |input| match input {
-                    true => quantize_act_into(gpu, fmt, &x, t, cols, &mut a),
-                    false => mmvq_into(gpu, suffix, variant, w, &a, t, rows, cols, &mut out),
-                })?;
-                let mut best = (matvec, MatmulRoute::Matvec);
-                if quant_mma {
-                    let secs = time_with_input(gpu, flush, &mut |input| match input {
-                        true => quantize_act_into(gpu, fmt, &x, t, cols, &mut a),
-                        false => {
-                            let mut targets = [MmvqTarget { w, rows, out: &mut out }];
-                            qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols)
+                let mut one_launch = |qmma_route: bool| {
+                    time_with_input(gpu, flush, &mut |input| {
+                        if input {
+                            return quantize_act_into(gpu, fmt, &x, t, cols, &mut a);
                         }
-                    })?;
+                        let mut targets: Vec<MmvqTarget> = members
+                            .iter()
+                            .zip(outs.iter_mut())
+                            .map(|(m, out)| MmvqTarget {
+                                w: m.w,
+                                rows: m.rows,
+                                out,
+                            })
+                            .collect();
+                        match qmma_route {
+                            true => qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols),
+                            false => mmvq_group_into(gpu, suffix, variant, &mut targets, &a, t, cols),
+                        }
+                    })
+                };
+                let mut best = (one_launch(false)?, MatmulRoute::Matvec);
+                if quant_mma {
+                    let secs = one_launch(true)?;
                     if secs < best.0 {
                         best = (secs, MatmulRoute::QuantMma);
                     }
@@ -311,18 +312,28 @@ fn batch_routes(
                 best
             }
             DecodeKernel::Float(family) => {
-                let secs = time_with_input(gpu, flush, &mut |input| match input {
-                    true => Ok(()),
-                    false => matvec_into(gpu, family, suffix, w, &x, t, rows, cols, &mut out),
+                let secs = time_with_input(gpu, flush, &mut |input| {
+                    if input {
+                        return Ok(());
+                    }
+                    for (m, out) in members.iter().zip(outs.iter_mut()) {
+                        matvec_into(gpu, family, suffix, m.w, &x, t, m.rows, cols, out)?;
+                    }
+                    Ok(())
                 })?;
                 (secs, MatmulRoute::Matvec)
             }
         };
-        if let Some(w16) = w16 {
+        if let Some(f16) = &f16 {
             let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
-            let secs = time_with_input(gpu, flush, &mut |input| match input {
-                true => to_f16_into(gpu, &x.as_view(), &mut x16, t * cols),
-                false => gemm_f16_into(gpu, w16, &x16, t, rows, cols, &mut out),
+            let secs = time_with_input(gpu, flush, &mut |input| {
+                if input {
+                    return to_f16_into(gpu, &x.as_view(), &mut x16, t * cols);
+                }
+                for ((m, w16), out) in members.iter().zip(f16).zip(outs.iter_mut()) {
+                    gemm_f16_into(gpu, w16, &x16, t, m.rows, cols, out)?;
+                }
+                Ok(())
             })?;
             if secs < best.0 {
                 best = (secs, MatmulRoute::Gemm);
@@ -412,13 +423,11 @@ pub(crate) fn tune_group(
 }
 
 /// The batch routes of a group of matrices that read one input and share one integer kernel
-/// (`variant`; q, k and v, gate and up), timed as the group: its matvec and qmma routes take one
-/// launch for all members (`CudaBackend::matmul_group`), so a small member's own fastest route,
-/// timed alone, would take it out of that launch at a cost the timing alone does not see (the 8B's
-/// k and v leaving q's qmma launch for cuBLAS at 4-8 rows: 0.91x at 6 sequences, call c1 of the
-/// staged session). For each batch of 2 to `routes::BATCH_TUNED_MAX_ROWS` rows: one matvec launch,
-/// one qmma launch where it takes every member, or cuBLAS over each member's f16 copy where all
-/// have one.
+/// (`variant`; q, k and v, gate and up), timed as the group (`batch_routes`): its matvec and qmma
+/// routes take one launch for all members (`CudaBackend::matmul_group`), so a small member's own
+/// fastest route, timed alone, would take it out of that launch at a cost the timing alone does not
+/// see (the 8B's k and v leaving q's qmma launch for cuBLAS at 4-8 rows: 0.91x at 6 sequences, call
+/// c1 of the staged session).
 pub(crate) fn tune_group_batches(
     gpu: &Gpu,
     suffix: &str,
@@ -428,61 +437,22 @@ pub(crate) fn tune_group_batches(
     cols: usize,
 ) -> Result<BatchRoutes, CudaError> {
     let mut flush = l2_flush_buffer(gpu)?;
-    let weights = members
+    let timed = members
         .iter()
-        .map(|m| m.int8_layout(suffix))
-        .collect::<Result<Vec<_>, _>>()?;
-    let kernel = DecodeKernel::Int8 { fmt, variant };
-    let quant_mma = members.iter().all(|m| qmma::takes(&kernel, suffix, m.rows));
-    let f16: Option<Vec<&CudaView<'_, u16>>> = members.iter().map(|m| m.f16.as_ref()).collect();
-    let mut routes = [MatmulRoute::Matvec; routes::BATCH_TUNED_MAX_ROWS + 1];
-    for t in 2..=routes::BATCH_TUNED_MAX_ROWS {
-        let x = tuning_input(gpu, t * cols)?;
-        let mut a = gpu.alloc_out::<u8>(fmt.bytes(t, cols))?;
-        let mut outs = members
-            .iter()
-            .map(|m| gpu.alloc_out::<f32>(t * m.rows))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut one_launch = |qmma_route: bool| -> Result<f64, CudaError> {
-            time_with_input(gpu, &mut flush, &mut |input| {
-                if input {
-                    return quantize_act_into(gpu, fmt, &x, t, cols, &mut a);
-                }
-                let mut targets: Vec<MmvqTarget> = members
-                    .iter()
-                    .zip(&weights)
-                    .zip(outs.iter_mut())
-                    .map(|((m, w), out)| MmvqTarget { w, rows: m.rows, out })
-                    .collect();
-                match qmma_route {
-                    true => qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols),
-                    false => mmvq_group_into(gpu, suffix, variant, &mut targets, &a, t, cols),
-                }
+        .map(|m| {
+            Ok(Timed {
+                rows: m.rows,
+                w: m.int8_layout(suffix)?,
+                w16: m.f16.as_ref(),
             })
-        };
-        let mut best = (one_launch(false)?, MatmulRoute::Matvec);
-        if quant_mma {
-            let secs = one_launch(true)?;
-            if secs < best.0 {
-                best = (secs, MatmulRoute::QuantMma);
-            }
-        }
-        if let Some(f16) = &f16 {
-            let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
-            let secs = time_with_input(gpu, &mut flush, &mut |input| {
-                if input {
-                    return to_f16_into(gpu, &x.as_view(), &mut x16, t * cols);
-                }
-                for ((m, w16), out) in members.iter().zip(f16).zip(outs.iter_mut()) {
-                    gemm_f16_into(gpu, w16, &x16, t, m.rows, cols, out)?;
-                }
-                Ok(())
-            })?;
-            if secs < best.0 {
-                best = (secs, MatmulRoute::Gemm);
-            }
-        }
-        routes[t] = best.1;
-    }
-    Ok(BatchRoutes::from_fn(|t| routes[t]))
+        })
+        .collect::<Result<Vec<_>, CudaError>>()?;
+    batch_routes(
+        gpu,
+        &mut flush,
+        suffix,
+        DecodeKernel::Int8 { fmt, variant },
+        &timed,
+        cols,
+    )
 }
