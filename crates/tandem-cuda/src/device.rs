@@ -46,6 +46,17 @@ pub(crate) fn driver<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -
     })
 }
 
+/// Lets kernel `name` (`f`) take `bytes` of dynamic shared memory: above 48 KiB a kernel must opt in.
+pub(crate) fn allow_dynamic_shared(name: &str, f: &CudaFunction, bytes: usize) -> Result<(), CudaError> {
+    driver(
+        name,
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        ),
+    )
+}
+
 impl Gpu {
     /// Opens GPU `ordinal`, compiling (or loading from the disk cache) every kernel for its arch.
     pub fn new(ordinal: usize) -> Result<Gpu, CudaError> {

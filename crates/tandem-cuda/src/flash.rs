@@ -15,11 +15,10 @@
 use std::ops::Range;
 use std::rc::Rc;
 
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 use tandem_model::backend::AttendRows;
 
-use crate::device::{driver, Gpu};
+use crate::device::{allow_dynamic_shared, driver, Gpu};
 use crate::launch::{i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct};
 use crate::routes::first_key;
@@ -205,14 +204,7 @@ pub fn flash_attention_into(
     let name = v.kernel();
     let f = gpu.function(&name)?;
     let shared = v.shared_bytes();
-    // Above 48 KiB a kernel must opt in to its dynamic shared memory.
-    driver(
-        &name,
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            shared as i32,
-        ),
-    )?;
+    allow_dynamic_shared(&name, f, shared)?;
     let ints = |n: usize, what: &str| i32_of(n, what);
     let (t, nk, lo) = (
         ints(s.t, "t")?,

@@ -2,11 +2,10 @@
 //! quantized to int8 as the CPU backend quantizes them, weights repacked once into aligned blocks where
 //! their ggml layout is not, and matvecs that multiply the two with `dp4a` (or `mma.sync`).
 
-use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use tandem_gguf::GgmlType;
 
-use crate::device::{driver, Gpu};
+use crate::device::{allow_dynamic_shared, driver, Gpu};
 use crate::launch::{blocks, i32_of, launch_cfg};
 use crate::routes::MV_BATCH;
 use crate::CudaError;
@@ -454,16 +453,30 @@ pub fn mmvq_group_into_with(
     if let Some(nb) = staged_batch(suffix, variant, t, cols).filter(|_| kernels.staged_batch) {
         return staged_batch_into(gpu, suffix, variant, nb, targets, a, t, cols, total);
     }
-    let f = gpu.function(&name)?;
-    let mut cfg = launch_cfg((variant.blocks(total), blocks(t, per_block), 1), 128);
-    if variant.staged && t == 1 {
-        // As many blocks as are resident at once (and no more than one row group a warp).
-        let smem = staged_bytes(cols);
-        let per_sm = driver(&name, f.occupancy_max_active_blocks_per_multiprocessor(128, smem, None))?;
-        cfg.grid_dim.0 = cfg.grid_dim.0.min(per_sm.max(1) * gpu.sm_count);
-        cfg.shared_mem_bytes = smem as u32;
-    }
+    let cfg = if variant.staged && t == 1 {
+        // No more than one row group a warp.
+        resident_grid(gpu, &name, variant.blocks(total), 128, staged_bytes(cols))?
+    } else {
+        launch_cfg((variant.blocks(total), blocks(t, per_block), 1), 128)
+    };
     launch_grouped(gpu, &name, cfg, targets, a, t, cols)
+}
+
+/// A launch of kernel `name` for the staged kernels, which copy their input into `smem` bytes of
+/// shared memory once per block: at most `blocks` blocks of `threads`, and no more than are resident
+/// on the GPU at once, so no second wave of blocks copies the input again late.
+fn resident_grid(gpu: &Gpu, name: &str, blocks: u32, threads: u32, smem: usize) -> Result<LaunchConfig, CudaError> {
+    let f = gpu.function(name)?;
+    if smem > STAGED_MAX_BYTES {
+        allow_dynamic_shared(name, f, smem)?;
+    }
+    let per_sm = driver(
+        name,
+        f.occupancy_max_active_blocks_per_multiprocessor(threads, smem, None),
+    )?;
+    let mut cfg = launch_cfg((blocks.min(per_sm.max(1) * gpu.sm_count), 1, 1), threads);
+    cfg.shared_mem_bytes = smem as u32;
+    Ok(cfg)
 }
 
 /// A batch of `t` rows (at most `nb`) through the staged batch kernel `mmvqpb<nb>` of `variant`'s
@@ -481,27 +494,10 @@ fn staged_batch_into(
     total_rows: usize,
 ) -> Result<(), CudaError> {
     let name = variant.staged_batch_kernel(suffix, nb);
-    let f = gpu.function(&name)?;
-    let smem = t * staged_row_bytes(cols);
-    if smem > STAGED_MAX_BYTES {
-        // Above 48 KiB a kernel must opt in to its dynamic shared memory.
-        driver(
-            &name,
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            ),
-        )?;
-    }
-    let per_sm = driver(
-        &name,
-        f.occupancy_max_active_blocks_per_multiprocessor(STAGED_BATCH_THREADS, smem, None),
-    )?;
     let warps = (STAGED_BATCH_THREADS / 32) as usize;
     let groups = total_rows / variant.rows as usize;
-    let grid = blocks(groups, warps).min(per_sm.max(1) * gpu.sm_count);
-    let mut cfg = launch_cfg((grid, 1, 1), STAGED_BATCH_THREADS);
-    cfg.shared_mem_bytes = smem as u32;
+    let smem = t * staged_row_bytes(cols);
+    let cfg = resident_grid(gpu, &name, blocks(groups, warps), STAGED_BATCH_THREADS, smem)?;
     launch_grouped(gpu, &name, cfg, targets, a, t, cols)
 }
 
