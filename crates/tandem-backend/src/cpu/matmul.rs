@@ -10,8 +10,8 @@
 //!   are read as four long sequential streams (see `dot_rows`). With several activation rows,
 //!   chunks are small enough to stay in L2 while every activation row passes over them (float
 //!   weights then go through 4 × 4 register tiles of weight rows × activation rows, and legacy
-//!   types and K-quants at AVX-512 take activation rows four and two at a time, each decoded
-//!   weight block serving them all: `dot_rows_batch`).
+//!   types and K-quants at AVX-512 take activation rows four, three or two at a time, each
+//!   decoded weight block serving them all: `dot_rows_batch`).
 //! * **GEMM route** (AVX-512 VNNI, quantized weights, `t >= GEMM_MIN_T`): tasks are (chunk of
 //!   weight rows) × (span of activation groups); a task decodes its weight rows once and runs the
 //!   register-tiled microkernels of `dot::gemm_avx512` over them (each decoded weight byte is
@@ -433,8 +433,9 @@ fn row_route(
         let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(rows));
         let mut r = 0;
         while r < t {
-            // Activation rows in fours, threes and twos where the level has kernels that decode each weight
-            // block once for several rows (the chunk is read once for them all); one at a time else.
+            // Activation rows in fours, threes and twos where the level has kernels that decode each
+            // weight block once for several rows (the chunk is read once for them all); one at a
+            // time else.
             // SAFETY (both): validated sizes; this task alone writes columns j0..j1 of these rows.
             match unsafe { batch_pass(kernel, w, row_bytes, acts, r, t - r, j0, j1, outp) } {
                 0 => {

@@ -14,7 +14,7 @@
 //! Four weight rows are processed together against one activation row: the activation block is
 //! loaded once, and the four per-row integer sums are reduced together and combined in one
 //! 4-lane vector (lane-wise the same operations as the scalar chain of a single row). For a decode
-//! batch, the quantized kernels take two or four activation rows a pass (`dot4xn_legacy`,
+//! batch, the quantized kernels take two to four activation rows a pass (`dot4xn_legacy`,
 //! `dot4xn_kquant`, whose one-row cases are `dot4_legacy` and `dot4_kquant`): each weight block is
 //! decoded once for them all, and each row's outputs come from the one-row operations.
 
