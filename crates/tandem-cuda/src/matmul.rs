@@ -165,6 +165,7 @@ impl CudaModel {
                         })?
                     }
                     DecodeKernel::Int8 { fmt, variant } => {
+                        let variant = g.batch.matvec_variant(t, variant);
                         let buf = out.buf_mut()?;
                         self.with_quantized(x, fmt, |a| {
                             self.profiled(format_args!("matvec Int8 {shape}"), || {
@@ -190,9 +191,12 @@ impl CudaModel {
         // members of one type and width on the tensor cores (`None` in the key: any variant).
         let key = |j: usize| match (gs[j].decode, self.route(gs[j], t)) {
             (DecodeKernel::Int8 { fmt, .. }, MatmulRoute::QuantMma) => Some((fmt, None, gs[j].suffix, ms[j].cols)),
-            (DecodeKernel::Int8 { fmt, variant }, MatmulRoute::Matvec) => {
-                Some((fmt, Some(variant), gs[j].suffix, ms[j].cols))
-            }
+            (DecodeKernel::Int8 { fmt, variant }, MatmulRoute::Matvec) => Some((
+                fmt,
+                Some(gs[j].batch.matvec_variant(t, variant)),
+                gs[j].suffix,
+                ms[j].cols,
+            )),
             _ => None,
         };
         let mut outs: Vec<Option<GpuAct>> = ms.iter().map(|_| None).collect();

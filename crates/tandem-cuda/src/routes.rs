@@ -9,7 +9,8 @@
 //!   fastest for this matrix and row count at load (`BatchRoutes`, `tune::batch_routes`), among
 //!   `Matvec` batched (the quantized weights read once for all rows; K-quants copy the rows into
 //!   shared memory first, `int8::staged_batch`, other types apply each decoded weight unit to up to
-//!   8 rows), `QuantMma` for Q4_K (the same single read, the integer products on the tensor cores,
+//!   8 rows; on the integer variant of the one-row kernel's split that was fastest for that batch,
+//!   so each row keeps its lone bits), `QuantMma` for Q4_K (the same single read, the integer products on the tensor cores,
 //!   `qmma.rs`) and `Gemm` over the f16 copy (4x the bytes, on the tensor cores). The matvec's
 //!   instructions grow with the rows, the other two barely do, so which wins depends on the shape.
 //! - `t > BATCH_TUNED_MAX_ROWS` (prefill, larger decode batches): `Gemm` — tensor-core GEMM (cuBLAS,
@@ -45,7 +46,7 @@
 
 use tandem_model::kv::{ChunkRoute, RingPlacement};
 
-use crate::int8::ActQuant;
+use crate::int8::{ActQuant, MmvqVariant};
 
 /// Rows up to which a chunk takes the tile attention kernel rather than the flash kernel
 /// (`attention_route`; a decode batch of any size takes its batched form, one row a sequence).
@@ -139,42 +140,74 @@ pub enum MatmulRoute {
 /// A matrix's route for each batch of 2 to `BATCH_TUNED_MAX_ROWS` rows, as measured at load: which
 /// kernel wins moved with the shape and the rows on the 8B Q4_K_M (cuBLAS from 3 rows on its Q6_K
 /// down projection, from 4 on its Q6_K v, the tensor-core `qmma` on Q4_K from 2; graphs session,
-/// call c3), so a fixed row count per route left time on several shapes.
+/// call c3), so a fixed row count per route left time on several shapes. On the matvec route, also
+/// the integer variant a batch of that size takes where it differs from the one-row kernel's
+/// (`matvec_variant`): one of the same split, so each row keeps its lone bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BatchRoutes([MatmulRoute; BATCH_TUNED_MAX_ROWS - 1]);
+pub struct BatchRoutes {
+    routes: [MatmulRoute; BATCH_TUNED_MAX_ROWS - 1],
+    variants: [Option<MmvqVariant>; BATCH_TUNED_MAX_ROWS - 1],
+}
 
 impl BatchRoutes {
     /// Every batch on the matvec: deterministic mode, or a matrix with no other route to take.
-    pub const MATVEC: BatchRoutes = BatchRoutes([MatmulRoute::Matvec; BATCH_TUNED_MAX_ROWS - 1]);
+    pub const MATVEC: BatchRoutes = BatchRoutes {
+        routes: [MatmulRoute::Matvec; BATCH_TUNED_MAX_ROWS - 1],
+        variants: [None; BATCH_TUNED_MAX_ROWS - 1],
+    };
 
-    /// The routes `route(t)` gives for t = 2 ..= `BATCH_TUNED_MAX_ROWS`.
+    /// The routes `route(t)` gives for t = 2 ..= `BATCH_TUNED_MAX_ROWS`, each matvec batch on the
+    /// one-row kernel's variant.
     pub fn from_fn(mut route: impl FnMut(usize) -> MatmulRoute) -> Self {
-        BatchRoutes(std::array::from_fn(|i| route(i + 2)))
+        Self::with_variants(|t| (route(t), None))
+    }
+
+    /// The routes and matvec variants `choice(t)` gives for t = 2 ..= `BATCH_TUNED_MAX_ROWS` (a
+    /// variant is kept only with the matvec route).
+    pub fn with_variants(mut choice: impl FnMut(usize) -> (MatmulRoute, Option<MmvqVariant>)) -> Self {
+        let chosen: [(MatmulRoute, Option<MmvqVariant>); BATCH_TUNED_MAX_ROWS - 1] =
+            std::array::from_fn(|i| choice(i + 2));
+        BatchRoutes {
+            routes: chosen.map(|c| c.0),
+            variants: chosen.map(|(r, v)| v.filter(|_| r == MatmulRoute::Matvec)),
+        }
     }
 
     /// The route of `t` rows, 2 ..= `BATCH_TUNED_MAX_ROWS`.
     pub fn at(&self, t: usize) -> MatmulRoute {
-        self.0[t.clamp(2, BATCH_TUNED_MAX_ROWS) - 2]
+        self.routes[t.clamp(2, BATCH_TUNED_MAX_ROWS) - 2]
     }
 
-    /// Runs of rows and their route, for `--verbose`: `2-3 matvec, 4-8 qmma`.
+    /// The integer variant a matvec batch of `t` rows takes: the one measured for it, else `one_row`
+    /// (one row, batches past `BATCH_TUNED_MAX_ROWS`, or nothing measured).
+    pub fn matvec_variant(&self, t: usize, one_row: MmvqVariant) -> MmvqVariant {
+        match t {
+            2..=BATCH_TUNED_MAX_ROWS => self.variants[t - 2].unwrap_or(one_row),
+            _ => one_row,
+        }
+    }
+
+    /// Runs of rows and their route, for `--verbose`: `2-3 matvec, 4-8 qmma` (a matvec run on a
+    /// variant of its own names it: `2 matvec u2r2s1`).
     pub fn describe(&self) -> String {
-        let name = |r: MatmulRoute| match r {
-            MatmulRoute::Matvec => "matvec",
-            MatmulRoute::QuantMma => "qmma",
-            MatmulRoute::Gemm => "cuBLAS",
+        let name = |t: usize| match (self.at(t), self.variants[t - 2]) {
+            (MatmulRoute::Matvec, Some(v)) => format!("matvec {}", v.label()),
+            (MatmulRoute::Matvec, None) => "matvec".to_string(),
+            (MatmulRoute::QuantMma, _) => "qmma".to_string(),
+            (MatmulRoute::Gemm, _) => "cuBLAS".to_string(),
         };
-        let mut runs: Vec<(usize, usize, MatmulRoute)> = Vec::new();
+        let mut runs: Vec<(usize, usize, String)> = Vec::new();
         for t in 2..=BATCH_TUNED_MAX_ROWS {
+            let n = name(t);
             match runs.last_mut() {
-                Some(run) if run.2 == self.at(t) => run.1 = t,
-                _ => runs.push((t, t, self.at(t))),
+                Some(run) if run.2 == n => run.1 = t,
+                _ => runs.push((t, t, n)),
             }
         }
         runs.iter()
-            .map(|&(lo, hi, r)| match lo == hi {
-                true => format!("{lo} {}", name(r)),
-                false => format!("{lo}-{hi} {}", name(r)),
+            .map(|(lo, hi, r)| match lo == hi {
+                true => format!("{lo} {r}"),
+                false => format!("{lo}-{hi} {r}"),
             })
             .collect::<Vec<_>>()
             .join(", ")
@@ -438,6 +471,36 @@ mod tests {
         assert_eq!(matmul_route(3, true, false, &b), MatmulRoute::Matvec);
         assert_eq!(b.describe(), "2 matvec, 3-5 qmma, 6-8 cuBLAS");
         assert_eq!(BatchRoutes::MATVEC.describe(), "2-8 matvec");
+    }
+
+    #[test]
+    fn a_matvec_batch_takes_the_variant_measured_for_its_rows_and_else_the_one_rows() {
+        let one = MmvqVariant {
+            unroll: 1,
+            rows: 2,
+            split: 1,
+            staged: true,
+        };
+        let u2 = MmvqVariant {
+            unroll: 2,
+            rows: 2,
+            split: 1,
+            staged: false,
+        };
+        let b = BatchRoutes::with_variants(|t| match t {
+            2 => (MatmulRoute::Matvec, None),
+            3..=4 => (MatmulRoute::Matvec, Some(u2)),
+            // A variant beside another route is dropped.
+            _ => (MatmulRoute::QuantMma, Some(u2)),
+        });
+        assert_eq!(b.matvec_variant(2, one), one);
+        assert_eq!(b.matvec_variant(3, one), u2);
+        assert_eq!(b.matvec_variant(4, one), u2);
+        assert_eq!(b.matvec_variant(5, one), one);
+        assert_eq!(b.matvec_variant(1, one), one);
+        assert_eq!(b.matvec_variant(BATCH_TUNED_MAX_ROWS + 1, one), one);
+        assert_eq!(b.describe(), "2 matvec, 3-4 matvec u2r2s1, 5-8 qmma");
+        assert_eq!(BatchRoutes::MATVEC.matvec_variant(4, one), one);
     }
 
     #[test]

@@ -272,7 +272,8 @@ fn batch_routes(
     if f16.is_none() && !quant_mma {
         return Ok(BatchRoutes::MATVEC);
     }
-    let mut routes = [MatmulRoute::Matvec; routes::BATCH_TUNED_MAX_ROWS + 1];
+    let mut routes = [(MatmulRoute::Matvec, None); routes::BATCH_TUNED_MAX_ROWS + 1];
+    let rows: Vec<usize> = members.iter().map(|m| m.rows).collect();
     for t in 2..=routes::BATCH_TUNED_MAX_ROWS {
         let x = tuning_input(gpu, t * cols)?;
         let mut outs = members
@@ -282,7 +283,9 @@ fn batch_routes(
         let mut best = match kernel {
             DecodeKernel::Int8 { fmt, variant } => {
                 let mut a = gpu.alloc_out::<u8>(fmt.bytes(t, cols))?;
-                let mut one_launch = |qmma_route: bool| {
+                // `None`: the one-row variant batched; `Some(Some(v))`: variant v batched;
+                // `Some(None)`: qmma.
+                let mut one_launch = |candidate: Option<Option<MmvqVariant>>| {
                     time_with_input(gpu, flush, &mut |input| {
                         if input {
                             return quantize_act_into(gpu, fmt, &x, t, cols, &mut a);
@@ -296,17 +299,24 @@ fn batch_routes(
                                 out,
                             })
                             .collect();
-                        match qmma_route {
-                            true => qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols),
-                            false => mmvq_group_into(gpu, suffix, variant, &mut targets, &a, t, cols),
+                        match candidate {
+                            Some(None) => qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols),
+                            Some(Some(v)) => mmvq_group_into(gpu, suffix, v, &mut targets, &a, t, cols),
+                            None => mmvq_group_into(gpu, suffix, variant, &mut targets, &a, t, cols),
                         }
                     })
                 };
-                let mut best = (one_launch(false)?, MatmulRoute::Matvec);
-                if quant_mma {
-                    let secs = one_launch(true)?;
+                let mut best = (one_launch(None)?, MatmulRoute::Matvec, None);
+                for other in batch_variants(suffix, variant, &rows, cols) {
+                    let secs = one_launch(Some(Some(other)))?;
                     if secs < best.0 {
-                        best = (secs, MatmulRoute::QuantMma);
+                        best = (secs, MatmulRoute::Matvec, Some(other));
+                    }
+                }
+                if quant_mma {
+                    let secs = one_launch(Some(None))?;
+                    if secs < best.0 {
+                        best = (secs, MatmulRoute::QuantMma, None);
                     }
                 }
                 best
@@ -321,7 +331,7 @@ fn batch_routes(
                     }
                     Ok(())
                 })?;
-                (secs, MatmulRoute::Matvec)
+                (secs, MatmulRoute::Matvec, None)
             }
         };
         if let Some(f16) = &f16 {
@@ -336,12 +346,28 @@ fn batch_routes(
                 Ok(())
             })?;
             if secs < best.0 {
-                best = (secs, MatmulRoute::Gemm);
+                best = (secs, MatmulRoute::Gemm, None);
             }
         }
-        routes[t] = best.1;
+        routes[t] = (best.1, best.2);
     }
-    Ok(BatchRoutes::from_fn(|t| routes[t]))
+    Ok(BatchRoutes::with_variants(|t| routes[t]))
+}
+
+/// The other integer variants a batch of a matrix (or group) on `chosen` may take: those of its split,
+/// so a batch row keeps the bits it has alone, each batched kernel once (a staged and an unstaged
+/// one-row variant of one unroll and rows share their batched kernels). A batch's work per weight
+/// grows with its rows, so the loads in flight that suit one row (`chosen`) may not suit it.
+fn batch_variants(suffix: &str, chosen: MmvqVariant, rows: &[usize], cols: usize) -> Vec<MmvqVariant> {
+    let mut seen = vec![(chosen.unroll, chosen.rows)];
+    let mut out = Vec::new();
+    for v in offered(suffix, rows, cols, false) {
+        if v.split == chosen.split && !seen.contains(&(v.unroll, v.rows)) {
+            seen.push((v.unroll, v.rows));
+            out.push(v);
+        }
+    }
+    out
 }
 
 /// A member of a group of matrices reading one input, as tuned alone.
