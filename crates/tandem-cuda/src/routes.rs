@@ -10,8 +10,8 @@
 //!   `Matvec` batched (the quantized weights read once for all rows; K-quants copy the rows into
 //!   shared memory first, `int8::staged_batch`, other types apply each decoded weight unit to up to
 //!   8 rows; on the integer variant of the one-row kernel's split that was fastest for that batch,
-//!   so each row keeps its lone bits), `QuantMma` for Q4_K (the same single read, the integer products on the tensor cores,
-//!   `qmma.rs`) and `Gemm` over the f16 copy (4x the bytes, on the tensor cores). The matvec's
+//!   so each row keeps its lone bits), `QuantMma` for Q4_K (the same single read, the integer
+//!   products on the tensor cores, `qmma.rs`) and `Gemm` over the f16 copy (4x the bytes, on the tensor cores). The matvec's
 //!   instructions grow with the rows, the other two barely do, so which wins depends on the shape.
 //! - `t > BATCH_TUNED_MAX_ROWS` (prefill, larger decode batches): `Gemm` — tensor-core GEMM (cuBLAS,
 //!   f16 operands, f32 accumulation) over an f16 copy of the weights made at load; prefill is

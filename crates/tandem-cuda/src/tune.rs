@@ -283,9 +283,8 @@ fn batch_routes(
         let mut best = match kernel {
             DecodeKernel::Int8 { fmt, variant } => {
                 let mut a = gpu.alloc_out::<u8>(fmt.bytes(t, cols))?;
-                // `None`: the one-row variant batched; `Some(Some(v))`: variant v batched;
-                // `Some(None)`: qmma.
-                let mut one_launch = |candidate: Option<Option<MmvqVariant>>| {
+                // `Some(v)`: variant v batched; `None`: qmma.
+                let mut one_launch = |matvec: Option<MmvqVariant>| {
                     time_with_input(gpu, flush, &mut |input| {
                         if input {
                             return quantize_act_into(gpu, fmt, &x, t, cols, &mut a);
@@ -299,22 +298,21 @@ fn batch_routes(
                                 out,
                             })
                             .collect();
-                        match candidate {
-                            Some(None) => qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols),
-                            Some(Some(v)) => mmvq_group_into(gpu, suffix, v, &mut targets, &a, t, cols),
-                            None => mmvq_group_into(gpu, suffix, variant, &mut targets, &a, t, cols),
+                        match matvec {
+                            Some(v) => mmvq_group_into(gpu, suffix, v, &mut targets, &a, t, cols),
+                            None => qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols),
                         }
                     })
                 };
-                let mut best = (one_launch(None)?, MatmulRoute::Matvec, None);
+                let mut best = (one_launch(Some(variant))?, MatmulRoute::Matvec, None);
                 for other in batch_variants(suffix, variant, &rows, cols) {
-                    let secs = one_launch(Some(Some(other)))?;
+                    let secs = one_launch(Some(other))?;
                     if secs < best.0 {
                         best = (secs, MatmulRoute::Matvec, Some(other));
                     }
                 }
                 if quant_mma {
-                    let secs = one_launch(Some(None))?;
+                    let secs = one_launch(None)?;
                     if secs < best.0 {
                         best = (secs, MatmulRoute::QuantMma, None);
                     }
