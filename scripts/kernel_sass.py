@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compiles one of Tandem's kernel files with NVRTC for sm_90 (as the CUDA backend does: common.cuh
+"""Compiles one of Tandem's kernel files with NVRTC for sm_90 (sm_90a for flash.cu; as the CUDA backend does: common.cuh
 and the file's headers first, the same options) and disassembles it with nvdisasm: per kernel, its
 SASS instruction count, global loads, and local-memory loads and stores (LDL/STL: a spilled
 register, or an array indexed by a runtime value, which costs a memory round trip). No GPU needed.
@@ -21,9 +21,17 @@ import tempfile
 
 KERNELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "tandem-cuda", "src", "kernels")
 # The headers each file takes after common.cuh (crates/tandem-cuda/src/nvrtc.rs: `headers`).
-HEADERS = {"mmvq.cu": ["int8.cuh"], "mmq.cu": ["int8.cuh"], "qmma.cu": ["int8.cuh"], "attention.cu": ["tiles.cuh"]}
+HEADERS = {
+    "mmvq.cu": ["int8.cuh"],
+    "mmq.cu": ["int8.cuh"],
+    "qmma.cu": ["int8.cuh"],
+    "attention.cu": ["tiles.cuh"],
+    "flash.cu": ["wgmma.cuh"],
+}
+# Files compiled for Hopper's arch-specific target (`KernelFile::arch_features`).
+ARCH_FEATURES = {"flash.cu"}
 # The backend's options (crates/tandem-cuda/src/nvrtc.rs: OPTIONS, then the architecture).
-OPTIONS = [b"--std=c++17", b"--fmad=true", b"--gpu-architecture=sm_90"]
+OPTIONS = [b"--std=c++17", b"--fmad=true"]
 
 
 def compile_cubin(name):
@@ -37,8 +45,10 @@ def compile_cubin(name):
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src, name.encode(), 0, None, None) != 0:
         sys.exit("nvrtcCreateProgram failed")
-    opts = (ctypes.c_char_p * len(OPTIONS))(*OPTIONS)
-    status = lib.nvrtcCompileProgram(prog, len(OPTIONS), opts)
+    arch = b"sm_90a" if name in ARCH_FEATURES else b"sm_90"
+    options = OPTIONS + [b"--gpu-architecture=" + arch]
+    opts = (ctypes.c_char_p * len(options))(*options)
+    status = lib.nvrtcCompileProgram(prog, len(options), opts)
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
     log = ctypes.create_string_buffer(size.value)

@@ -102,7 +102,7 @@ impl Gpu {
         let mut modules = Vec::new();
         let trace = trace::wanted();
         for file in nvrtc::ALL {
-            let bin = nvrtc::cubin(&file, &arch, trace.is_some())?;
+            let bin = nvrtc::cubin(&file, &file.target(&arch), trace.is_some())?;
             let module = driver(&format!("load {}", file.name), ctx.load_module(Ptx::from_binary(bin)))?;
             for name in kernel_names(file.body) {
                 let f = driver(&format!("load kernel {name}"), module.load_function(&name))?;
@@ -230,6 +230,8 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         ("QMMA", [t, b]) => vec![format!("qmma_{t}_b{b}")],
         // FLASH_ENTRY(head size, key tile, m-tiles, r|s): the prefill attention variants.
         ("FLASH_ENTRY", [d, k, m, q]) => vec![format!("flash_prefill_d{d}_k{k}_m{m}_{q}")],
+        // FLASH_WG_ENTRY(head size, key tile, warpgroups): the warpgroup variants (sm_90).
+        ("FLASH_WG_ENTRY", [d, k, g]) => vec![format!("flash_prefill_d{d}_k{k}_m{g}_w")],
         _ => return None,
     })
 }
@@ -308,14 +310,28 @@ mod tests {
         let flash = kernel_names(nvrtc::FLASH.body);
         let table: Vec<String> = crate::flash::VARIANTS.iter().map(|v| v.kernel()).collect();
         assert_eq!(flash, table);
-        for d in [32, 64, 128, 256] {
-            for t in [9, 512, 4096] {
-                assert_eq!(crate::flash::chosen(d, t).map(|v| v.head_dim), Some(d));
+        use crate::flash::{chosen, Products};
+        for major in [8, 9] {
+            for d in [32, 64, 128, 256] {
+                for t in [9, 512, 4096] {
+                    let v = chosen(d, t, major).unwrap();
+                    assert_eq!(v.head_dim, d);
+                    assert!(v.runs_on(major));
+                }
             }
         }
-        assert_eq!(crate::flash::chosen(128, 4096).map(|v| v.m_tiles), Some(2));
-        assert_eq!(crate::flash::chosen(128, 512).map(|v| v.m_tiles), Some(1));
-        assert_eq!(crate::flash::chosen(96, 512), None);
+        assert_eq!(chosen(128, 4096, 8).map(|v| v.m_tiles), Some(2));
+        assert_eq!(chosen(128, 512, 8).map(|v| v.m_tiles), Some(1));
+        assert_eq!(
+            chosen(128, 512, 9).map(|v| (v.products, v.m_tiles, v.key_tile)),
+            Some((Products::Warpgroup, 2, 128))
+        );
+        assert_eq!(
+            chosen(128, 64, 9).map(|v| (v.products, v.m_tiles, v.key_tile)),
+            Some((Products::Warpgroup, 1, 64))
+        );
+        assert_eq!(chosen(256, 512, 9).map(|v| v.products), Some(Products::QInRegisters));
+        assert_eq!(chosen(96, 512, 9), None);
         let quant = kernel_names(nvrtc::QUANT.body);
         assert!(quant.contains(&"matvec_q4_k".to_string()));
         assert!(quant.contains(&"dequant_f16_q6_k".to_string()));

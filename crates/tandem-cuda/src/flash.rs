@@ -1,8 +1,9 @@
 //! Prefill attention on the tensor cores (`kernels/flash.cu`), for chunks longer than
-//! `MATVEC_MAX_ROWS` outside deterministic mode (`routes::attention_route`): a block takes 64 queries
-//! of one head (128 in chunks of `TWO_M_TILES_FROM` rows or more, for 128-wide heads: `chosen`) and
-//! walks the key tiles they may see with a running softmax, so the scores never leave the chip and
-//! each key row is read once per block.
+//! `MATVEC_MAX_ROWS` outside deterministic mode (`routes::attention_route`): a block takes 64 or 128
+//! queries of one head and walks the key tiles they may see with a running softmax, so the scores
+//! never leave the chip and each key row is read once per block. Its products are `mma.sync` by each
+//! warp, or on sm_90 (128-wide heads) `wgmma` by each warpgroup, K and V read by the tensor cores
+//! from shared memory (`Products`; `chosen` picks by head size, chunk length and GPU).
 //!
 //! Which key tiles each query tile reads, and which of them the causal or window edge cuts through,
 //! is the chunk's *plan* (`plan`): made on the host once per chunk and key range, uploaded once, and
@@ -24,60 +25,106 @@ use crate::model::{CudaModel, GpuAct};
 use crate::routes::first_key;
 use crate::CudaError;
 
-/// Threads per block (`FA_THREADS` in `kernels/flash.cu`): four warps.
-const THREADS: u32 = 128;
+/// How a variant's products run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Products {
+    /// `mma.sync` by each warp, its Q fragments in registers.
+    QInRegisters,
+    /// `mma.sync` by each warp, Q read from shared memory at each step.
+    QInShared,
+    /// `wgmma` by each warpgroup (`m_tiles` of them a block), K and V read from shared memory by the
+    /// tensor cores (sm_90), a tile's softmax running while they do the previous tile's P·V.
+    Warpgroup,
+}
 
-/// One compiled form of the kernel (`FLASH_ENTRY` in `kernels/flash.cu`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One compiled form of the kernel (`FLASH_ENTRY`, `FLASH_WG_ENTRY` in `kernels/flash.cu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FlashVariant {
     pub head_dim: usize,
     /// Keys a tile.
     pub key_tile: usize,
     /// m-tiles of 16 query rows a warp: each K and V fragment loaded serves all of them.
     pub m_tiles: usize,
-    /// The warp's Q fragments stay in registers (else they are read from shared memory at each step).
-    pub q_in_registers: bool,
+    pub products: Products,
 }
 
 impl FlashVariant {
     pub fn kernel(&self) -> String {
-        let q = if self.q_in_registers { 'r' } else { 's' };
+        let form = match self.products {
+            Products::QInRegisters => 'r',
+            Products::QInShared => 's',
+            Products::Warpgroup => 'w',
+        };
         format!(
-            "flash_prefill_d{}_k{}_m{}_{q}",
+            "flash_prefill_d{}_k{}_m{}_{form}",
             self.head_dim, self.key_tile, self.m_tiles
         )
     }
 
-    /// Query rows a block takes: four warps of `m_tiles` times 16.
+    /// Query rows a block takes: four warps of `m_tiles` times 16, or `m_tiles` warpgroups of 64.
     pub fn query_tile(&self) -> usize {
         64 * self.m_tiles
     }
 
-    /// Dynamic shared memory: K and V tiles, and the block's queries unless in registers, rows padded
-    /// by 8 halves.
+    /// Threads a block: four warps, or four a warpgroup.
+    pub fn threads(&self) -> u32 {
+        if self.warpgroup() {
+            128 * self.m_tiles as u32
+        } else {
+            128
+        }
+    }
+
+    fn warpgroup(&self) -> bool {
+        self.products == Products::Warpgroup
+    }
+
+    /// Whether the variant runs on a GPU of compute capability `major` (the warpgroup products exist
+    /// on sm_90 only; elsewhere their entry points trap).
+    pub fn runs_on(&self, major: i32) -> bool {
+        !self.warpgroup() || major == 9
+    }
+
+    /// Dynamic shared memory. The warp forms: K and V tiles, and the block's queries unless in
+    /// registers, rows padded by 8 halves. The warpgroup form: K and V tiles in two stages, unpadded
+    /// (the probe with room for the reads its swapped strides reach).
     pub fn shared_bytes(&self) -> usize {
-        let rows = 2 * self.key_tile + if self.q_in_registers { 0 } else { self.query_tile() };
-        rows * (self.head_dim + 8) * 2
+        let tile = self.key_tile * self.head_dim * 2;
+        match self.products {
+            Products::Warpgroup => 4 * tile,
+            Products::QInRegisters | Products::QInShared => {
+                let rows = 2 * self.key_tile
+                    + if self.products == Products::QInShared {
+                        self.query_tile()
+                    } else {
+                        0
+                    };
+                rows * (self.head_dim + 8) * 2
+            }
+        }
     }
 }
 
-const fn variant(head_dim: usize, key_tile: usize, m_tiles: usize, q_in_registers: bool) -> FlashVariant {
+const fn variant(head_dim: usize, key_tile: usize, m_tiles: usize, products: Products) -> FlashVariant {
     FlashVariant {
         head_dim,
         key_tile,
         m_tiles,
-        q_in_registers,
+        products,
     }
 }
 
 /// Every compiled variant, in `kernels/flash.cu` order. 256-wide heads take 32 keys a tile so that
 /// their accumulators fit in registers; two m-tiles a warp need Q in shared memory for the same reason.
-pub const VARIANTS: [FlashVariant; 5] = [
-    variant(32, 64, 1, true),
-    variant(64, 64, 1, true),
-    variant(128, 64, 1, true),
-    variant(128, 64, 2, false),
-    variant(256, 32, 1, true),
+pub const VARIANTS: [FlashVariant; 8] = [
+    variant(32, 64, 1, Products::QInRegisters),
+    variant(64, 64, 1, Products::QInRegisters),
+    variant(128, 64, 1, Products::QInRegisters),
+    variant(128, 64, 2, Products::QInShared),
+    variant(256, 32, 1, Products::QInRegisters),
+    variant(128, 64, 1, Products::Warpgroup),
+    variant(128, 64, 2, Products::Warpgroup),
+    variant(128, 128, 2, Products::Warpgroup),
 ];
 
 /// Chunks from which 128-wide heads take two m-tiles a warp. Measured on the H200 (Llama-3-8B shape,
@@ -85,14 +132,25 @@ pub const VARIANTS: [FlashVariant; 5] = [
 /// last 512 rows of 4096, where 128-row blocks are too few (4 per head) to keep every SM busy.
 pub const TWO_M_TILES_FROM: usize = 2048;
 
-/// The variant prefill attention takes for a head size and a chunk of `t` rows (`None`: no kernel
-/// for that head size).
-pub fn chosen(head_dim: usize, t: usize) -> Option<FlashVariant> {
-    let m_tiles = if head_dim == 128 && t >= TWO_M_TILES_FROM { 2 } else { 1 };
-    VARIANTS
-        .iter()
-        .copied()
-        .find(|v| v.head_dim == head_dim && v.m_tiles == m_tiles)
+/// The variant prefill attention takes for a head size and a chunk of `t` rows on a GPU of compute
+/// capability `major` (`None`: no kernel for that head size).
+pub fn chosen(head_dim: usize, t: usize, major: i32) -> Option<FlashVariant> {
+    let wanted = |v: &FlashVariant| {
+        if !v.runs_on(major) || v.head_dim != head_dim {
+            return false;
+        }
+        if head_dim == 128 && major == 9 {
+            // Two warpgroups over 128-key tiles, measured fastest on the H200 (tandem gpu-check
+            // --bench-flash: 529 µs for 4096 rows from position 0 against 557 at 64-key tiles and 620
+            // for `mma.sync`'s best; 117 against 130 and 154 for the last 512 of 4096); chunks of at
+            // most 64 rows take one warpgroup, whose 64-row blocks leave no query rows idle.
+            let (warpgroups, keys) = if t <= 64 { (1, 64) } else { (2, 128) };
+            return v.products == Products::Warpgroup && v.m_tiles == warpgroups && v.key_tile == keys;
+        }
+        let m_tiles = if head_dim == 128 && t >= TWO_M_TILES_FROM { 2 } else { 1 };
+        v.m_tiles == m_tiles && !v.warpgroup()
+    };
+    VARIANTS.iter().copied().find(wanted)
 }
 
 /// The keys a chunk reads: logical positions `lo .. lo + n`, at physical rows `phys .. phys + n`.
@@ -236,7 +294,7 @@ pub fn flash_attention_into(
     let grid = (s.t.div_ceil(v.query_tile()) as u32, s.n_head as u32, 1);
     let cfg = LaunchConfig {
         shared_mem_bytes: shared as u32,
-        ..launch_cfg(grid, THREADS)
+        ..launch_cfg(grid, v.threads())
     };
     driver(&name, unsafe { b.launch(cfg) })?;
     Ok(())
@@ -287,7 +345,8 @@ impl CudaModel {
     ) -> Result<(), CudaError> {
         let c = &self.cpu.config;
         let (qw, kvw) = (c.q_width(), c.kv_width());
-        let variant = chosen(c.head_dim, rows.len()).ok_or(CudaError::UnsupportedHeadDim(c.head_dim))?;
+        let variant =
+            chosen(c.head_dim, rows.len(), self.gpu.major).ok_or(CudaError::UnsupportedHeadDim(c.head_dim))?;
         let plan = self.flash_plan(positions, window, keys, variant)?;
         let pos = self.param(positions, "position")?;
         let shape = FlashShape {

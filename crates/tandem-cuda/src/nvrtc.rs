@@ -33,29 +33,52 @@ pub const TILES: Header = Header {
     body: include_str!("kernels/tiles.cuh"),
 };
 
+/// Hopper's warpgroup products (`wgmma`), for files compiled with `arch_features`.
+pub const WGMMA: Header = Header {
+    name: "wgmma.cuh",
+    body: include_str!("kernels/wgmma.cuh"),
+};
+
 /// One compilation unit: a name (for logs and the cache), the headers it takes after `common.cuh`,
-/// and its body.
+/// its body, and whether it uses features of one architecture only (`target`).
 #[derive(Clone, Copy, Debug)]
 pub struct KernelFile {
     pub name: &'static str,
     pub headers: &'static [Header],
     pub body: &'static str,
+    pub arch_features: bool,
+}
+
+impl KernelFile {
+    /// What NVRTC compiles this file for on a GPU of `arch`: Hopper's arch-specific target
+    /// (`sm_90a`, which has `wgmma`) for files that use its features, else `arch` itself. An sm_90a
+    /// binary runs only on sm_90 GPUs, which is where it is made.
+    pub fn target(&self, arch: &str) -> String {
+        if self.arch_features && arch == "sm_90" {
+            "sm_90a".to_string()
+        } else {
+            arch.to_string()
+        }
+    }
 }
 
 pub const QUANT: KernelFile = KernelFile {
     name: "quant.cu",
     headers: &[],
     body: include_str!("kernels/quant.cu"),
+    arch_features: false,
 };
 pub const OPS: KernelFile = KernelFile {
     name: "ops.cu",
     headers: &[],
     body: include_str!("kernels/ops.cu"),
+    arch_features: false,
 };
 pub const ATTENTION: KernelFile = KernelFile {
     name: "attention.cu",
     headers: &[TILES],
     body: include_str!("kernels/attention.cu"),
+    arch_features: false,
 };
 
 /// The integer matvecs of decode (and of batched rows), their activation quantizers and repacks.
@@ -63,6 +86,7 @@ pub const MMVQ: KernelFile = KernelFile {
     name: "mmvq.cu",
     headers: &[INT8],
     body: include_str!("kernels/mmvq.cu"),
+    arch_features: false,
 };
 
 /// The integer matvecs' sums on the tensor cores, for deterministic prefill chunks.
@@ -70,6 +94,7 @@ pub const MMQ: KernelFile = KernelFile {
     name: "mmq.cu",
     headers: &[INT8],
     body: include_str!("kernels/mmq.cu"),
+    arch_features: false,
 };
 
 /// Decode batches on the tensor cores in default mode: the quantized weights read once for every row.
@@ -77,12 +102,14 @@ pub const QMMA: KernelFile = KernelFile {
     name: "qmma.cu",
     headers: &[INT8],
     body: include_str!("kernels/qmma.cu"),
+    arch_features: false,
 };
 
 pub const FLASH: KernelFile = KernelFile {
     name: "flash.cu",
-    headers: &[],
+    headers: &[WGMMA],
     body: include_str!("kernels/flash.cu"),
+    arch_features: true,
 };
 
 pub const ALL: [KernelFile; 7] = [QUANT, MMVQ, MMQ, QMMA, OPS, ATTENTION, FLASH];
@@ -267,6 +294,15 @@ mod tests {
         assert_eq!(arch_name(9, 0), "sm_90");
         assert_eq!(arch_name(8, 6), "sm_86");
     }
+
+    #[test]
+    fn only_files_with_arch_features_take_hopper_s_arch_specific_target() {
+        assert_eq!(FLASH.target("sm_90"), "sm_90a");
+        assert_eq!(FLASH.target("sm_89"), "sm_89");
+        assert_eq!(OPS.target("sm_90"), "sm_90");
+        // The warpgroup kernels are compiled only where their header's guard holds.
+        assert!(assemble(&FLASH).contains("__CUDA_ARCH_FEAT_SM90_ALL"));
+    }
 }
 
 /// Compiles every kernel file for sm_90 wherever NVRTC can be loaded (it needs no GPU). CI installs it
@@ -279,7 +315,7 @@ mod compile_tests {
     #[test]
     fn every_kernel_file_compiles_for_hopper() {
         for (f, source) in ALL.iter().flat_map(|f| [(f, assemble(f)), (f, assemble_traced(f))]) {
-            match compile(&source, f.name, "sm_90") {
+            match compile(&source, f.name, &f.target("sm_90")) {
                 Ok(bin) => assert!(bin.len() > 1000, "{}: cubin of {} bytes", f.name, bin.len()),
                 Err(CudaError::Unavailable(why)) => {
                     assert!(std::env::var_os("TANDEM_REQUIRE_NVRTC").is_none(), "{why}");

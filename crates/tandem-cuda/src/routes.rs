@@ -33,10 +33,11 @@
 //!   launch (`kernels/attention.cu`); the merge also writes the output projection's int8 input. A
 //!   query meets the same tiles in the same order however it is chunked, so this is the bit-exact
 //!   route; each query reads its keys itself, which is what a single decode query needs anyway.
-//! - `t > MATVEC_MAX_ROWS` (prefill): `Flash` — blocks of 64 queries (128 in long chunks, where there
-//!   are blocks enough to fill the GPU: `flash::chosen`) walk the key tiles with a running softmax,
-//!   Q·Kᵀ and P·V on the tensor cores, the scores kept on chip (`flash.rs`): each key is read once per
-//!   block, and tiles wholly outside the causal triangle or the window are never
+//! - `t > MATVEC_MAX_ROWS` (prefill): `Flash` — blocks of 64 or 128 queries (`flash::chosen`: on
+//!   sm_90, 128-wide heads take two warpgroups' `wgmma` products over 128-key tiles, chunks of up to
+//!   64 rows one warpgroup; elsewhere `mma.sync` warps, 128 queries in long chunks) walk the key tiles
+//!   with a running softmax, Q·Kᵀ and P·V on the tensor cores, the scores kept on chip (`flash.rs`):
+//!   each key is read once per block, and tiles wholly outside the causal triangle or the window are never
 //!   visited (the chunk's tile plan, made once and shared by its layers). It needs the chunk's keys
 //!   contiguous in the buffer; where a ring wraps inside them, the chunk takes `Tiles`.
 //!

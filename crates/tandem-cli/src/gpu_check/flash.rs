@@ -77,7 +77,10 @@ pub(super) fn flash_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Re
         },
     ];
     for c in cases {
-        for v in VARIANTS.iter().filter(|v| v.head_dim == c.head_dim) {
+        for v in VARIANTS
+            .iter()
+            .filter(|v| v.head_dim == c.head_dim && v.runs_on(gpu.major))
+        {
             check_case(gpu, rng, &c, *v, table)?;
         }
     }
@@ -200,7 +203,7 @@ pub(super) fn flash_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
         let pairs: f64 = inp.positions.iter().map(|&p| (p + 1) as f64).sum();
         let flops = pairs * 4.0 * 128.0 * 32.0;
         let mut out = gpu.upload(&vec![0f32; q.len()])?;
-        for v in VARIANTS.iter().filter(|v| v.head_dim == 128) {
+        for v in VARIANTS.iter().filter(|v| v.head_dim == 128 && v.runs_on(gpu.major)) {
             let plan = plan_for(gpu, &c, *v, &inp)?;
             launch(gpu, &c, *v, &inp, &plan, &mut out)?;
             gpu.synchronize()?;
@@ -211,7 +214,11 @@ pub(super) fn flash_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
             }
             gpu.synchronize()?;
             let secs = start.elapsed().as_secs_f64() / reps as f64;
-            let picked = if chosen(128, t) == Some(*v) { " (chosen)" } else { "" };
+            let picked = if chosen(128, t, gpu.major) == Some(*v) {
+                " (chosen)"
+            } else {
+                ""
+            };
             table.push(Row {
                 check: format!("flash timing {}{picked}, {t} queries after {prefix}", v.kernel()),
                 result: format!("{:.1} us, {:.0} TFLOP/s", secs * 1e6, flops / secs / 1e12),

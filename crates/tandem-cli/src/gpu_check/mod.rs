@@ -86,6 +86,9 @@ pub struct GpuCheckArgs {
     /// an overlapping decode step's latency-bound work would pay: docs/OVERLAPPED-DECODE.md).
     #[arg(long)]
     pub bench_latency: bool,
+    /// Leave the kernel checks out (only what the other flags ask for runs: a benchmark, a model).
+    #[arg(long)]
+    pub no_kernel_checks: bool,
     /// The kernel checks' random seed, to run again the inputs of a failed check (each run prints
     /// its seed; a fresh one when not given).
     #[arg(long)]
@@ -135,7 +138,9 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let gpu = Gpu::new(args.gpu)?;
-    kernel_checks(&gpu, args.seed, &mut table)?;
+    if !args.no_kernel_checks {
+        kernel_checks(&gpu, args.seed, &mut table)?;
+    }
     if args.bench_kernels || args.bench_matvec {
         kernel_bench(&gpu, &mut table)?;
     }

@@ -278,6 +278,262 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ q, const
     }
 }
 
+// The warpgroup form (sm_90 only): a warpgroup of four warps takes 64 query rows (16 a warp, Q in
+// registers), and S = Q·Kᵀ and O += P·V are `wgmma` products reading K and V straight from shared
+// memory (`wgmma.cuh`): no warp loads B fragments itself, and the tensor cores run while the warps
+// go on. WG warpgroups a block take 64 · WG rows and share the K and V tiles (BC = 64 or 128 keys).
+//
+// Tile e's S is issued together with the previous tile's P·V, so the softmax of tile e runs while
+// the tensor cores do P·V of e - 1 (the scheme of FlashAttention-3's intra-warpgroup overlap); O is
+// rescaled once that P·V is done. The masks, the running softmax, the f16 rounding of Q and P and
+// the output are those of `flash_prefill` with one m-tile.
+//
+// K and V tiles (BC keys × D halves) are stored in the 128-byte swizzle: D / 64 panels of BC keys ×
+// 64 halves; a key's 128 bytes in a panel are one row, its 16-byte chunk c stored at c ^ (key % 8),
+// so a whole 256-byte key row is one coalesced read and lands without bank conflicts. For S, B = Kᵀ
+// is K-major: 8-key groups 1024 bytes apart (SBO), a K step of 16 halves 32 bytes on inside a panel.
+// For P·V the same bytes are B = V N-major: panels (64 columns) BC · 128 bytes apart (LBO), 8-key
+// groups 1024 bytes apart (SBO). (Without the swizzle, in core matrices of 8 keys' 16-byte chunks,
+// each copy request reads 16 bytes of 8 keys: the kernel ran 18% slower, its L2 3.4 times as busy.)
+#if defined(TANDEM_WGMMA)
+template <int D, int BC, int THREADS>
+__device__ __forceinline__ void fa_load_tile_wg(u16* dst, const u16* src, int kt, int nk, int kv_width, int col0) {
+    constexpr int CHUNKS = D / 8;
+    // Consecutive threads take consecutive chunks of a key row.
+    for (int i = threadIdx.x; i < BC * CHUNKS; i += THREADS) {
+        int r = i / CHUNKS, c = i % CHUNKS;
+        u32 at = (c / 8) * BC * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16);
+        int key = kt * BC + r;
+        bool valid = key < nk;
+        const u16* s = src + (valid ? (size_t)key * kv_width + col0 + c * 8 : 0);
+        cp_async16(smem_u32(dst) + at, s, valid);
+    }
+}
+
+// One row pair's running softmax state: rows lane / 4 (a) and lane / 4 + 8 (b) of the warp's 16.
+struct WgSoftmax {
+    float ma, mb, la, lb;
+};
+
+// Tile scores `s` (a warp's 16 rows × BC keys, accumulator layout) to log2 units, masked on partial
+// tiles, then to exp2(s - running max) in place; the running max and sum move on and `ca`, `cb` are
+// the factors O must be scaled by.
+template <int BC>
+__device__ __forceinline__ void wg_softmax(float (&s)[BC / 8][4], WgSoftmax& st, float& ca, float& cb, bool partial,
+                                           int kt, int quad, int pa, int pb, int key_lo, int nk, int window,
+                                           float scale_log2) {
+    float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BC / 8; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float x = s[j][i] * scale_log2;
+            if (partial) {
+                int key = kt * BC + j * 8 + quad * 2 + (i & 1);
+                int kp = key_lo + key, p = i < 2 ? pa : pb;
+                bool seen = key < nk && kp <= p && (window == 0 || kp > p - window);
+                if (!seen) x = -INFINITY;
+            }
+            s[j][i] = x;
+            if (i < 2) xa = fmaxf(xa, x);
+            else xb = fmaxf(xb, x);
+        }
+    }
+    xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+    xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+    xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+    xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+    float na = fmaxf(st.ma, xa), nb = fmaxf(st.mb, xb);
+    // A row that has seen no key yet keeps max -inf: subtract 0 instead (its terms are all 0).
+    float ua = na == -INFINITY ? 0.f : na, ub = nb == -INFINITY ? 0.f : nb;
+    ca = exp2_approx(st.ma - ua);
+    cb = exp2_approx(st.mb - ub);
+    st.ma = na;
+    st.mb = nb;
+    st.la *= ca;
+    st.lb *= cb;
+#pragma unroll
+    for (int k = 0; k < BC / 16; k++) {
+        float* lo = s[2 * k];
+        float* hi = s[2 * k + 1];
+        lo[0] = exp2_approx(lo[0] - ua);
+        lo[1] = exp2_approx(lo[1] - ua);
+        lo[2] = exp2_approx(lo[2] - ub);
+        lo[3] = exp2_approx(lo[3] - ub);
+        hi[0] = exp2_approx(hi[0] - ua);
+        hi[1] = exp2_approx(hi[1] - ua);
+        hi[2] = exp2_approx(hi[2] - ub);
+        hi[3] = exp2_approx(hi[3] - ub);
+        st.la += lo[0] + lo[1] + hi[0] + hi[1];
+        st.lb += lo[2] + lo[3] + hi[2] + hi[3];
+    }
+}
+
+// P as A fragments (the accumulators of key columns 16k .. 16k + 15 are the A layout of that K step).
+template <int BC>
+__device__ __forceinline__ void wg_pack_p(u32 (&pf)[BC / 16][4], const float (&s)[BC / 8][4]) {
+#pragma unroll
+    for (int k = 0; k < BC / 16; k++) {
+        pf[k][0] = pack_f16x2(s[2 * k][0], s[2 * k][1]);
+        pf[k][1] = pack_f16x2(s[2 * k][2], s[2 * k][3]);
+        pf[k][2] = pack_f16x2(s[2 * k + 1][0], s[2 * k + 1][1]);
+        pf[k][3] = pack_f16x2(s[2 * k + 1][2], s[2 * k + 1][3]);
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void wg_scale_o(float (&o)[D / 8][4], float ca, float cb) {
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) {
+        o[i][0] *= ca;
+        o[i][1] *= ca;
+        o[i][2] *= cb;
+        o[i][3] *= cb;
+    }
+}
+
+template <int D, int BC>
+__device__ __forceinline__ void wg_issue_s(float (&s)[BC / 8][4], const u32 (&qf)[D / 16][4], const u16* ks) {
+    u32 kb = smem_u32(ks);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        u64 desc = wg_desc(kb + (kk / 4) * BC * 128 + (kk % 4) * 32, 16, 1024, 1);
+        if constexpr (BC == 64) wg_mma_n64(&s[0][0], qf[kk], desc, kk > 0);
+        else wg_mma_n128(&s[0][0], qf[kk], desc, kk > 0);
+    }
+    wg_commit();
+}
+
+template <int D, int BC>
+__device__ __forceinline__ void wg_issue_pv(float (&o)[D / 8][4], const u32 (&pf)[BC / 16][4], const u16* vs) {
+    static_assert(D == 128, "the P·V product is written for 128 columns");
+    u32 vb = smem_u32(vs);
+    wg_fence();
+#pragma unroll
+    for (int k = 0; k < BC / 16; k++) {
+        wg_mma_n128_t(&o[0][0], pf[k], wg_desc(vb + k * 2048, BC * 128, 1024, 1), 1);
+    }
+    wg_commit();
+}
+
+template <int N, int M>
+__device__ __forceinline__ void wg_hold_all(float (&r)[N][M]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int j = 0; j < M; j++) wg_hold(r[i][j]);
+}
+#endif
+
+template <int D, int BC, int WG>
+__device__ __forceinline__ void flash_prefill_wg(const float* __restrict__ q, const u16* __restrict__ kc,
+                                                 const u16* __restrict__ vc, float* __restrict__ out,
+                                                 const int* __restrict__ pos, const int* __restrict__ plan, int t,
+                                                 int nk, int key_lo, int window, int q_width, int kv_width,
+                                                 int group, float scale_log2) {
+#if defined(TANDEM_WGMMA)
+    constexpr int KS = D / 16, NT = BC / 8, TILE = BC * D, THREADS = 128 * WG;
+    extern __shared__ __align__(1024) u16 fa_smem[];
+    // Stage i (two of them): K at fa_smem + 2i · TILE, V after it.
+    auto k_stage = [&](int i) { return fa_smem + (i & 1) * 2 * TILE; };
+    auto v_stage = [&](int i) { return fa_smem + (i & 1) * 2 * TILE + TILE; };
+    int qt = gridDim.x - 1 - blockIdx.x;  // the tiles with the most keys start first
+    int h = blockIdx.y, col0 = (h / group) * D;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int quad = lane & 3;
+    int ra = qt * FA_ROWS * WG + warp * 16 + (lane >> 2);  // warp w of the block: rows 16w ..
+    int pa = pos[min(ra, t - 1)], pb = pos[min(ra + 8, t - 1)];
+
+    // The warp's query rows as A fragments, rounded to f16 (rows past t repeat the last row).
+    u32 qf[KS][4];
+    {
+        const float* qa = q + (size_t)min(ra, t - 1) * q_width + h * D;
+        const float* qb = q + (size_t)min(ra + 8, t - 1) * q_width + h * D;
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            int c = kk * 16 + quad * 2;
+            float2 a0 = *(const float2*)(qa + c), b0 = *(const float2*)(qb + c);
+            float2 a1 = *(const float2*)(qa + c + 8), b1 = *(const float2*)(qb + c + 8);
+            qf[kk][0] = pack_f16x2(a0.x, a0.y);
+            qf[kk][1] = pack_f16x2(b0.x, b0.y);
+            qf[kk][2] = pack_f16x2(a1.x, a1.y);
+            qf[kk][3] = pack_f16x2(b1.x, b1.y);
+        }
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    WgSoftmax st = {-INFINITY, -INFINITY, 0.f, 0.f};
+    float s[NT][4];
+    u32 pf[BC / 16][4];
+    float ca, cb;
+
+    int begin = plan[qt], end = plan[qt + 1];
+    auto load = [&](u16* dst, const u16* src, int e) {
+        fa_load_tile_wg<D, BC, THREADS>(dst, src, plan[e] >> 1, nk, kv_width, col0);
+    };
+    if (begin < end) {
+        load(k_stage(0), kc, begin);
+        cp_async_commit();
+    }
+    for (int e = begin; e < end; e++) {
+        int i = e - begin, kt = plan[e] >> 1;
+        bool partial = plan[e] & 1;
+        // This tile's K and the last tile's V are in, and every warp is done with what the next copies
+        // overwrite: stage i + 1 held K of tile i - 1, whose S is done, and stage i V of tile i - 2,
+        // whose P·V finished in the last iteration. The copies are issued only after the fence, which
+        // would otherwise wait for them too.
+        cp_async_wait<0>();
+        fence_async_shared();
+        __syncthreads();
+        if (e + 1 < end) load(k_stage(i + 1), kc, e + 1);
+        load(v_stage(i), vc, e);
+        cp_async_commit();
+        wg_issue_s<D, BC>(s, qf, k_stage(i));
+        if (i > 0) {
+            wg_issue_pv<D, BC>(o, pf, v_stage(i - 1));
+            wg_wait<1>();
+        } else {
+            wg_wait<0>();
+        }
+        wg_hold_all(s);
+        wg_softmax<BC>(s, st, ca, cb, partial, kt, quad, pa, pb, key_lo, nk, window, scale_log2);
+        wg_wait<0>();
+        wg_hold_all(o);
+        wg_scale_o<D>(o, ca, cb);
+        wg_pack_p<BC>(pf, s);
+    }
+    if (begin < end) {
+        // The last tile's P·V.
+        cp_async_wait<0>();
+        fence_async_shared();
+        __syncthreads();
+        wg_issue_pv<D, BC>(o, pf, v_stage(end - 1 - begin));
+        wg_wait<0>();
+        wg_hold_all(o);
+    }
+    cp_async_wait<0>();
+
+    float a = st.la, b = st.lb;
+    a += __shfl_xor_sync(0xffffffffu, a, 1);
+    a += __shfl_xor_sync(0xffffffffu, a, 2);
+    b += __shfl_xor_sync(0xffffffffu, b, 1);
+    b += __shfl_xor_sync(0xffffffffu, b, 2);
+    float ia = a > 0.f ? 1.f / a : 0.f, ib = b > 0.f ? 1.f / b : 0.f;
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) {
+        int c = h * D + d * 8 + quad * 2;
+        if (ra < t) *(float2*)(out + (size_t)ra * q_width + c) = make_float2(o[d][0] * ia, o[d][1] * ia);
+        if (ra + 8 < t)
+            *(float2*)(out + (size_t)(ra + 8) * q_width + c) = make_float2(o[d][2] * ib, o[d][3] * ib);
+    }
+#else
+    __trap();  // the host offers this form only on sm_90 (`FlashVariant::runs_on`)
+#endif
+}
+
 // One entry point per variant: FLASH_ENTRY(head size, keys a tile, m-tiles a warp, r: Q in registers,
 // s: Q in shared memory). The host's table of them is `flash::VARIANTS`.
 #define FLASH_Q_r true
@@ -296,3 +552,18 @@ FLASH_ENTRY(64, 64, 1, r)
 FLASH_ENTRY(128, 64, 1, r)
 FLASH_ENTRY(128, 64, 2, s)
 FLASH_ENTRY(256, 32, 1, r)
+
+// The warpgroup form: FLASH_WG_ENTRY(head size, keys a tile, warpgroups a block (of 64 query rows
+// each, sharing the K and V tiles)).
+#define FLASH_WG_ENTRY(D, BC, WG)                                                                             \
+    extern "C" __global__ void __launch_bounds__(128 * WG) flash_prefill_d##D##_k##BC##_m##WG##_w(            \
+        const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,                  \
+        float* __restrict__ out, const int* __restrict__ pos, const int* __restrict__ plan, int t, int nk,    \
+        int key_lo, int window, int q_width, int kv_width, int group, float scale_log2) {                     \
+        WAIT_PRIOR_GRID();                                                                                     \
+        flash_prefill_wg<D, BC, WG>(q, kc, vc, out, pos, plan, t, nk, key_lo, window, q_width,                \
+                                                    kv_width, group, scale_log2);                             \
+    }
+FLASH_WG_ENTRY(128, 64, 1)
+FLASH_WG_ENTRY(128, 64, 2)
+FLASH_WG_ENTRY(128, 128, 2)
