@@ -435,6 +435,8 @@ __device__ __forceinline__ void flash_prefill_wg(const float* __restrict__ q, co
 #if defined(TANDEM_WGMMA)
     constexpr int KS = D / 16, NT = BC / 8, TILE = BC * D, THREADS = 128 * WG;
     extern __shared__ __align__(1024) u16 fa_smem[];
+    // The swizzle is applied to address bits, so its atoms must start 1024-byte aligned.
+    if (smem_u32(fa_smem) & 1023) __trap();
     // Stage i (two of them): K at fa_smem + 2i · TILE, V after it.
     auto k_stage = [&](int i) { return fa_smem + (i & 1) * 2 * TILE; };
     auto v_stage = [&](int i) { return fa_smem + (i & 1) * 2 * TILE + TILE; };
