@@ -26,7 +26,7 @@ use crate::routes::first_key;
 use crate::CudaError;
 
 /// How a variant's products run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Products {
     /// `mma.sync` by each warp, its Q fragments in registers.
     QInRegisters,
@@ -38,12 +38,13 @@ pub enum Products {
 }
 
 /// One compiled form of the kernel (`FLASH_ENTRY`, `FLASH_WG_ENTRY` in `kernels/flash.cu`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashVariant {
     pub head_dim: usize,
     /// Keys a tile.
     pub key_tile: usize,
-    /// m-tiles of 16 query rows a warp: each K and V fragment loaded serves all of them.
+    /// The warp forms: m-tiles of 16 query rows a warp (each K and V fragment loaded serves all of
+    /// them). The warpgroup form: warpgroups a block, sharing the K and V tiles.
     pub m_tiles: usize,
     pub products: Products,
 }
@@ -86,8 +87,7 @@ impl FlashVariant {
     }
 
     /// Dynamic shared memory. The warp forms: K and V tiles, and the block's queries unless in
-    /// registers, rows padded by 8 halves. The warpgroup form: K and V tiles in two stages, unpadded
-    /// (the probe with room for the reads its swapped strides reach).
+    /// registers, rows padded by 8 halves. The warpgroup form: K and V tiles in two stages, unpadded.
     pub fn shared_bytes(&self) -> usize {
         let tile = self.key_tile * self.head_dim * 2;
         match self.products {
