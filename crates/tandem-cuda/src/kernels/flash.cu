@@ -400,7 +400,7 @@ __device__ __forceinline__ void wg_issue_s(float (&s)[BC / 8][4], const u32 (&qf
     for (int kk = 0; kk < D / 16; kk++) {
         u64 desc = wg_desc(kb + (kk / 4) * BC * 128 + (kk % 4) * 32, 16, 1024, 1);
         if constexpr (BC == 64) wg_mma_n64(&s[0][0], qf[kk], desc, kk > 0);
-        else wg_mma_n128(&s[0][0], qf[kk], desc, kk > 0);
+        else wg_mma_n128<0>(&s[0][0], qf[kk], desc, kk > 0);
     }
     wg_commit();
 }
@@ -412,7 +412,7 @@ __device__ __forceinline__ void wg_issue_pv(float (&o)[D / 8][4], const u32 (&pf
     wg_fence();
 #pragma unroll
     for (int k = 0; k < BC / 16; k++) {
-        wg_mma_n128_t(&o[0][0], pf[k], wg_desc(vb + k * 2048, BC * 128, 1024, 1), 1);
+        wg_mma_n128<1>(&o[0][0], pf[k], wg_desc(vb + k * 2048, BC * 128, 1024, 1), 1);
     }
     wg_commit();
 }
