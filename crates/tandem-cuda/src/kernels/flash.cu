@@ -298,15 +298,19 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ q, const
 #if defined(TANDEM_WGMMA)
 template <int D, int BC, int THREADS>
 __device__ __forceinline__ void fa_load_tile_wg(u16* dst, const u16* src, int kt, int nk, int kv_width, int col0) {
-    constexpr int CHUNKS = D / 8;
-    // Consecutive threads take consecutive chunks of a key row.
-    for (int i = threadIdx.x; i < BC * CHUNKS; i += THREADS) {
-        int r = i / CHUNKS, c = i % CHUNKS;
-        u32 at = (c / 8) * BC * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16);
-        int key = kt * BC + r;
+    // Consecutive threads take consecutive chunks of a key row; a pass of the block covers PASS rows.
+    // A thread's chunk and its swizzled place stay the same from pass to pass (PASS is a multiple of
+    // 8), so each copy costs only its key's address.
+    constexpr int CHUNKS = D / 8, PASS = THREADS / CHUNKS;
+    static_assert(THREADS % CHUNKS == 0 && PASS % 8 == 0 && BC % PASS == 0, "whole passes of the tile");
+    int c = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
+    u32 at = smem_u32(dst) + (c / 8) * BC * 128 + r0 * 128 + (((c % 8) ^ (r0 % 8)) * 16);
+    const u16* from = src + col0 + c * 8;
+#pragma unroll
+    for (int k = 0; k < BC / PASS; k++) {
+        int key = kt * BC + r0 + k * PASS;
         bool valid = key < nk;
-        const u16* s = src + (valid ? (size_t)key * kv_width + col0 + c * 8 : 0);
-        cp_async16(smem_u32(dst) + at, s, valid);
+        cp_async16(at + k * PASS * 128, from + (valid ? (size_t)key * kv_width : 0), valid);
     }
 }
 
