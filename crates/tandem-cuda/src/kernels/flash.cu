@@ -322,6 +322,8 @@ struct WgSoftmax {
 // Tile scores `s` (a warp's 16 rows × BC keys, accumulator layout) to log2 units, masked on partial
 // tiles, then to exp2(s - running max) in place; the running max and sum move on and `ca`, `cb` are
 // the factors O must be scaled by.
+// (`flash_prefill` writes the same steps inline: calling this from its m-tile loop made the 256-wide
+// form spill registers and the two-m-tile form 48 instructions longer.)
 template <int BC>
 __device__ __forceinline__ void wg_softmax(float (&s)[BC / 8][4], WgSoftmax& st, float& ca, float& cb, bool partial,
                                            int kt, int quad, int pa, int pb, int key_lo, int nk, int window,
