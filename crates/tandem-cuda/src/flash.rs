@@ -90,17 +90,11 @@ impl FlashVariant {
     /// registers, rows padded by 8 halves. The warpgroup form: K and V tiles in two stages, unpadded.
     pub fn shared_bytes(&self) -> usize {
         let tile = self.key_tile * self.head_dim * 2;
+        let padded_rows = |rows: usize| rows * (self.head_dim + 8) * 2;
         match self.products {
             Products::Warpgroup => 4 * tile,
-            Products::QInRegisters | Products::QInShared => {
-                let rows = 2 * self.key_tile
-                    + if self.products == Products::QInShared {
-                        self.query_tile()
-                    } else {
-                        0
-                    };
-                rows * (self.head_dim + 8) * 2
-            }
+            Products::QInRegisters => padded_rows(2 * self.key_tile),
+            Products::QInShared => padded_rows(2 * self.key_tile + self.query_tile()),
         }
     }
 }

@@ -11,8 +11,9 @@
 //!   shared memory first, `int8::staged_batch`, other types apply each decoded weight unit to up to
 //!   8 rows; on the integer variant of the one-row kernel's split that was fastest for that batch,
 //!   so each row keeps its lone bits), `QuantMma` for Q4_K (the same single read, the integer
-//!   products on the tensor cores, `qmma.rs`) and `Gemm` over the f16 copy (4x the bytes, on the tensor cores). The matvec's
-//!   instructions grow with the rows, the other two barely do, so which wins depends on the shape.
+//!   products on the tensor cores, `qmma.rs`) and `Gemm` over the f16 copy (4x the bytes, on the
+//!   tensor cores). The matvec's instructions grow with the rows, the other two barely do, so which
+//!   wins depends on the shape.
 //! - `t > BATCH_TUNED_MAX_ROWS` (prefill, larger decode batches): `Gemm` — tensor-core GEMM (cuBLAS,
 //!   f16 operands, f32 accumulation) over an f16 copy of the weights made at load; prefill is
 //!   compute-bound, so the weights are kept in the form the tensor cores read fastest, at 2 bytes per
@@ -37,9 +38,9 @@
 //!   sm_90, 128-wide heads take two warpgroups' `wgmma` products over 128-key tiles, chunks of up to
 //!   64 rows one warpgroup; elsewhere `mma.sync` warps, 128 queries in long chunks) walk the key tiles
 //!   with a running softmax, Q·Kᵀ and P·V on the tensor cores, the scores kept on chip (`flash.rs`):
-//!   each key is read once per block, and tiles wholly outside the causal triangle or the window are never
-//!   visited (the chunk's tile plan, made once and shared by its layers). It needs the chunk's keys
-//!   contiguous in the buffer; where a ring wraps inside them, the chunk takes `Tiles`.
+//!   each key is read once per block, and tiles wholly outside the causal triangle or the window are
+//!   never visited (the chunk's tile plan, made once and shared by its layers). It needs the chunk's
+//!   keys contiguous in the buffer; where a ring wraps inside them, the chunk takes `Tiles`.
 //!
 //! On either route, what changes with the chunk is where the keys are read from (`KvRoute`: the cache
 //! in place, or a staged copy when the chunk would overwrite ring rows its own early queries still
