@@ -6,8 +6,6 @@
 //! f32: that halves the GEMMs' output and the gating kernel's input. Other routes take the
 //! `Backend::gated_products` default (matmuls, then `gated`).
 
-use std::rc::Rc;
-
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use tandem_model::backend::Backend;
 use tandem_model::config::Activation;
@@ -18,7 +16,7 @@ use crate::device::{driver, Gpu};
 use crate::launch::{gemm_f16_out, i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct, Mode};
 use crate::routes;
-use crate::upload::F16Weights;
+use crate::upload::stacked_operand;
 use crate::CudaError;
 
 /// Elements one `gated_pair` thread reads from each half (one 16-byte load).
@@ -86,14 +84,7 @@ impl CudaModel {
         let mut pair = self.u16_pool.take(&self.gpu, t * 2 * width, may_allocate)?;
         let x16 = self.f16_operand(x)?;
         // Both halves of one stacked copy: one GEMM can make both products.
-        let stacked = match (&gg.f16, &ug.f16) {
-            (Some(F16Weights::Stacked(a, ra)), Some(F16Weights::Stacked(b, rb)))
-                if Rc::ptr_eq(a, b) && ra.end == rb.start =>
-            {
-                Some(a.slice(ra.start..rb.end))
-            }
-            _ => None,
-        };
+        let stacked = stacked_operand(&[gg, ug]);
         let one_gemm = routes::gate_up_in_one_gemm(t, stacked.is_some());
         let cols = gate.cols;
         self.profiled(

@@ -134,6 +134,60 @@ pub fn to_f16_into(gpu: &Gpu, x: &CudaView<'_, f32>, out: &mut CudaSlice<u16>, n
     Ok(())
 }
 
+/// Most parts `split_columns_into` cuts a row into (the kernel's three outputs).
+pub const SPLIT_PARTS: usize = 3;
+
+/// Rows of `src` (`rows` of the parts' widths summed) cut into `parts`: part i gets the i-th run of
+/// `parts[i].1` columns of each row (q, k and v from one stacked GEMM). Widths are multiples of 4.
+pub fn split_columns_into(
+    gpu: &Gpu,
+    src: &CudaSlice<f32>,
+    rows: usize,
+    parts: &mut [(&mut CudaSlice<f32>, usize)],
+) -> Result<(), CudaError> {
+    let width: usize = parts.iter().map(|p| p.1).sum();
+    let fits = !parts.is_empty()
+        && parts.len() <= SPLIT_PARTS
+        && parts
+            .iter()
+            .all(|(out, w)| w.is_multiple_of(4) && out.len() >= rows * w)
+        && src.len() >= rows * width
+        && rows <= u16::MAX as usize;
+    if !fits {
+        return Err(CudaError::Driver {
+            what: "split_columns".into(),
+            err: format!(
+                "{rows} rows of {width} into {} parts of widths {:?} (at most {SPLIT_PARTS}, multiples of 4)",
+                parts.len(),
+                parts.iter().map(|p| p.1).collect::<Vec<_>>()
+            ),
+        });
+    }
+    let n = parts.len();
+    let widths: Vec<i32> = (0..SPLIT_PARTS)
+        .map(|i| {
+            if i < n {
+                i32_of(parts[i].1, "split width")
+            } else {
+                Ok(0)
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let f = gpu.function("split_columns")?;
+    let mut b = gpu.launch_builder(f)?;
+    b.arg(src);
+    for ((out, _), w) in parts.iter_mut().zip(&widths) {
+        b.arg(&mut **out).arg(w);
+    }
+    // An absent part gets width 0, so the kernel never writes through its pointer (src's).
+    for w in &widths[n..] {
+        b.arg(src).arg(w);
+    }
+    let grid = (blocks(width / 4, 256), rows as u32, 1);
+    driver("split_columns", unsafe { b.launch(launch_cfg(grid, 256)) })?;
+    Ok(())
+}
+
 /// `out[t] = W16 · f16(x[t])` through cuBLAS GemmEx: f16 operands, f32 accumulation and output.
 /// `x16` (at least `t * cols` elements) receives the f16 activations.
 #[allow(clippy::too_many_arguments)]

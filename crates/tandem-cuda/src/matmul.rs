@@ -7,13 +7,13 @@ use tandem_model::weights::Matrix;
 use tandem_model::ModelError;
 
 use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, ActQuant, MmvqTarget};
-use crate::launch::{gemm_f16_into, matvec_into, to_f16_into};
+use crate::launch::{gemm_f16_into, matvec_into, split_columns_into, to_f16_into, SPLIT_PARTS};
 use crate::model::{CudaModel, GpuAct, Mode};
 use crate::pool::DevBuf;
 use crate::qmma::qmma_group_into;
 use crate::routes::{self, MatmulRoute};
 use crate::tune::DecodeKernel;
-use crate::upload::GpuMatrix;
+use crate::upload::{stacked_operand, GpuMatrix};
 use crate::CudaError;
 
 /// A matmul's shape in the op profile: "rows x cols type, t=rows of activations".
@@ -34,12 +34,17 @@ impl CudaModel {
     /// `out[t] = W16 · f16(x[t])` through cuBLAS (f32 accumulation). `x` is rounded to f16 once for
     /// all the GEMMs that read it.
     pub(crate) fn gemm(&self, w16: &CudaView<'_, u16>, x: &GpuAct, rows: usize) -> Result<GpuAct, CudaError> {
-        let (t, cols) = (x.rows, x.width);
-        let mut out = self.act(t, rows)?;
+        let mut out = self.act(x.rows, rows)?;
+        self.gemm_into_act(w16, x, &mut out).map(|()| out)
+    }
+
+    /// `gemm` into `out` (`x.rows` rows of `out.width`, the rows of `w16`).
+    fn gemm_into_act(&self, w16: &CudaView<'_, u16>, x: &GpuAct, out: &mut GpuAct) -> Result<(), CudaError> {
+        let (t, cols, rows) = (x.rows, x.width, out.width);
         let x16 = self.f16_operand(x)?;
         let done = gemm_f16_into(&self.gpu, w16, &x16, t, rows, cols, out.buf_mut()?);
         *x.f16.borrow_mut() = Some(x16);
-        done.map(|()| out)
+        done
     }
 
     /// `x` rounded to f16, the GEMMs' operand: the form an earlier GEMM (or the kernel that made `x`)
@@ -180,6 +185,44 @@ impl CudaModel {
         Ok(out)
     }
 
+    /// The products of `ms` (matrices reading `x`) by one GEMM over their stacked f16 copies, cut
+    /// into one activation a matrix (`split_columns`), where every member takes the GEMM route and
+    /// `routes::stacked_gemm_and_split` picks it for these rows; `None`: take them one by one.
+    fn stacked_gemm(&self, ms: &[&Matrix], gs: &[&GpuMatrix], x: &GpuAct) -> Result<Option<Vec<GpuAct>>, ModelError> {
+        let t = x.rows;
+        let total: usize = ms.iter().map(|m| m.rows).sum();
+        let fits = ms.len() <= SPLIT_PARTS && ms.iter().all(|m| m.rows.is_multiple_of(4));
+        if !fits || !routes::stacked_gemm_and_split(t, self.stacked_split_max_rows) {
+            return Ok(None);
+        }
+        if gs.iter().any(|g| self.takes_matvec(g, t)) {
+            return Ok(None);
+        }
+        let Some(w16) = stacked_operand(gs) else {
+            return Ok(None);
+        };
+        let cols = x.width;
+        let names: Vec<&str> = ms
+            .iter()
+            .map(|m| m.name.rsplit('.').nth(1).unwrap_or(&m.name))
+            .collect();
+        let mut all = self.act(t, total)?;
+        self.profiled(
+            format_args!("gemm {} stacked {total}x{cols}, t={t}", names.join("+")),
+            || self.gemm_into_act(&w16, x, &mut all),
+        )?;
+        let mut outs = ms.iter().map(|m| self.act(t, m.rows)).collect::<Result<Vec<_>, _>>()?;
+        self.profiled("split_columns", || -> Result<(), CudaError> {
+            let mut parts = outs
+                .iter_mut()
+                .zip(ms)
+                .map(|(o, m)| Ok((o.buf_mut()?, m.rows)))
+                .collect::<Result<Vec<_>, CudaError>>()?;
+            split_columns_into(&self.gpu, all.buf()?, t, &mut parts)
+        })?;
+        Ok(Some(outs))
+    }
+
     /// `Backend::matmuls`.
     pub(crate) fn matmul_group(&self, ms: &[&Matrix], x: &GpuAct) -> Result<Vec<GpuAct>, ModelError> {
         let t = x.rows;
@@ -187,6 +230,9 @@ impl CudaModel {
             return ms.iter().map(|m| self.matmul_rows(m, x)).collect();
         }
         let gs = ms.iter().map(|m| self.matrix(m)).collect::<Result<Vec<_>, _>>()?;
+        if let Some(outs) = self.stacked_gemm(ms, &gs, x)? {
+            return Ok(outs);
+        }
         // Members on the integer matvec route with one kernel, type and width share a launch; so do
         // members of one type and width on the tensor cores (`None` in the key: any variant).
         let key = |j: usize| match (gs[j].decode, self.route(gs[j], t)) {

@@ -159,6 +159,9 @@ pub struct CudaModel {
     /// experiment only, which measures what those launches cost inside a decode step's graph. The
     /// logits are wrong while it is set, and the CLI says so.
     pub(crate) skipped_kernels: Vec<String>,
+    /// Rows up to which q, k and v take one stacked GEMM and a split (`routes::STACKED_SPLIT_MAX_ROWS`
+    /// unless `TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS` says otherwise; 0 turns it off).
+    pub(crate) stacked_split_max_rows: usize,
 }
 
 impl Drop for CudaModel {

@@ -17,7 +17,10 @@
 //! - `t > BATCH_TUNED_MAX_ROWS` (prefill, larger decode batches): `Gemm` — tensor-core GEMM (cuBLAS,
 //!   f16 operands, f32 accumulation) over an f16 copy of the weights made at load; prefill is
 //!   compute-bound, so the weights are kept in the form the tensor cores read fastest, at 2 bytes per
-//!   weight of memory.
+//!   weight of memory. Matrices reading one input keep their copies side by side (a layer's q, k and
+//!   v; its gate and up), so one GEMM can make all their products where that is faster: q, k and v
+//!   in chunks of up to `STACKED_SPLIT_MAX_ROWS` rows (then cut apart by `split_columns`), gate and up
+//!   below `STACKED_GATE_UP_MAX_ROWS` (`ffn.rs`, into one f16 buffer the gating kernel reads).
 //! - `deterministic`: always `Matvec`, whose per-element summation order depends on the matrix width
 //!   alone, so logits are bit-identical across chunk sizes and batch compositions. There, chunks of
 //!   `int8::MMQ_MIN_ROWS` or more rows times Q4_K, Q6_K or Q8_0 matrices run the integer matvec's sums on
@@ -246,6 +249,21 @@ pub fn gate_up_in_one_gemm(t: usize, stacked: bool) -> bool {
     stacked && t < STACKED_GATE_UP_MAX_ROWS
 }
 
+/// Rows up to which matrices reading one input on the GEMM route (q, k and v) take one GEMM over
+/// their stacked f16 copies, its products then cut apart by `split_columns`, rather than a GEMM each.
+/// The stacked GEMM fills the GPU where k's and v's 1024 rows alone do not, but the split moves every
+/// product once more. H200, Llama-3-8B shapes (`gpu-check --bench-gemm`, stack session call e2): at
+/// 512 rows three GEMMs 58.1 µs, the stacked one 43.9 and with the split 51.9 (1.12x; pp512 and
+/// pp4096 at 512-row micro-batches 1.01x end to end); at 1024 rows 0.95x, at 2048 0.90x, at 4096
+/// 0.86x. `TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS` overrides it (0: off).
+pub const STACKED_SPLIT_MAX_ROWS: usize = 512;
+
+/// Whether `t` rows take the stacked GEMM and split (`max_rows`: `STACKED_SPLIT_MAX_ROWS` or its
+/// override). Short batches stay on their own routes: the GEMM route starts above them.
+pub fn stacked_gemm_and_split(t: usize, max_rows: usize) -> bool {
+    t > BATCH_TUNED_MAX_ROWS && t <= max_rows
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionRoute {
     Tiles,
@@ -363,6 +381,22 @@ mod tests {
         assert!(!gate_up_in_one_gemm(4096, true));
         // F16 files keep separate weights: always two GEMMs.
         assert!(!gate_up_in_one_gemm(512, false));
+    }
+
+    #[test]
+    fn only_prefill_chunks_up_to_the_limit_take_the_stacked_gemm() {
+        assert!(stacked_gemm_and_split(512, STACKED_SPLIT_MAX_ROWS));
+        assert!(stacked_gemm_and_split(STACKED_SPLIT_MAX_ROWS, STACKED_SPLIT_MAX_ROWS));
+        assert!(!stacked_gemm_and_split(
+            STACKED_SPLIT_MAX_ROWS + 1,
+            STACKED_SPLIT_MAX_ROWS
+        ));
+        assert!(
+            !stacked_gemm_and_split(BATCH_TUNED_MAX_ROWS, 4096),
+            "decode batches keep their routes"
+        );
+        assert!(stacked_gemm_and_split(BATCH_TUNED_MAX_ROWS + 1, 4096));
+        assert!(!stacked_gemm_and_split(512, 0), "an override of 0 turns it off");
     }
 
     #[test]

@@ -350,7 +350,7 @@ impl CudaModel {
                 },
             );
         }
-        stack_gate_up(&gpu, w, &mut matrices)?;
+        stack_input_groups(&gpu, w, &mut matrices)?;
         let mut norms = HashMap::new();
         for n in w.norms() {
             norms.insert(n.name.clone(), gpu.upload(&n.data)?);
@@ -370,6 +370,13 @@ impl CudaModel {
             eprintln!("TANDEM_CUDA_SKIP: leaving out {skipped_kernels:?}; a timing experiment, the logits are wrong");
         }
         let profile = (std::env::var("TANDEM_CUDA_PROFILE").as_deref() == Ok("1")).then(OpProfile::default);
+        let stacked_split_max_rows = match std::env::var("TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS") {
+            Ok(v) => v.parse().map_err(|_| CudaError::Driver {
+                what: "TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS".into(),
+                err: format!("{v:?} is not a row count"),
+            })?,
+            Err(_) => routes::STACKED_SPLIT_MAX_ROWS,
+        };
         gpu.synchronize()?;
         Ok(CudaModel {
             cpu,
@@ -406,49 +413,73 @@ impl CudaModel {
             pass_clock: PassClock::enabled().then(PassClock::default),
             profiler_window: ProfilerWindow::from_env()?,
             skipped_kernels,
+            stacked_split_max_rows,
         })
     }
 }
 
-/// Moves each layer's gate and up f16 copies into one allocation, gate's rows first, so that the
-/// feed-forward GEMM makes both products in one launch (`ffn.rs`). The same memory as two copies
-/// (one pair's worth more while it moves); F16 files keep their weights as the operand, and their
-/// two GEMMs write into one buffer instead.
-fn stack_gate_up(
+/// Moves the f16 copies of each group of matrices reading one input (a layer's q, k and v; its gate
+/// and up) into one allocation, in the group's order, so that one GEMM can make all their products
+/// (`matmul.rs`, `ffn.rs`). The same memory as separate copies (one group's worth more while it
+/// moves); F16 files keep their weights as the operand, so their GEMMs stay separate.
+fn stack_input_groups(
     gpu: &Gpu,
     w: &tandem_model::weights::Weights,
     matrices: &mut HashMap<String, GpuMatrix>,
 ) -> Result<(), CudaError> {
-    for l in &w.layers {
-        let [gate, up] = l.gate_up();
-        if gate.cols != up.cols {
+    for group in w.input_groups() {
+        if group.iter().any(|m| m.cols != group[0].cols) {
             continue;
         }
-        let copies = (matrices.get(&gate.name), matrices.get(&up.name));
-        let (Some(g), Some(u)) = copies else { continue };
-        let (Some(F16Weights::Copy(gate16)), Some(F16Weights::Copy(up16))) = (&g.f16, &u.f16) else {
-            continue;
-        };
-        let split = gate16.len();
-        let mut both = gpu.alloc_out::<u16>(split + up16.len())?;
-        driver(
-            "cuMemcpyDtoD (stack gate)",
-            gpu.stream.memcpy_dtod(gate16, &mut both.slice_mut(0..split)),
-        )?;
-        driver(
-            "cuMemcpyDtoD (stack up)",
-            gpu.stream.memcpy_dtod(up16, &mut both.slice_mut(split..)),
-        )?;
-        let both = Rc::new(both);
-        let end = both.len();
-        for (name, range) in [(&gate.name, 0..split), (&up.name, split..end)] {
-            if let Some(m) = matrices.get_mut(name) {
+        let copies: Option<Vec<&CudaSlice<u16>>> = group
+            .iter()
+            .map(|m| match matrices.get(&m.name).and_then(|g| g.f16.as_ref()) {
+                Some(F16Weights::Copy(w16)) => Some(w16),
+                _ => None,
+            })
+            .collect();
+        let Some(copies) = copies else { continue };
+        let total = copies.iter().map(|c| c.len()).sum();
+        let mut all = gpu.alloc_out::<u16>(total)?;
+        let mut ranges = Vec::with_capacity(copies.len());
+        let mut at = 0;
+        for (m, copy) in group.iter().zip(&copies) {
+            let range = at..at + copy.len();
+            driver(
+                &format!("cuMemcpyDtoD (stack {})", m.name),
+                gpu.stream.memcpy_dtod(*copy, &mut all.slice_mut(range.clone())),
+            )?;
+            at = range.end;
+            ranges.push(range);
+        }
+        let all = Rc::new(all);
+        for (m, range) in group.iter().zip(ranges) {
+            if let Some(g) = matrices.get_mut(&m.name) {
                 // The separate copy is freed here, once the stream has copied it.
-                m.f16 = Some(F16Weights::Stacked(Rc::clone(&both), range));
+                g.f16 = Some(F16Weights::Stacked(Rc::clone(&all), range));
             }
         }
     }
     Ok(())
+}
+
+/// The stacked f16 operand of `members` in order (`stack_input_groups`): one view over their copies
+/// when they are adjacent runs of one allocation, first to last.
+pub(crate) fn stacked_operand<'a>(members: &[&'a GpuMatrix]) -> Option<CudaView<'a, u16>> {
+    let mut shared: Option<(&Rc<CudaSlice<u16>>, Range<usize>)> = None;
+    for g in members {
+        let Some(F16Weights::Stacked(all, range)) = &g.f16 else {
+            return None;
+        };
+        shared = match shared {
+            None => Some((all, range.clone())),
+            Some((first, span)) if Rc::ptr_eq(first, all) && span.end == range.start => {
+                Some((first, span.start..range.end))
+            }
+            Some(_) => return None,
+        };
+    }
+    shared.map(|(all, span)| all.slice(span))
 }
 
 /// The kernels `TANDEM_CUDA_SKIP` may leave out: the row kernels between a decode step's matvecs.

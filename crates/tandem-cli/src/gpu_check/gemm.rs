@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use tandem_cuda::launch::{gemm_f16_into, gemm_f16_out};
+use tandem_cuda::launch::{gemm_f16_into, gemm_f16_out, split_columns_into};
 use tandem_cuda::Gpu;
 
 use super::{rel_err, Rng, Row};
@@ -84,6 +84,115 @@ pub(super) fn gemm_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
         })?;
         report("gate+up: one stacked GEMM, f16".into(), flops, secs);
     }
+    stacked_qkv_bench(gpu, &w_gate_up, table)
+}
+
+/// q, k and v of the Llama-3-8B shape (4096, 1024 and 1024 rows over 4096 columns) as three GEMMs
+/// against one GEMM over stacked weights and the split into three activations
+/// (`routes::STACKED_SPLIT_MAX_ROWS` was set from this).
+fn stacked_qkv_bench(gpu: &Gpu, w: &tandem_cuda::CudaSlice<u16>, table: &mut Vec<Row>) -> Result<()> {
+    let d = 4096usize;
+    let widths = [d, 1024, 1024];
+    let total: usize = widths.iter().sum();
+    let all = w.slice(0..total * d);
+    for t in [512usize, 1024, 2048, 4096] {
+        let x = gpu.upload(&random_f16(t * d, 4))?;
+        let mut outs = widths
+            .iter()
+            .map(|&r| gpu.alloc::<f32>(t * r))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut stacked = gpu.alloc::<f32>(t * total)?;
+        let iters = 4096 / t * 10;
+        let separate = time(gpu, iters, || {
+            let mut at = 0;
+            for (out, &r) in outs.iter_mut().zip(&widths) {
+                gemm_f16_into(gpu, &w.slice(at * d..(at + r) * d), &x, t, r, d, out)?;
+                at += r;
+            }
+            Ok(())
+        })?;
+        let gemm_only = time(gpu, iters, || {
+            Ok(gemm_f16_into(gpu, &all, &x, t, total, d, &mut stacked)?)
+        })?;
+        let with_split = time(gpu, iters, || {
+            gemm_f16_into(gpu, &all, &x, t, total, d, &mut stacked)?;
+            let mut parts: Vec<_> = outs.iter_mut().zip(widths).collect();
+            Ok(split_columns_into(gpu, &stacked, t, &mut parts)?)
+        })?;
+        let flops = 2.0 * (t * total * d) as f64;
+        table.push(Row {
+            check: format!("gemm timing q, k, v {total}x{d}, t={t}"),
+            result: format!(
+                "three GEMMs {:.1} us ({:.0} TFLOP/s); one stacked GEMM {:.1} us ({:.0}), with the split {:.1} us: {:.2}x",
+                separate * 1e6,
+                flops / separate / 1e12,
+                gemm_only * 1e6,
+                flops / gemm_only / 1e12,
+                with_split * 1e6,
+                separate / with_split
+            ),
+            pass: true,
+        });
+    }
+    Ok(())
+}
+
+/// q, k and v made by one GEMM over their stacked weights and cut apart by `split_columns`, against
+/// an f64 product of the same f16 operands and bit for bit against the stacked products; the parts
+/// poisoned with NaN first.
+pub(super) fn stacked_split_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+    let (t, cols) = (37usize, 256usize);
+    let widths = [384usize, 128, 132];
+    let total: usize = widths.iter().sum();
+    let w: Vec<u16> = (0..total * cols)
+        .map(|_| half::f16::from_f32(rng.normal()).to_bits())
+        .collect();
+    let x: Vec<u16> = (0..t * cols)
+        .map(|_| half::f16::from_f32(rng.normal()).to_bits())
+        .collect();
+    let val = |b: u16| half::f16::from_bits(b).to_f32() as f64;
+    let (w_dev, x_dev) = (gpu.upload(&w)?, gpu.upload(&x)?);
+    let mut stacked = gpu.alloc::<f32>(t * total)?;
+    gemm_f16_into(gpu, &w_dev.slice(..), &x_dev, t, total, cols, &mut stacked)?;
+    for n in [3usize, 2] {
+        let parts_w = &widths[..n];
+        let width: usize = parts_w.iter().sum();
+        let mut src = gpu.alloc::<f32>(t * width)?;
+        gemm_f16_into(gpu, &w_dev.slice(..width * cols), &x_dev, t, width, cols, &mut src)?;
+        let mut outs = parts_w
+            .iter()
+            .map(|&r| gpu.upload(&vec![f32::NAN; t * r]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut parts: Vec<_> = outs.iter_mut().zip(parts_w.iter().copied()).collect();
+        split_columns_into(gpu, &src, t, &mut parts)?;
+        let whole = gpu.download(&src)?;
+        let (mut exact, mut worst) = (true, 0f64);
+        let mut at = 0;
+        for (out, &r) in outs.iter().zip(parts_w) {
+            let got = gpu.download(out)?;
+            let mut want = vec![0f64; t * r];
+            for row in 0..t {
+                for o in 0..r {
+                    let wrow = &w[(at + o) * cols..(at + o + 1) * cols];
+                    want[row * r + o] = (0..cols).map(|c| val(wrow[c]) * val(x[row * cols + c])).sum();
+                    exact &= got[row * r + o].to_bits() == whole[row * width + at + o].to_bits();
+                }
+            }
+            worst = worst.max(rel_err(&got, &want));
+            at += r;
+        }
+        // f16 operands are exact; the f32 sums cost far less than this.
+        let bound = 1e-5;
+        table.push(Row {
+            check: format!("gemm stacked, split into {n} parts {parts_w:?}, t={t}"),
+            result: format!(
+                "rel err {worst:.2e} (bound {bound:.0e}); {} the stacked products",
+                if exact { "bit-equal to" } else { "NOT bit-equal to" }
+            ),
+            pass: worst < bound && exact,
+        });
+    }
+    drop(stacked);
     Ok(())
 }
 

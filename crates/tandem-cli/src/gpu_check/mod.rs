@@ -348,6 +348,7 @@ fn kernel_checks(gpu: &Gpu, seed: Option<u64>, table: &mut Vec<Row>) -> Result<(
     decode_rows::decode_rows_checks(gpu, &mut rng, table)?;
     rows::row_checks(gpu, &mut rng, table)?;
     gemm::pair_checks(gpu, &mut rng, table)?;
+    gemm::stacked_split_checks(gpu, &mut rng, table)?;
     int8::mmq_checks(gpu, &mut rng, table)?;
     qmma::qmma_checks(gpu, &mut rng, table)?;
     Ok(())

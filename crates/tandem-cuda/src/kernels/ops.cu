@@ -421,6 +421,27 @@ extern "C" __global__ void __launch_bounds__(256) gated_pair(const u16* __restri
     *(uint4*)(h + row * width + col) = ov;
 }
 
+// Row r of `src` (one stacked GEMM's products of q, k and v, `w0 + w1 + w2` values) cut into its parts:
+// the first w0 values to row r of out0, the next w1 to out1, the last w2 to out2 (w2 = 0: two parts).
+// Widths are multiples of 4: one thread per float4 of a row, grid (float4s of a row / 256, rows).
+extern "C" __global__ void __launch_bounds__(256) split_columns(const float* __restrict__ src,
+                                                                 float* __restrict__ out0, int w0,
+                                                                 float* __restrict__ out1, int w1,
+                                                                 float* __restrict__ out2, int w2) {
+    WAIT_PRIOR_GRID();
+    int col = (blockIdx.x * blockDim.x + threadIdx.x) * 4, width = w0 + w1 + w2;
+    if (col >= width) return;
+    size_t row = blockIdx.y;
+    float4 v = *(const float4*)(src + row * width + col);
+    if (col < w0) {
+        *(float4*)(out0 + row * w0 + col) = v;
+    } else if (col < w0 + w1) {
+        *(float4*)(out1 + row * w1 + col - w0) = v;
+    } else {
+        *(float4*)(out2 + row * w2 + col - w0 - w1) = v;
+    }
+}
+
 // `gated`, and the result quantized for the integer kernels (qfmt RN_Q8K or RN_Q8): one block of 256
 // per (256 elements, row); `width` a multiple of 256.
 extern "C" __global__ void __launch_bounds__(256) gated_quant(float* __restrict__ gate, const float* __restrict__ up,
