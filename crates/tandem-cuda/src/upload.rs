@@ -54,8 +54,9 @@ pub(crate) enum F16Weights {
     /// The uploaded weights themselves: an F16 file's ggml layout already is the operand (row-major
     /// f16), so a copy would only double its memory.
     Original,
-    /// Rows `range` (in f16 elements) of a copy shared with another matrix reading the same input:
-    /// gate's copy followed by up's, so that one GEMM makes both products (`stack_gate_up`).
+    /// Rows `range` (in f16 elements) of a copy shared with the other matrices reading the same input
+    /// (q, k and v; gate and up), in their order, so that one GEMM can make all their products
+    /// (`stack_input_groups`).
     Stacked(Rc<CudaSlice<u16>>, Range<usize>),
 }
 

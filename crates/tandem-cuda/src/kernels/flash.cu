@@ -51,15 +51,33 @@ __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
 }
 
 // Tile `kt` of K or V (BC rows of D halves) into shared memory, rows past nk zero-filled.
-template <int D, int BC>
+// HOISTED: consecutive threads take consecutive 16-byte chunks of a key row, a pass of the block
+// covers PASS rows, and a thread's chunk stays the same from pass to pass, so each copy costs only its
+// key's address (as in `fa_load_tile_wg`): 26-43% fewer SASS instructions in the one-m-tile kernels.
+// The two-m-tile kernel keeps the loop that works out each chunk's place: at its register count the
+// hoisted copies spilled inside its main loop.
+template <int D, int BC, bool HOISTED>
 __device__ __forceinline__ void fa_load_tile(u16* dst, const u16* src, int kt, int nk, int kv_width, int col0) {
-    constexpr int LD = D + 8, CHUNKS = D / 8;
-    for (int i = threadIdx.x; i < BC * CHUNKS; i += FA_THREADS) {
-        int r = i / CHUNKS, c = i % CHUNKS;
-        int key = kt * BC + r;
-        bool valid = key < nk;
-        const u16* s = src + (valid ? (size_t)key * kv_width + col0 + c * 8 : 0);
-        cp_async16(smem_u32(dst + r * LD + c * 8), s, valid);
+    constexpr int LD = D + 8, CHUNKS = D / 8, PASS = FA_THREADS / CHUNKS;
+    if constexpr (HOISTED) {
+        static_assert(FA_THREADS % CHUNKS == 0 && BC % PASS == 0, "whole passes of the tile");
+        int c = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
+        u32 at = smem_u32(dst + r0 * LD + c * 8);
+        const u16* from = src + col0 + c * 8;
+#pragma unroll
+        for (int k = 0; k < BC / PASS; k++) {
+            int key = kt * BC + r0 + k * PASS;
+            bool valid = key < nk;
+            cp_async16(at + k * PASS * LD * 2, from + (valid ? (size_t)key * kv_width : 0), valid);
+        }
+    } else {
+        for (int i = threadIdx.x; i < BC * CHUNKS; i += FA_THREADS) {
+            int r = i / CHUNKS, c = i % CHUNKS;
+            int key = kt * BC + r;
+            bool valid = key < nk;
+            const u16* s = src + (valid ? (size_t)key * kv_width + col0 + c * 8 : 0);
+            cp_async16(smem_u32(dst + r * LD + c * 8), s, valid);
+        }
     }
 }
 
@@ -133,9 +151,9 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ q, const
 
     int begin = plan[qt], end = plan[qt + 1];
     if (begin < end) {
-        fa_load_tile<D, BC>(ks, kc, plan[begin] >> 1, nk, kv_width, col0);
+        fa_load_tile<D, BC, QREG>(ks, kc, plan[begin] >> 1, nk, kv_width, col0);
         cp_async_commit();
-        fa_load_tile<D, BC>(vs, vc, plan[begin] >> 1, nk, kv_width, col0);
+        fa_load_tile<D, BC, QREG>(vs, vc, plan[begin] >> 1, nk, kv_width, col0);
         cp_async_commit();
     }
     // ldmatrix lane addresses (lane l names row l % 8 of matrix l / 8, see the fragment layouts of
@@ -179,7 +197,7 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ q, const
             }
         }
         __syncthreads();  // every warp is done with ks
-        if (e + 1 < end) fa_load_tile<D, BC>(ks, kc, plan[e + 1] >> 1, nk, kv_width, col0);
+        if (e + 1 < end) fa_load_tile<D, BC, QREG>(ks, kc, plan[e + 1] >> 1, nk, kv_width, col0);
         cp_async_commit();
 
         // Scores to log2 units, masked on partial tiles; the running max and sum per row; P as A
@@ -254,7 +272,7 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ q, const
             }
         }
         __syncthreads();  // every warp is done with vs
-        if (e + 1 < end) fa_load_tile<D, BC>(vs, vc, plan[e + 1] >> 1, nk, kv_width, col0);
+        if (e + 1 < end) fa_load_tile<D, BC, QREG>(vs, vc, plan[e + 1] >> 1, nk, kv_width, col0);
         cp_async_commit();
     }
     cp_async_wait<0>();
