@@ -226,8 +226,8 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
             format!("attend_rope_h{nh}_d{d}"),
             format!("attend_rope_rows_h{nh}_d{d}"),
         ],
-        // QMMA(type, batch tiles): the default mode's decode batches on the tensor cores.
-        ("QMMA", [t, b]) => vec![format!("qmma_{t}_b{b}")],
+        // QMMA_Q4_K(batch tiles): the default mode's decode batches on the tensor cores.
+        ("QMMA_Q4_K", [b]) => vec![format!("qmma_q4_k_b{b}")],
         // FLASH_ENTRY(head size, key tile, m-tiles, r|s): the prefill attention variants.
         ("FLASH_ENTRY", [d, k, m, q]) => vec![format!("flash_prefill_d{d}_k{k}_m{m}_{q}")],
         // FLASH_WG_ENTRY(head size, key tile, warpgroups): the warpgroup variants (sm_90).

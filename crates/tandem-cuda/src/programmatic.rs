@@ -125,7 +125,7 @@ mod tests {
     /// Device functions that are a whole kernel's body and wait inside, after their row target and
     /// first weight loads; the statements allowed before their WAIT_PRIOR_GRID(): declarations,
     /// register arithmetic, and loads of weights (which no kernel writes).
-    const WAITING_BODIES: [(&str, &[&str]); 2] = [
+    const WAITING_BODIES: [(&str, &[&str]); 3] = [
         (
             "void mmvq_unstaged(",
             &[
@@ -164,6 +164,30 @@ mod tests {
                 "st.template at_rows<NB>(m, W, rows, cols);",
                 "st.issue(base);",
                 "}",
+            ],
+        ),
+        (
+            "void qmma_q4_k(",
+            &[
+                "int nsb = p.nsb, i = p.i;",
+                "size_t row_bytes = ",
+                "const u8* row = p.W + ",
+                "const u8* qrow = row + ",
+                "const signed char* qs = act_qs(",
+                "const float* dd = act_d(",
+                "auto load = [&](int sb, QmmaQ4kLoad& l) {",
+                "#pragma unroll",
+                "for (int h = 0; h < 2; h++) {",
+                "size_t rh = 8 * h * row_bytes;",
+                "for (int c = 0; c < 4; c++) l.q[h][c] = ld_weights8(",
+                "l.head[h] = ld_weights16_l1(",
+                "}",
+                "};",
+                "float acc[BT][4];",
+                "for (int b = 0; b < BT; b++)",
+                "for (int e = 0; e < 4; e++) acc[b][e] = 0.f;",
+                "QmmaQ4kLoad cur, next;",
+                "if (p.warp < nsb) load(p.warp, cur);",
             ],
         ),
     ];

@@ -169,6 +169,9 @@ __device__ __forceinline__ void qmma_q4_k(const QmmaPlace& p, const u8* __restri
         for (int e = 0; e < 4; e++) acc[b][e] = 0.f;
     QmmaQ4kLoad cur, next;
     if (p.warp < nsb) load(p.warp, cur);
+    // The first weights are in flight before the wait: no kernel writes them, and the activations
+    // (the kernel before's output) are read only after it.
+    WAIT_PRIOR_GRID();
     for (int sb = p.warp; sb < nsb; sb += QMMA_WARPS) {
         if (sb + QMMA_WARPS < nsb) load(sb + QMMA_WARPS, next);
         int isum[BT][4], msum[BT][4];
@@ -224,17 +227,16 @@ __device__ __forceinline__ void qmma_q4_k(const QmmaPlace& p, const u8* __restri
     qmma_store<BT>(p, acc);
 }
 
-// QMMA(type, batch tiles): `qmma_<type>_b<BT>`, up to 8 BT batch rows a grid row (further rows would
+// QMMA_Q4_K(batch tiles): `qmma_q4_k_b<BT>`, up to 8 BT batch rows a grid row (further rows would
 // take further grid rows, each reading the weights again; the route sends batches past 8 rows to
-// cuBLAS over the f16 copy: `routes::BATCH_TUNED_MAX_ROWS`).
-#define QMMA(T, BT)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(32 * QMMA_WARPS) qmma_##T##_b##BT(                        \
+// cuBLAS over the f16 copy: `routes::BATCH_TUNED_MAX_ROWS`). The kernel is one call to the body,
+// which waits for the kernel before once its first weights are in flight.
+#define QMMA_Q4_K(BT)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * QMMA_WARPS) qmma_q4_k_b##BT(                         \
         const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2,                   \
         const u8* __restrict__ A, float* __restrict__ Y0, float* __restrict__ Y1, float* __restrict__ Y2,  \
         int rows0, int rows1, int rows2, int cols, int n_t) {                                              \
-        WAIT_PRIOR_GRID();                                                                                  \
-        QmmaPlace p = QmmaPlace::at(W0, W1, W2, Y0, Y1, Y2, rows0, rows1, rows2, cols, n_t, BT);          \
-        qmma_##T<BT>(p, A, cols);                                                                           \
+        qmma_q4_k<BT>(QmmaPlace::at(W0, W1, W2, Y0, Y1, Y2, rows0, rows1, rows2, cols, n_t, BT), A, cols); \
     }
 
-QMMA(q4_k, 1)
+QMMA_Q4_K(1)
