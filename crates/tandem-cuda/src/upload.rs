@@ -467,20 +467,33 @@ fn stack_input_groups(
 /// The stacked f16 operand of `members` in order (`stack_input_groups`): one view over their copies
 /// when they are adjacent runs of one allocation, first to last.
 pub(crate) fn stacked_operand<'a>(members: &[&'a GpuMatrix]) -> Option<CudaView<'a, u16>> {
-    let mut shared: Option<(&Rc<CudaSlice<u16>>, Range<usize>)> = None;
-    for g in members {
-        let Some(F16Weights::Stacked(all, range)) = &g.f16 else {
-            return None;
-        };
+    let runs = members
+        .iter()
+        .map(|g| match &g.f16 {
+            Some(F16Weights::Stacked(all, range)) => Some((all, range.clone())),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let first = runs.first()?.0;
+    let span = adjacent_span(
+        runs.iter()
+            .map(|(all, range)| (Rc::as_ptr(all) as usize, range.clone())),
+    )?;
+    Some(first.slice(span))
+}
+
+/// The span `runs` (allocation, range) cover together when they are adjacent ranges of one
+/// allocation, in order.
+fn adjacent_span(runs: impl IntoIterator<Item = (usize, Range<usize>)>) -> Option<Range<usize>> {
+    let mut shared: Option<(usize, Range<usize>)> = None;
+    for (id, range) in runs {
         shared = match shared {
-            None => Some((all, range.clone())),
-            Some((first, span)) if Rc::ptr_eq(first, all) && span.end == range.start => {
-                Some((first, span.start..range.end))
-            }
+            None => Some((id, range)),
+            Some((first, span)) if first == id && span.end == range.start => Some((first, span.start..range.end)),
             Some(_) => return None,
         };
     }
-    shared.map(|(all, span)| all.slice(span))
+    shared.map(|(_, span)| span)
 }
 
 /// The kernels `TANDEM_CUDA_SKIP` may leave out: the row kernels between a decode step's matvecs.
@@ -507,6 +520,20 @@ fn skipped_kernels(list: Option<&str>) -> Result<Vec<String>, CudaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_operand_spans_only_adjacent_runs_of_one_allocation_in_order() {
+        assert_eq!(adjacent_span([(1, 0..40), (1, 40..50), (1, 50..60)]), Some(0..60));
+        assert_eq!(
+            adjacent_span([(1, 40..50), (1, 50..60)]),
+            Some(40..60),
+            "a tail of the stack"
+        );
+        assert_eq!(adjacent_span([(1, 0..40), (1, 50..60)]), None, "a gap");
+        assert_eq!(adjacent_span([(1, 40..50), (1, 0..40)]), None, "out of order");
+        assert_eq!(adjacent_span([(1, 0..40), (2, 40..50)]), None, "two allocations");
+        assert_eq!(adjacent_span([]), None);
+    }
 
     #[test]
     fn skipped_kernels_are_known_names() {
