@@ -135,7 +135,13 @@ pub fn to_f16_into(gpu: &Gpu, x: &CudaView<'_, f32>, out: &mut CudaSlice<u16>, n
 }
 
 /// Most parts `split_columns_into` cuts a row into (the kernel's three outputs).
-pub const SPLIT_PARTS: usize = 3;
+const SPLIT_PARTS: usize = 3;
+
+/// Whether `split_columns_into` can cut rows into parts of these widths: one to three parts, each
+/// a whole number of the kernel's float4s.
+pub fn splits_into(widths: &[usize]) -> bool {
+    !widths.is_empty() && widths.len() <= SPLIT_PARTS && widths.iter().all(|w| w.is_multiple_of(4))
+}
 
 /// Rows of `src` (`rows` of the parts' widths summed) cut into `parts`: part i gets the i-th run of
 /// `parts[i].1` columns of each row (q, k and v from one stacked GEMM). Widths are multiples of 4.
@@ -145,33 +151,24 @@ pub fn split_columns_into(
     rows: usize,
     parts: &mut [(&mut CudaSlice<f32>, usize)],
 ) -> Result<(), CudaError> {
-    let width: usize = parts.iter().map(|p| p.1).sum();
-    let fits = !parts.is_empty()
-        && parts.len() <= SPLIT_PARTS
-        && parts
-            .iter()
-            .all(|(out, w)| w.is_multiple_of(4) && out.len() >= rows * w)
+    let widths: Vec<usize> = parts.iter().map(|p| p.1).collect();
+    let width: usize = widths.iter().sum();
+    let fits = splits_into(&widths)
+        && parts.iter().all(|(out, w)| out.len() >= rows * w)
         && src.len() >= rows * width
         && rows <= u16::MAX as usize;
     if !fits {
         return Err(CudaError::Driver {
             what: "split_columns".into(),
             err: format!(
-                "{rows} rows of {width} into {} parts of widths {:?} (at most {SPLIT_PARTS}, multiples of 4)",
-                parts.len(),
-                parts.iter().map(|p| p.1).collect::<Vec<_>>()
+                "{rows} rows of {width} into {} parts of widths {widths:?} (at most {SPLIT_PARTS}, multiples of 4)",
+                parts.len()
             ),
         });
     }
     let n = parts.len();
     let widths: Vec<i32> = (0..SPLIT_PARTS)
-        .map(|i| {
-            if i < n {
-                i32_of(parts[i].1, "split width")
-            } else {
-                Ok(0)
-            }
-        })
+        .map(|i| widths.get(i).map_or(Ok(0), |&w| i32_of(w, "split width")))
         .collect::<Result<_, _>>()?;
     let f = gpu.function("split_columns")?;
     let mut b = gpu.launch_builder(f)?;
@@ -304,4 +301,19 @@ unsafe fn gemm_f16_raw(
         what: format!("cublasGemmEx {rows}x{cols} by {t}"),
         err: format!("{e:?}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_columns_takes_one_to_three_parts_of_whole_float4s() {
+        assert!(splits_into(&[4096, 1024, 1024]));
+        assert!(splits_into(&[384, 128]));
+        assert!(splits_into(&[8]));
+        assert!(!splits_into(&[]));
+        assert!(!splits_into(&[4, 4, 4, 4]), "more parts than the kernel's outputs");
+        assert!(!splits_into(&[4096, 1026]), "a part not a whole number of float4s");
+    }
 }

@@ -7,7 +7,7 @@ use tandem_model::weights::Matrix;
 use tandem_model::ModelError;
 
 use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, ActQuant, MmvqTarget};
-use crate::launch::{gemm_f16_into, matvec_into, split_columns_into, to_f16_into, SPLIT_PARTS};
+use crate::launch::{gemm_f16_into, matvec_into, split_columns_into, splits_into, to_f16_into};
 use crate::model::{CudaModel, GpuAct, Mode};
 use crate::pool::DevBuf;
 use crate::qmma::qmma_group_into;
@@ -190,9 +190,9 @@ impl CudaModel {
     /// `routes::stacked_gemm_and_split` picks it for these rows; `None`: take them one by one.
     fn stacked_gemm(&self, ms: &[&Matrix], gs: &[&GpuMatrix], x: &GpuAct) -> Result<Option<Vec<GpuAct>>, ModelError> {
         let t = x.rows;
-        let total: usize = ms.iter().map(|m| m.rows).sum();
-        let fits = ms.len() <= SPLIT_PARTS && ms.iter().all(|m| m.rows.is_multiple_of(4));
-        if !fits || !routes::stacked_gemm_and_split(t, self.stacked_split_max_rows) {
+        let widths: Vec<usize> = ms.iter().map(|m| m.rows).collect();
+        let total: usize = widths.iter().sum();
+        if !splits_into(&widths) || !routes::stacked_gemm_and_split(t, self.stacked_split_max_rows) {
             return Ok(None);
         }
         if gs.iter().any(|g| self.takes_matvec(g, t)) {
