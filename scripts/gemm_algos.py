@@ -123,7 +123,6 @@ def main():
                                          ctypes.c_void_p(c.data_ptr()), cty, rows, COMPUTE_32F, -1),
                        "cublasGemmEx")
 
-                ref = None
                 base = median_us(gemm_ex, args.reps)
                 ref = c.float().clone()
                 desc, la, lb, lc, pref = (ctypes.c_void_p() for _ in range(5))
