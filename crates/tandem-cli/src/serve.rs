@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_cuda::CudaModel;
 use tandem_engine::serve::{ServingConfig, ServingEngine};
-use tandem_model::{Model, ServingBackend};
+use tandem_model::{Backend, Model, ServingBackend};
 use tandem_server::{AppState, ServerConfig};
 use tandem_tokenizer::{ChatTemplate, Tokenizer};
 
@@ -73,6 +73,10 @@ pub struct ServeArgs {
     /// batched (the CPU always is).
     #[arg(long)]
     deterministic: bool,
+    /// Skip the throwaway pass run before serving (as llama-server's `--no-warmup`): then the first
+    /// request pays the backend's first-use costs (on the GPU, cuBLAS loading its kernels).
+    #[arg(long)]
+    no_warmup: bool,
     /// Print model and memory details to stderr.
     #[arg(long, short = 'v')]
     verbose: bool,
@@ -129,8 +133,28 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         max_queue: args.max_queue,
         max_tokens_limit: args.max_tokens_limit,
     };
+    let warm = WarmUp {
+        // The CPU has no kernels to load: one row reads every weight in. The GPU warms each chunk
+        // size the scheduler takes (each picks its own cuBLAS kernels) and the one-row decode route.
+        rows: match (args.no_warmup, args.device) {
+            (true, _) => vec![],
+            (false, Device::Cpu) => vec![1],
+            (false, Device::Cuda) => vec![1, args.prefill_chunk_busy, args.prefill_chunk],
+        },
+        // GPU decode batches: 2-8 rows each take the route measured for them at load, larger ones
+        // cuBLAS, whose kernels for nearby row counts are shared.
+        batches: match (args.no_warmup, args.device) {
+            (false, Device::Cuda) => WARM_UP_BATCHES.to_vec(),
+            _ => vec![],
+        },
+        n_ctx,
+        verbose: args.verbose,
+    };
     let (engine, device) = match args.device {
-        Device::Cpu => (ServingEngine::start(model, serving), format!("{threads} CPU threads")),
+        Device::Cpu => {
+            let engine = ServingEngine::start_with(move || warm.run(model), serving)?;
+            (engine, format!("{threads} CPU threads"))
+        }
         Device::Cuda => {
             let gpu = GpuServe {
                 ordinal: args.gpu,
@@ -140,7 +164,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
                 kv_budget: args.kv_budget,
             };
             // The CUDA context belongs to the thread that made it: the engine's.
-            let engine = ServingEngine::start_with(move || load_gpu(model, &gpu), serving)?;
+            let engine = ServingEngine::start_with(move || warm.run(load_gpu(model, &gpu)?), serving)?;
             let mode = if args.deterministic { ", deterministic" } else { "" };
             (engine, format!("GPU {}{mode}", args.gpu))
         }
@@ -180,6 +204,36 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         eprintln!("tandem: stopped");
         Ok(())
     })
+}
+
+/// Decode batch sizes the GPU warm-up steps through.
+const WARM_UP_BATCHES: [usize; 10] = [2, 3, 4, 5, 6, 7, 8, 16, 32, 64];
+
+/// The throwaway pass the engine thread runs on its backend before taking requests.
+struct WarmUp {
+    rows: Vec<usize>,
+    batches: Vec<usize>,
+    n_ctx: usize,
+    verbose: bool,
+}
+
+impl WarmUp {
+    fn run<B: Backend>(&self, model: B) -> Result<B> {
+        if self.rows.is_empty() && self.batches.is_empty() {
+            return Ok(model);
+        }
+        let took = tandem_engine::serve::warm_up(&model, &self.rows, &self.batches, self.n_ctx)
+            .context("warming up the model")?;
+        if self.verbose {
+            eprintln!(
+                "warm-up: chunks of {:?} rows, decode batches of {:?} in {:.0} ms",
+                tandem_engine::serve::warm_up_rows(&self.rows, self.n_ctx),
+                self.batches,
+                took.as_secs_f64() * 1e3
+            );
+        }
+        Ok(model)
+    }
 }
 
 /// What the engine thread needs to open the GPU.

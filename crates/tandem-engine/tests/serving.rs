@@ -300,7 +300,7 @@ fn the_kv_budget_queues_what_does_not_fit() {
 }
 
 #[test]
-fn a_backend_made_on_the_engine_thread_serves_and_its_load_error_comes_back() {
+fn a_backend_made_and_warmed_up_on_the_engine_thread_serves_and_its_load_error_comes_back() {
     let refused = ServingEngine::start_with(|| Err::<Model, _>("no device here"), ServingConfig::default());
     assert!(matches!(refused, Err("no device here")));
     let panicked = std::panic::catch_unwind(|| {
@@ -317,11 +317,18 @@ fn a_backend_made_on_the_engine_thread_serves_and_its_load_error_comes_back() {
         ..Default::default()
     };
     let path = model_path(GEMMA.1);
+    // Made on the engine thread, and warmed up there as `tandem serve` does: the throwaway pass leaves
+    // no trace in what the engine then computes.
     let made = ServingEngine::start_with(
-        move || Model::from_file(GgufFile::open(path)?, threads()),
+        move || -> Result<Model, Box<dyn std::error::Error + Send + Sync>> {
+            let model = Model::from_file(GgufFile::open(path)?, threads())?;
+            let took = tandem_engine::serve::warm_up(&model, &[1, 64, 512, 4096], &[2, 5], 512)?;
+            assert!(took > std::time::Duration::ZERO);
+            Ok(model)
+        },
         config.clone(),
     )
-    .expect("the model loads on the engine thread");
+    .expect("the model loads and warms up on the engine thread");
     let (given, tok) = engine(config);
     let prompt = tok.encode("The capital of France is", true, false);
     let bits = |(_, tokens, _): (usize, Vec<(u32, f32)>, FinishReason)| {

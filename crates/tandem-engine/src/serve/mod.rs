@@ -2,8 +2,10 @@
 
 pub mod api;
 mod engine;
+mod warm_up;
 
 pub use api::{
     EngineHandle, EngineStats, Event, FinishReason, GenerationRequest, RequestTimings, SubmitError, TokenLogprob,
 };
 pub use engine::{ServingConfig, ServingEngine};
+pub use warm_up::{warm_up, warm_up_rows};
