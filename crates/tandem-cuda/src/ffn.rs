@@ -1,7 +1,7 @@
 //! The feed-forward block's input to its down projection on the GEMM route: gate's and up's products
-//! written side by side in one f16 buffer, by one GEMM over their stacked copies for chunks under
-//! `routes::STACKED_GATE_UP_MAX_ROWS` rows, else by two GEMMs (always two for F16 files, whose weights
-//! are their own operand), then the gating kernel reads both halves of each row
+//! written side by side in one f16 buffer, by one GEMM over their stacked operands (quantized files'
+//! f16 copies, F16 files' weights themselves, stacked at load) for chunks under
+//! `routes::STACKED_GATE_UP_MAX_ROWS` rows, else by two GEMMs, then the gating kernel reads both halves of each row
 //! and writes the down GEMM's f16 operand. The products are only read there, so they never exist in
 //! f32: that halves the GEMMs' output and the gating kernel's input. Other routes take the
 //! `Backend::gated_products` default (matmuls, then `gated`).

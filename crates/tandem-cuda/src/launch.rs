@@ -79,7 +79,7 @@ pub fn matvec_into(
     gpu: &Gpu,
     family: MatvecFamily,
     suffix: &str,
-    w: &CudaSlice<u8>,
+    w: &CudaView<'_, u8>,
     x: &CudaSlice<f32>,
     t: usize,
     rows: usize,

@@ -148,7 +148,7 @@ impl CudaModel {
                                 &self.gpu,
                                 family,
                                 g.suffix,
-                                &g.quantized,
+                                &g.quantized.view(),
                                 x.buf()?,
                                 t,
                                 m.rows,
@@ -159,7 +159,7 @@ impl CudaModel {
                     }
                     DecodeKernel::Int8 { fmt, .. } if self.route(g, t) == MatmulRoute::QuantMma => {
                         let mut targets = [MmvqTarget {
-                            w: &g.quantized,
+                            w: g.quantized.own()?,
                             rows: m.rows,
                             out: out.buf_mut()?,
                         }];
@@ -174,7 +174,17 @@ impl CudaModel {
                         let buf = out.buf_mut()?;
                         self.with_quantized(x, fmt, |a| {
                             self.profiled(format_args!("matvec Int8 {shape}"), || {
-                                mmvq_into(&self.gpu, g.suffix, variant, &g.quantized, a, t, m.rows, m.cols, buf)
+                                mmvq_into(
+                                    &self.gpu,
+                                    g.suffix,
+                                    variant,
+                                    g.quantized.own()?,
+                                    a,
+                                    t,
+                                    m.rows,
+                                    m.cols,
+                                    buf,
+                                )
                             })
                         })?
                     }
@@ -272,7 +282,7 @@ impl CudaModel {
                     .zip(acts.iter_mut())
                     .map(|(&j, act)| {
                         Ok(MmvqTarget {
-                            w: &gs[j].quantized,
+                            w: gs[j].quantized.own()?,
                             rows: ms[j].rows,
                             out: act.buf_mut()?,
                         })

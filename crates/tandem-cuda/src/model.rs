@@ -370,8 +370,9 @@ impl Backend for CudaModel {
             let scale = c.embed_scale.unwrap_or(1.0);
             let ids_v = self.view(&ids);
             let f = self.gpu.function(&format!("embed_{}", g.suffix))?;
+            let rows = g.embedding_rows();
             let mut b = self.gpu.launch_builder(f)?;
-            b.arg(g.embedding_rows())
+            b.arg(&rows)
                 .arg(&ids_v)
                 .arg(out.buf_mut()?)
                 .arg(&n)

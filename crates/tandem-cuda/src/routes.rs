@@ -379,7 +379,7 @@ mod tests {
         assert!(gate_up_in_one_gemm(STACKED_GATE_UP_MAX_ROWS - 1, true));
         assert!(!gate_up_in_one_gemm(STACKED_GATE_UP_MAX_ROWS, true));
         assert!(!gate_up_in_one_gemm(4096, true));
-        // F16 files keep separate weights: always two GEMMs.
+        // Operands not stacked at load: always two GEMMs.
         assert!(!gate_up_in_one_gemm(512, false));
     }
 

@@ -200,7 +200,7 @@ pub(crate) fn tune_decode(
     };
     for &family in families {
         let secs = time_launches(gpu, &mut flush, &mut || {
-            matvec_into(gpu, family, suffix, w, &x, 1, rows, cols, &mut out)
+            matvec_into(gpu, family, suffix, &w.as_view(), &x, 1, rows, cols, &mut out)
         })?;
         if secs < best.0 {
             best = (secs, DecodeKernel::Float(family));
@@ -325,7 +325,7 @@ fn batch_routes(
                         return Ok(());
                     }
                     for (m, out) in members.iter().zip(outs.iter_mut()) {
-                        matvec_into(gpu, family, suffix, m.w, &x, t, m.rows, cols, out)?;
+                        matvec_into(gpu, family, suffix, &m.w.as_view(), &x, t, m.rows, cols, out)?;
                     }
                     Ok(())
                 })?;
@@ -413,7 +413,9 @@ pub(crate) fn tune_group(
         }
         for (m, out) in members.iter().zip(outs.iter_mut()) {
             match m.kernel {
-                DecodeKernel::Float(family) => matvec_into(gpu, family, suffix, m.original, &x, 1, m.rows, cols, out)?,
+                DecodeKernel::Float(family) => {
+                    matvec_into(gpu, family, suffix, &m.original.as_view(), &x, 1, m.rows, cols, out)?
+                }
                 DecodeKernel::Int8 { variant, .. } => {
                     mmvq_into(gpu, suffix, variant, m.int8_layout(suffix)?, &a, 1, m.rows, cols, out)?
                 }

@@ -25,7 +25,7 @@ use crate::CudaError;
 pub(crate) struct GpuMatrix {
     pub(crate) suffix: &'static str,
     /// The quantized weights, in the layout `decode` reads (the ggml layout unless `Int8` repacked them).
-    pub(crate) quantized: CudaSlice<u8>,
+    pub(crate) quantized: WeightBytes,
     /// The GEMM route's operand (absent in deterministic mode and for the embedding table).
     pub(crate) f16: Option<F16Weights>,
     /// The matvec-route kernel measured fastest for this shape (used for every row count).
@@ -42,8 +42,42 @@ pub(crate) struct GpuMatrix {
 
 impl GpuMatrix {
     /// The rows `embed_*` kernels read (the ggml layout).
-    pub(crate) fn embedding_rows(&self) -> &CudaSlice<u8> {
-        self.embed_rows.as_ref().unwrap_or(&self.quantized)
+    pub(crate) fn embedding_rows(&self) -> CudaView<'_, u8> {
+        match &self.embed_rows {
+            Some(rows) => rows.as_view(),
+            None => self.quantized.view(),
+        }
+    }
+}
+
+/// Where a matrix's uploaded weights live.
+pub(crate) enum WeightBytes {
+    /// An allocation of its own.
+    Own(CudaSlice<u8>),
+    /// Bytes `range` of an allocation shared with the other matrices reading the same input: an F16
+    /// file's q, k and v (gate and up), whose weights are also their GEMM operand, stacked so that one
+    /// GEMM makes all their products (`stack_input_groups`).
+    Part(Rc<CudaSlice<u8>>, Range<usize>),
+}
+
+impl WeightBytes {
+    pub(crate) fn view(&self) -> CudaView<'_, u8> {
+        match self {
+            WeightBytes::Own(w) => w.as_view(),
+            WeightBytes::Part(all, range) => all.slice(range.clone()),
+        }
+    }
+
+    /// The allocation the integer kernels read: always their own, since only F16 weights, which have
+    /// no integer route, are stacked.
+    pub(crate) fn own(&self) -> Result<&CudaSlice<u8>, CudaError> {
+        match self {
+            WeightBytes::Own(w) => Ok(w),
+            WeightBytes::Part(..) => Err(CudaError::Driver {
+                what: "integer-route weights".into(),
+                err: "stacked weights have no integer route".into(),
+            }),
+        }
     }
 }
 
@@ -62,18 +96,11 @@ pub(crate) enum F16Weights {
 
 impl F16Weights {
     /// The operand, given the matrix's uploaded ggml-layout weights.
-    pub(crate) fn view<'a>(&'a self, original: &'a CudaSlice<u8>) -> Result<CudaView<'a, u16>, CudaError> {
+    pub(crate) fn view<'a>(&'a self, original: CudaView<'a, u8>) -> Result<CudaView<'a, u16>, CudaError> {
         match self {
             F16Weights::Copy(w16) => Ok(w16.as_view()),
             F16Weights::Stacked(w16, range) => Ok(w16.slice(range.clone())),
-            // SAFETY: `Original` is only made for F16 weights, whose bytes are `len / 2` f16 values in
-            // a device allocation (aligned for any element type).
-            F16Weights::Original => {
-                unsafe { original.transmute::<u16>(original.len() / 2) }.ok_or_else(|| CudaError::Driver {
-                    what: "f16 weights".into(),
-                    err: "buffer too small for its f16 view".into(),
-                })
-            }
+            F16Weights::Original => f16_of_bytes(original),
         }
     }
 }
@@ -81,8 +108,18 @@ impl F16Weights {
 impl GpuMatrix {
     /// The GEMM route's operand, when this matrix has one.
     pub(crate) fn f16_view(&self) -> Result<Option<CudaView<'_, u16>>, CudaError> {
-        self.f16.as_ref().map(|f| f.view(&self.quantized)).transpose()
+        self.f16.as_ref().map(|f| f.view(self.quantized.view())).transpose()
     }
+}
+
+/// F16 weights' bytes as their f16 values.
+fn f16_of_bytes(bytes: CudaView<'_, u8>) -> Result<CudaView<'_, u16>, CudaError> {
+    // SAFETY: only F16 weights are viewed so: `len / 2` f16 values from an even offset of a device
+    // allocation (every matrix's byte count is even, and allocations are aligned for any type).
+    unsafe { bytes.transmute::<u16>(bytes.len() / 2) }.ok_or_else(|| CudaError::Driver {
+        what: "f16 weights".into(),
+        err: "buffer too small for its f16 view".into(),
+    })
 }
 
 /// A matrix uploaded and timed, its layouts not yet settled: a group member keeps both the ggml and
@@ -241,7 +278,7 @@ impl CudaModel {
                 Some(&t) => t,
                 None => {
                     let int8 = int8_fmt.zip(repacked.as_ref().map(|r| r.as_ref().unwrap_or(&original)));
-                    let w16 = f16.as_ref().map(|f| f.view(&original)).transpose()?;
+                    let w16 = f16.as_ref().map(|f| f.view(original.as_view())).transpose()?;
                     let t = tune_decode(
                         &gpu,
                         suffix,
@@ -299,7 +336,7 @@ impl CudaModel {
                                     kernel: p.tuning.kernel,
                                     original: &p.original,
                                     int8: p.int8_layout(),
-                                    f16: p.f16.as_ref().map(|f| f.view(&p.original)).transpose()?,
+                                    f16: p.f16.as_ref().map(|f| f.view(p.original.as_view())).transpose()?,
                                 })
                             })
                             .collect::<Result<Vec<_>, CudaError>>()?;
@@ -337,7 +374,7 @@ impl CudaModel {
             if p.embed_rows.is_some() {
                 memory.tied_output_int8 += p.original.len();
             }
-            let quantized = p.repacked.flatten().unwrap_or(p.original);
+            let quantized = WeightBytes::Own(p.repacked.flatten().unwrap_or(p.original));
             matrices.insert(
                 name,
                 GpuMatrix {
@@ -419,10 +456,11 @@ impl CudaModel {
     }
 }
 
-/// Moves the f16 copies of each group of matrices reading one input (a layer's q, k and v; its gate
-/// and up) into one allocation, in the group's order, so that one GEMM can make all their products
-/// (`matmul.rs`, `ffn.rs`). The same memory as separate copies (one group's worth more while it
-/// moves); F16 files keep their weights as the operand, so their GEMMs stay separate.
+/// Moves the f16 operands of each group of matrices reading one input (a layer's q, k and v; its
+/// gate and up) into one allocation, in the group's order, so that one GEMM can make all their
+/// products (`matmul.rs`, `ffn.rs`): the dequantized copies of a quantized file, or an F16 file's
+/// weights themselves (their matvecs then read their part of the allocation). The same memory as
+/// before (one group's worth more while it moves).
 fn stack_input_groups(
     gpu: &Gpu,
     w: &tandem_model::weights::Weights,
@@ -432,61 +470,98 @@ fn stack_input_groups(
         if group.iter().any(|m| m.cols != group[0].cols) {
             continue;
         }
-        let copies: Option<Vec<&CudaSlice<u16>>> = group
+        let members: Option<Vec<&GpuMatrix>> = group.iter().map(|m| matrices.get(&m.name)).collect();
+        let Some(members) = members else { continue };
+        if let Some(copies) = members
             .iter()
-            .map(|m| match matrices.get(&m.name).and_then(|g| g.f16.as_ref()) {
-                Some(F16Weights::Copy(w16)) => Some(w16),
+            .map(|g| match &g.f16 {
+                Some(F16Weights::Copy(w16)) => Some(w16.as_view()),
                 _ => None,
             })
-            .collect();
-        let Some(copies) = copies else { continue };
-        let total = copies.iter().map(|c| c.len()).sum();
-        let mut all = gpu.alloc_out::<u16>(total)?;
-        let mut ranges = Vec::with_capacity(copies.len());
-        let mut at = 0;
-        for (m, copy) in group.iter().zip(&copies) {
-            let range = at..at + copy.len();
-            driver(
-                &format!("cuMemcpyDtoD (stack {})", m.name),
-                gpu.stream.memcpy_dtod(*copy, &mut all.slice_mut(range.clone())),
-            )?;
-            at = range.end;
-            ranges.push(range);
-        }
-        let all = Rc::new(all);
-        for (m, range) in group.iter().zip(ranges) {
-            if let Some(g) = matrices.get_mut(&m.name) {
-                // The separate copy is freed here, once the stream has copied it.
-                g.f16 = Some(F16Weights::Stacked(Rc::clone(&all), range));
+            .collect::<Option<Vec<_>>>()
+        {
+            let (all, ranges) = concatenate(gpu, &group, &copies)?;
+            let all = Rc::new(all);
+            for (m, range) in group.iter().zip(ranges) {
+                if let Some(g) = matrices.get_mut(&m.name) {
+                    // The separate copy is freed here, once the stream has copied it.
+                    g.f16 = Some(F16Weights::Stacked(Rc::clone(&all), range));
+                }
+            }
+        } else if let Some(own) = members
+            .iter()
+            .map(|g| match (&g.f16, &g.quantized) {
+                (Some(F16Weights::Original), WeightBytes::Own(bytes)) => Some(bytes.as_view()),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+        {
+            let (all, ranges) = concatenate(gpu, &group, &own)?;
+            let all = Rc::new(all);
+            for (m, range) in group.iter().zip(ranges) {
+                if let Some(g) = matrices.get_mut(&m.name) {
+                    g.quantized = WeightBytes::Part(Rc::clone(&all), range);
+                }
             }
         }
     }
     Ok(())
 }
 
-/// The stacked f16 operand of `members` in order (`stack_input_groups`): one view over their copies
-/// when they are adjacent runs of one allocation, first to last.
+/// `parts` (one a member of `group`) copied one after another into a new allocation, and the range
+/// each took there.
+fn concatenate<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    group: &[&Matrix],
+    parts: &[CudaView<'_, T>],
+) -> Result<(CudaSlice<T>, Vec<Range<usize>>), CudaError> {
+    let total = parts.iter().map(|c| c.len()).sum();
+    let mut all = gpu.alloc_out::<T>(total)?;
+    let mut ranges = Vec::with_capacity(parts.len());
+    let mut at = 0;
+    for (m, part) in group.iter().zip(parts) {
+        let range = at..at + part.len();
+        driver(
+            &format!("cuMemcpyDtoD (stack {})", m.name),
+            gpu.stream.memcpy_dtod(part, &mut all.slice_mut(range.clone())),
+        )?;
+        at = range.end;
+        ranges.push(range);
+    }
+    Ok((all, ranges))
+}
+
+/// The stacked f16 operand of `members` in order (`stack_input_groups`): one view over their
+/// operands when they are adjacent runs of one allocation, first to last.
 pub(crate) fn stacked_operand<'a>(members: &[&'a GpuMatrix]) -> Option<CudaView<'a, u16>> {
-    let runs = members
-        .iter()
-        .map(|g| match &g.f16 {
-            Some(F16Weights::Stacked(all, range)) => Some((all, range.clone())),
-            _ => None,
-        })
-        .collect::<Option<Vec<_>>>()?;
-    let first = runs.first()?.0;
-    let span = adjacent_span(
-        runs.iter()
-            .map(|(all, range)| (Rc::as_ptr(all) as usize, range.clone())),
-    )?;
-    Some(first.slice(span))
+    let first = members.first()?;
+    match (&first.f16, &first.quantized) {
+        (Some(F16Weights::Stacked(all, _)), _) => {
+            let span = adjacent_span(members.iter().map(|g| match &g.f16 {
+                Some(F16Weights::Stacked(all, range)) => Some((Rc::as_ptr(all) as usize, range.clone())),
+                _ => None,
+            }))?;
+            Some(all.slice(span))
+        }
+        (Some(F16Weights::Original), WeightBytes::Part(all, _)) => {
+            let span = adjacent_span(members.iter().map(|g| match (&g.f16, &g.quantized) {
+                (Some(F16Weights::Original), WeightBytes::Part(all, range)) => {
+                    Some((Rc::as_ptr(all) as usize, range.clone()))
+                }
+                _ => None,
+            }))?;
+            f16_of_bytes(all.slice(span)).ok()
+        }
+        _ => None,
+    }
 }
 
 /// The span `runs` (allocation, range) cover together when they are adjacent ranges of one
-/// allocation, in order.
-fn adjacent_span(runs: impl IntoIterator<Item = (usize, Range<usize>)>) -> Option<Range<usize>> {
+/// allocation, in order (`None` as well where a run is `None`).
+fn adjacent_span(runs: impl IntoIterator<Item = Option<(usize, Range<usize>)>>) -> Option<Range<usize>> {
     let mut shared: Option<(usize, Range<usize>)> = None;
-    for (id, range) in runs {
+    for run in runs {
+        let (id, range) = run?;
         shared = match shared {
             None => Some((id, range)),
             Some((first, span)) if first == id && span.end == range.start => Some((first, span.start..range.end)),
@@ -523,16 +598,18 @@ mod tests {
 
     #[test]
     fn one_operand_spans_only_adjacent_runs_of_one_allocation_in_order() {
-        assert_eq!(adjacent_span([(1, 0..40), (1, 40..50), (1, 50..60)]), Some(0..60));
+        let span = |runs: &[(usize, Range<usize>)]| adjacent_span(runs.iter().cloned().map(Some));
+        assert_eq!(span(&[(1, 0..40), (1, 40..50), (1, 50..60)]), Some(0..60));
+        assert_eq!(span(&[(1, 40..50), (1, 50..60)]), Some(40..60), "a tail of the stack");
+        assert_eq!(span(&[(1, 0..40), (1, 50..60)]), None, "a gap");
+        assert_eq!(span(&[(1, 40..50), (1, 0..40)]), None, "out of order");
+        assert_eq!(span(&[(1, 0..40), (2, 40..50)]), None, "two allocations");
+        assert_eq!(span(&[]), None);
         assert_eq!(
-            adjacent_span([(1, 40..50), (1, 50..60)]),
-            Some(40..60),
-            "a tail of the stack"
+            adjacent_span([Some((1, 0..40)), None, Some((1, 40..50))]),
+            None,
+            "a member not stacked"
         );
-        assert_eq!(adjacent_span([(1, 0..40), (1, 50..60)]), None, "a gap");
-        assert_eq!(adjacent_span([(1, 40..50), (1, 0..40)]), None, "out of order");
-        assert_eq!(adjacent_span([(1, 0..40), (2, 40..50)]), None, "two allocations");
-        assert_eq!(adjacent_span([]), None);
     }
 
     #[test]

@@ -305,7 +305,7 @@ fn kernel_checks(gpu: &Gpu, seed: Option<u64>, table: &mut Vec<Row>) -> Result<(
             let x_dev = gpu.upload(&x)?;
             for (f, family) in families.into_iter().enumerate() {
                 let mut out = gpu.upload(&vec![f32::NAN; t * rows])?;
-                matvec_into(gpu, family, suffix, &w_dev, &x_dev, t, rows, cols, &mut out)?;
+                matvec_into(gpu, family, suffix, &w_dev.as_view(), &x_dev, t, rows, cols, &mut out)?;
                 let mv = gpu.download(&out)?;
                 worst_mv[f] = worst_mv[f].max(rel_err(&mv, &reference));
                 // Batch invariance: each row of a batched matvec equals that row computed alone.
@@ -313,7 +313,7 @@ fn kernel_checks(gpu: &Gpu, seed: Option<u64>, table: &mut Vec<Row>) -> Result<(
                     for i in 0..t {
                         let xi = gpu.upload(&x[i * cols..(i + 1) * cols])?;
                         let mut oi = gpu.upload(&vec![f32::NAN; rows])?;
-                        matvec_into(gpu, family, suffix, &w_dev, &xi, 1, rows, cols, &mut oi)?;
+                        matvec_into(gpu, family, suffix, &w_dev.as_view(), &xi, 1, rows, cols, &mut oi)?;
                         let alone = gpu.download(&oi)?;
                         let batched = &mv[i * rows..(i + 1) * rows];
                         batch_bits_equal[f] &= alone.iter().zip(batched).all(|(a, b)| a.to_bits() == b.to_bits());
@@ -412,13 +412,23 @@ fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
             MatvecFamily::Lanewise,
         ] {
             for w in &copies {
-                matvec_into(gpu, family, suffix, w, &x, 1, rows, cols, &mut out)?;
+                matvec_into(gpu, family, suffix, &w.as_view(), &x, 1, rows, cols, &mut out)?;
             }
             gpu.synchronize()?;
             let iters = 40;
             let t0 = Instant::now();
             for i in 0..iters {
-                matvec_into(gpu, family, suffix, &copies[i % 4], &x, 1, rows, cols, &mut out)?;
+                matvec_into(
+                    gpu,
+                    family,
+                    suffix,
+                    &copies[i % 4].as_view(),
+                    &x,
+                    1,
+                    rows,
+                    cols,
+                    &mut out,
+                )?;
             }
             gpu.synchronize()?;
             let secs = t0.elapsed().as_secs_f64() / iters as f64;
