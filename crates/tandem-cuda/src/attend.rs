@@ -364,6 +364,110 @@ pub fn rope_kv_store_into(gpu: &Gpu, s: &RopeStoreShape, b: RopeStoreBuffers<'_>
     Ok(())
 }
 
+/// The `kv_store` kernel (`kernels/ops.cu`): `rows` rows of K and V (f32, `width` wide) to f16 cache
+/// rows `dst` (-1: skipped), which must lie within the cache (device data, not checked here).
+pub fn kv_store_into(
+    gpu: &Gpu,
+    (k, v): (&CudaView<'_, f32>, &CudaView<'_, f32>),
+    (kc, vc): (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
+    dst: &CudaView<'_, i32>,
+    rows: usize,
+    width: usize,
+) -> Result<(), CudaError> {
+    if k.len().min(v.len()) < rows * width || dst.len() < rows || kc.len().min(vc.len()) < width {
+        return Err(CudaError::Driver {
+            what: "kv_store".into(),
+            err: format!(
+                "{rows} rows of {width} with {} K, {} V, {} rows listed",
+                k.len(),
+                v.len(),
+                dst.len()
+            ),
+        });
+    }
+    let wi = i32_of(width, "kv width")?;
+    let f = gpu.function("kv_store")?;
+    let mut b = gpu.launch_builder(f)?;
+    b.arg(k).arg(v).arg(kc).arg(vc).arg(dst).arg(&wi);
+    // SAFETY: the arguments match the kernel's signature in order and type; the rows read are within
+    // K and V (checked above) and the caller's `dst` rows within the cache.
+    driver("kv_store", unsafe { b.launch(launch_cfg((rows as u32, 1, 1), 256)) })?;
+    Ok(())
+}
+
+/// `split_rope_kv_store`'s buffers: a chunk's stacked q|k|v products `qkv` (rows of `n_head +
+/// 2 n_kv_head` heads), the rows' rotated q out, the cache (`kc`, `vc`: f16 bits), each row's cache
+/// row `dst` (-1: not stored) and position `pos`. As for `rope_kv_store`, the rows in `dst` must lie
+/// within the cache.
+pub struct SplitRopeStoreBuffers<'a> {
+    pub qkv: CudaView<'a, f32>,
+    pub q: CudaViewMut<'a, f32>,
+    pub kc: CudaViewMut<'a, u16>,
+    pub vc: CudaViewMut<'a, u16>,
+    pub dst: CudaView<'a, i32>,
+    pub pos: CudaView<'a, i32>,
+}
+
+/// The `split_rope_kv_store` kernel (`kernels/ops.cu`): a prefill chunk's stacked products cut into
+/// q, rotated, and K and V rotated and stored, with the bits of `split_columns`, `rope` and `kv_store`
+/// in turn (`tandem gpu-check` compares them).
+pub fn split_rope_kv_store_into(gpu: &Gpu, s: &RopeStoreShape, b: SplitRopeStoreBuffers<'_>) -> Result<(), CudaError> {
+    let (qw, kvw) = (s.n_head * s.head_dim, s.n_kv_head * s.head_dim);
+    let fits = b.q.len() >= s.rows * qw
+        && b.qkv.len() >= s.rows * (qw + 2 * kvw)
+        && b.dst.len().min(b.pos.len()) >= s.rows
+        && b.kc.len().min(b.vc.len()) >= kvw
+        && s.rope.n_rot >= 2
+        && s.rope.n_rot.is_multiple_of(2)
+        && s.rope.n_rot <= s.head_dim;
+    if !fits {
+        return Err(CudaError::Driver {
+            what: "split_rope_kv_store".into(),
+            err: format!(
+                "{} rows of {} + 2 x {} heads of {} (n_rot {}) with {} stacked, {} q, {} cache and {} row values",
+                s.rows,
+                s.n_head,
+                s.n_kv_head,
+                s.head_dim,
+                s.rope.n_rot,
+                b.qkv.len(),
+                b.q.len(),
+                b.kc.len().min(b.vc.len()),
+                b.dst.len().min(b.pos.len())
+            ),
+        });
+    }
+    let n = s.rows * (s.n_head + s.n_kv_head).div_ceil(crate::rows::ROPE_HEADS) * (s.rope.n_rot / 2);
+    let ints = |n: usize, what: &str| i32_of(n, what);
+    // The kernel's thread index is 32-bit.
+    ints(n, "threads")?;
+    let (rows, nq, nkv) = (
+        ints(s.rows, "rows")?,
+        ints(s.n_head, "heads")?,
+        ints(s.n_kv_head, "kv heads")?,
+    );
+    let (hd, n_rot) = (ints(s.head_dim, "head dim")?, ints(s.rope.n_rot, "n_rot")?);
+    let neox = i32::from(s.rope.style == RopeStyle::Neox);
+    let (mut q, mut kc, mut vc) = (b.q, b.kc, b.vc);
+    let f = gpu.function("split_rope_kv_store")?;
+    let mut l = gpu.launch_builder(f)?;
+    l.arg(&b.qkv)
+        .arg(&mut q)
+        .arg(&mut kc)
+        .arg(&mut vc)
+        .arg(&b.dst)
+        .arg(&b.pos);
+    l.arg(&rows).arg(&nq).arg(&nkv).arg(&hd).arg(&n_rot);
+    l.arg(&s.rope.freq_base).arg(&s.rope.freq_scale).arg(&neox);
+    // SAFETY: the arguments match the kernel's signature in order and type, and every buffer holds
+    // its rows (checked above, the thread count within the kernel's 32-bit index); the cache rows in
+    // `dst` are the caller's placement's, within the cache.
+    driver("split_rope_kv_store", unsafe {
+        l.launch(launch_cfg((blocks(n, 128), 1, 1), 128))
+    })?;
+    Ok(())
+}
+
 /// The fused decode step's inputs on the model's side: the projections' K and V rows, the staged cache
 /// row, and the layer's RoPE.
 struct FreshInputs<'a> {
@@ -411,7 +515,7 @@ impl CudaModel {
         if self.mode.get() == Mode::Normal && routes::attention_route(t, self.deterministic) == AttentionRoute::Flash {
             if let Some(keys) = key_range(positions, window, source) {
                 return self.profiled("attend (flash)", || {
-                    self.attend_flash(io, rows, kc, vc, keys, positions, window)
+                    self.attend_flash(io.q, io.out, rows, kc, vc, keys, positions, window)
                 });
             }
         }
@@ -557,17 +661,10 @@ impl CudaModel {
         let w = io.k.width;
         let kv = io.k.buf()?.slice(rows.start * w..rows.end * w);
         let vv = io.v.buf()?.slice(rows.start * w..rows.end * w);
-        let wi = i32_of(w, "kv width")?;
         let dst_v = self.view(&dst);
-        let f = self.gpu.function("kv_store")?;
-        let mut b = self.gpu.launch_builder(f)?;
-        b.arg(&kv).arg(&vv).arg(kc).arg(vc).arg(&dst_v).arg(&wi);
         self.profiled("kv_store", || {
-            driver("kv_store", unsafe {
-                b.launch(launch_cfg((rows.len() as u32, 1, 1), 256))
-            })
-        })?;
-        Ok(())
+            kv_store_into(&self.gpu, (&kv, &vv), (kc, vc), &dst_v, rows.len(), w)
+        })
     }
 
     /// What an attention call over `rows` of layer `layer` needs besides its rows: the quantized form

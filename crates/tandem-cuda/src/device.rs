@@ -282,6 +282,7 @@ mod tests {
             "gather_rows",
             "kv_store",
             "kv_gather",
+            "split_rope_kv_store",
         ] {
             assert!(ops.contains(&k.to_string()), "{k} in {ops:?}");
         }

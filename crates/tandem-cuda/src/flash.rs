@@ -17,7 +17,6 @@ use std::ops::Range;
 use std::rc::Rc;
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
-use tandem_model::backend::AttendRows;
 
 use crate::device::{allow_dynamic_shared, driver, Gpu};
 use crate::launch::{i32_of, launch_cfg};
@@ -330,7 +329,8 @@ impl CudaModel {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attend_flash(
         &self,
-        io: &mut AttendRows<'_, GpuAct>,
+        q: &GpuAct,
+        out: &mut GpuAct,
         rows: &Range<usize>,
         kc: &CudaSlice<u16>,
         vc: &CudaSlice<u16>,
@@ -354,8 +354,8 @@ impl CudaModel {
             scale: c.attn_scale,
         };
         let key_rows = keys.phys * kvw..(keys.phys + keys.n) * kvw;
-        let q = io.q.buf()?.slice(rows.start * qw..rows.end * qw);
-        let mut out = io.out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
+        let q = q.buf()?.slice(rows.start * qw..rows.end * qw);
+        let mut out = out.buf_mut()?.slice_mut(rows.start * qw..rows.end * qw);
         flash_attention_into(
             &self.gpu,
             variant,

@@ -40,6 +40,7 @@ pub mod nvrtc;
 pub mod pool;
 mod profile;
 mod programmatic;
+mod project;
 pub mod qmma;
 pub mod routes;
 pub mod rows;

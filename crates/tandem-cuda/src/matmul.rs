@@ -39,7 +39,7 @@ impl CudaModel {
     }
 
     /// `gemm` into `out` (`x.rows` rows of `out.width`, the rows of `w16`).
-    fn gemm_into_act(&self, w16: &CudaView<'_, u16>, x: &GpuAct, out: &mut GpuAct) -> Result<(), CudaError> {
+    pub(crate) fn gemm_into_act(&self, w16: &CudaView<'_, u16>, x: &GpuAct, out: &mut GpuAct) -> Result<(), CudaError> {
         let (t, cols, rows) = (x.rows, x.width, out.width);
         let x16 = self.f16_operand(x)?;
         let done = gemm_f16_into(&self.gpu, w16, &x16, t, rows, cols, out.buf_mut()?);
@@ -202,13 +202,7 @@ impl CudaModel {
         let t = x.rows;
         let widths: Vec<usize> = ms.iter().map(|m| m.rows).collect();
         let total: usize = widths.iter().sum();
-        if !splits_into(&widths) || !routes::stacked_gemm_and_split(t, self.stacked_split_max_rows) {
-            return Ok(None);
-        }
-        if gs.iter().any(|g| self.takes_matvec(g, t)) {
-            return Ok(None);
-        }
-        let Some(w16) = stacked_operand(gs) else {
+        let Some(w16) = self.stacked_route(ms, gs, t) else {
             return Ok(None);
         };
         let cols = x.width;
@@ -231,6 +225,25 @@ impl CudaModel {
             split_columns_into(&self.gpu, all.buf()?, t, &mut parts)
         })?;
         Ok(Some(outs))
+    }
+
+    /// The stacked f16 operand of `gs` (matrices `ms` reading one input) when `t` rows of them take one
+    /// GEMM whose product `split_columns` can cut: every member on the GEMM route, their operands
+    /// adjacent, `routes::stacked_gemm_and_split` choosing it for these rows.
+    pub(crate) fn stacked_route<'a>(
+        &self,
+        ms: &[&Matrix],
+        gs: &[&'a GpuMatrix],
+        t: usize,
+    ) -> Option<CudaView<'a, u16>> {
+        let widths: Vec<usize> = ms.iter().map(|m| m.rows).collect();
+        if !splits_into(&widths) || !routes::stacked_gemm_and_split(t, self.stacked_split_max_rows) {
+            return None;
+        }
+        if gs.iter().any(|g| self.takes_matvec(g, t)) {
+            return None;
+        }
+        stacked_operand(gs)
     }
 
     /// `Backend::matmuls`.

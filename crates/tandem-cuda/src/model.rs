@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use tandem_backend::cpu::ops::RopeParams;
-use tandem_model::backend::{split_logits, AttendRows, Backend, QkvRows};
+use tandem_model::backend::{split_logits, AttendRows, Backend, HeadNorms, QkvRows};
 use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm, Weights};
 use tandem_model::{Logits, Model, ModelConfig, ModelError, Span};
@@ -162,6 +162,9 @@ pub struct CudaModel {
     /// Rows up to which q, k and v take one stacked GEMM and a split (`routes::STACKED_SPLIT_MAX_ROWS`
     /// unless `TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS` says otherwise; 0 turns it off).
     pub(crate) stacked_split_max_rows: usize,
+    /// Whether prefill chunks on the stacked q/k/v GEMM cut, rotate and store its product in one
+    /// launch (`project.rs`; `TANDEM_CUDA_FUSED_QKV_STORE=0` turns it off, to compare).
+    pub(crate) fused_qkv_store: bool,
 }
 
 impl Drop for CudaModel {
@@ -470,6 +473,22 @@ impl Backend for CudaModel {
         rope: &RopeParams,
     ) -> Result<(), ModelError> {
         self.rope_store_attend(scratch, layer, spans, span_rows, qkv, positions, rope)
+    }
+
+    fn project_and_attend(
+        &self,
+        scratch: &mut GpuScratch,
+        layer: usize,
+        spans: &mut [Span<GpuSequenceKv>],
+        span_rows: &[Range<usize>],
+        x: GpuAct,
+        m: [&Matrix; 3],
+        out: &mut GpuAct,
+        head_norms: Option<HeadNorms<'_>>,
+        positions: &[usize],
+        rope: &RopeParams,
+    ) -> Result<(), ModelError> {
+        self.project_rope_store_attend(scratch, layer, spans, span_rows, x, m, out, head_norms, positions, rope)
     }
 
     fn gated(&self, gate: &mut GpuAct, up: &GpuAct, act: Activation, reader: &Matrix) -> Result<(), ModelError> {

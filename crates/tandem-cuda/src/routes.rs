@@ -19,8 +19,10 @@
 //!   compute-bound, so the weights are kept in the form the tensor cores read fastest, at 2 bytes per
 //!   weight of memory. Matrices reading one input keep their copies side by side (a layer's q, k and
 //!   v; its gate and up), so one GEMM can make all their products where that is faster: q, k and v
-//!   in chunks of up to `STACKED_SPLIT_MAX_ROWS` rows (then cut apart by `split_columns`), gate and up
-//!   below `STACKED_GATE_UP_MAX_ROWS` (`ffn.rs`, into one f16 buffer the gating kernel reads).
+//!   in chunks of up to `STACKED_SPLIT_MAX_ROWS` rows (then cut apart by `split_columns`; where one
+//!   span's chunk without QK-norm goes on to flash attention over the cache in place, cut, rotated
+//!   and stored by one `split_rope_kv_store` instead, `project.rs`), gate and up below
+//!   `STACKED_GATE_UP_MAX_ROWS` (`ffn.rs`, into one f16 buffer the gating kernel reads).
 //! - `deterministic`: always `Matvec`, whose per-element summation order depends on the matrix width
 //!   alone, so logits are bit-identical across chunk sizes and batch compositions. There, chunks of
 //!   `int8::MMQ_MIN_ROWS` or more rows times Q4_K, Q6_K or Q8_0 matrices run the integer matvec's sums on

@@ -29,7 +29,7 @@ const RN_MAX_Q8K_WIDTH: usize = 8192;
 /// float4s an `add_norm_rows` thread holds: rows of up to 1024 × RNR_VECS values.
 const RNR_VECS: usize = 8;
 /// Heads one `rope` thread rotates (`ROPE_HEADS` in `kernels/ops.cu`).
-const ROPE_HEADS: usize = 8;
+pub(crate) const ROPE_HEADS: usize = 8;
 
 /// The residual half of the row kernels' flags: an add when there is a `y`, normed by a post-norm
 /// when there is one.
@@ -157,6 +157,56 @@ pub fn add_norm_to_into(
     driver("add_norm_to", unsafe {
         b.launch(launch_cfg((rows as u32, 1, 1), NORM_THREADS))
     })?;
+    Ok(())
+}
+
+/// The `rope` kernel (`kernels/ops.cu`): RoPE in place on every `hd`-wide head of `rows` rows of `x`
+/// (`xw` wide) and of `y` (`yw` wide; none: 0), row r at position `pos[r]`.
+pub fn rope_into(
+    gpu: &Gpu,
+    x: &mut CudaSlice<f32>,
+    y: Option<&mut CudaSlice<f32>>,
+    pos: &cudarc::driver::CudaView<'_, i32>,
+    (rows, xw, yw, hd): (usize, usize, usize, usize),
+    rope: &RopeParams,
+) -> Result<(), CudaError> {
+    let (nx, ny) = (xw / hd.max(1), yw / hd.max(1));
+    let fits = hd > 0
+        && xw.is_multiple_of(hd)
+        && yw.is_multiple_of(hd)
+        && x.len() >= rows * xw
+        && y.as_ref().map_or(yw == 0, |y| y.len() >= rows * yw)
+        && pos.len() >= rows
+        && rope.n_rot.is_multiple_of(2)
+        && rope.n_rot <= hd;
+    if !fits {
+        return Err(CudaError::Driver {
+            what: "rope".into(),
+            err: format!("{rows} rows of {xw} + {yw} in heads of {hd} (n_rot {})", rope.n_rot),
+        });
+    }
+    let n = rows * (nx + ny).div_ceil(ROPE_HEADS) * (rope.n_rot / 2);
+    let (rows, nxi, nyi, hdi, nr) = (
+        i32_of(rows, "rows")?,
+        i32_of(nx, "heads")?,
+        i32_of(ny, "heads")?,
+        i32_of(hd, "head dim")?,
+        i32_of(rope.n_rot, "n_rot")?,
+    );
+    let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
+    let f = gpu.function("rope")?;
+    let mut b = gpu.launch_builder(f)?;
+    let no_heads = 0u64;
+    b.arg(x);
+    match y {
+        Some(y) => b.arg(y),
+        None => b.arg(&no_heads),
+    };
+    b.arg(pos).arg(&rows).arg(&nxi).arg(&nyi).arg(&hdi).arg(&nr);
+    b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
+    // SAFETY: the arguments match the kernel's signature in order and type, every buffer holds its
+    // rows (checked above), and an absent `y` has no heads, so the kernel never reads its pointer.
+    driver("rope", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
     Ok(())
 }
 
@@ -294,28 +344,13 @@ impl CudaModel {
         }
         self.profiled("rope", || {
             let hd = self.cpu.config.head_dim;
-            let (nx, ny) = (x.width / hd, y.as_ref().map_or(0, |y| y.width / hd));
-            let n = x.rows * (nx + ny).div_ceil(ROPE_HEADS) * (rope.n_rot / 2);
-            let (rows, nxi, nyi, hdi, nr) = (
-                i32_of(x.rows, "rows")?,
-                i32_of(nx, "heads")?,
-                i32_of(ny, "heads")?,
-                i32_of(hd, "head dim")?,
-                i32_of(rope.n_rot, "n_rot")?,
-            );
-            let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
-            let pos_v = self.view(&pos);
-            let f = self.gpu.function("rope")?;
-            let mut b = self.gpu.launch_builder(f)?;
-            let no_heads = 0u64;
-            b.arg(x.buf_mut()?);
-            match y.as_mut() {
-                Some(y) => b.arg(y.buf_mut()?),
-                None => b.arg(&no_heads),
+            let (rows, xw) = (x.rows, x.width);
+            let yw = y.as_ref().map_or(0, |y| y.width);
+            let y = match y.as_mut() {
+                Some(y) => Some(y.buf_mut()?),
+                None => None,
             };
-            b.arg(&pos_v).arg(&rows).arg(&nxi).arg(&nyi).arg(&hdi).arg(&nr);
-            b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
-            driver("rope", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;
+            rope_into(&self.gpu, x.buf_mut()?, y, &self.view(&pos), (rows, xw, yw, hd), rope)?;
             Ok(())
         })
     }

@@ -452,6 +452,7 @@ impl CudaModel {
             profiler_window: ProfilerWindow::from_env()?,
             skipped_kernels,
             stacked_split_max_rows,
+            fused_qkv_store: std::env::var("TANDEM_CUDA_FUSED_QKV_STORE").map_or(true, |v| v != "0"),
         })
     }
 }

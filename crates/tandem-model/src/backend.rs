@@ -134,6 +134,38 @@ pub trait Backend {
     {
         graph::rope_then_attend_each(self, scratch, layer, spans, span_rows, qkv, positions, rope)
     }
+    /// The attention block's projections of its pre-normed input `x` (`m`: q, k and v), then
+    /// `rope_store_and_attend` over them into `out`. A backend may make the three products in one
+    /// launch and cut, rotate and store them in another, so that K and V never exist on their own;
+    /// the default is `matmuls`, then `rope_store_and_attend`.
+    #[allow(clippy::too_many_arguments)]
+    fn project_and_attend(
+        &self,
+        scratch: &mut Self::Scratch,
+        layer: usize,
+        spans: &mut [Span<Self::Kv>],
+        span_rows: &[Range<usize>],
+        x: Self::Act,
+        m: [&Matrix; 3],
+        out: &mut Self::Act,
+        head_norms: Option<HeadNorms<'_>>,
+        positions: &[usize],
+        rope: &RopeParams,
+    ) -> Result<(), ModelError>
+    where
+        Self: Sized,
+    {
+        let [mut q, mut k, v] = graph::exactly(self.matmuls(&m, &x)?)?;
+        drop(x);
+        let qkv = QkvRows {
+            q: &mut q,
+            k: &mut k,
+            v: &v,
+            out,
+            head_norms,
+        };
+        self.rope_store_and_attend(scratch, layer, spans, span_rows, qkv, positions, rope)
+    }
     /// `act(x · gateᵀ) * (x · upᵀ)`: the feed-forward block's input to `reader` (its down projection).
     /// Nothing else reads the two products, so a backend may make them in one launch and keep them in
     /// a narrower form; the default is `matmuls` then `gated`.

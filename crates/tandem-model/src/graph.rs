@@ -66,8 +66,6 @@ pub fn forward<B: Backend>(
         let attn_in = h
             .take()
             .ok_or_else(|| ModelError::Kernel(format!("layer {l}: no pre-norm")))?;
-        let [mut q, mut k, v] = exactly(b.matmuls(&lw.qkv(), &attn_in)?)?;
-        drop(attn_in);
         let head_norms = match (&lw.q_norm, &lw.k_norm) {
             (Some(q), Some(k)) => Some(HeadNorms {
                 q,
@@ -77,14 +75,18 @@ pub fn forward<B: Backend>(
             _ => None,
         };
         let mut attn = b.output_rows(t, c.q_width())?;
-        let qkv = QkvRows {
-            q: &mut q,
-            k: &mut k,
-            v: &v,
-            out: &mut attn,
+        b.project_and_attend(
+            scratch,
+            l,
+            spans,
+            &span_rows,
+            attn_in,
+            lw.qkv(),
+            &mut attn,
             head_norms,
-        };
-        b.rope_store_and_attend(scratch, l, spans, &span_rows, qkv, &positions, &spec.rope)?;
+            &positions,
+            &spec.rope,
+        )?;
         let o = b.matmul(&lw.wo, &attn)?;
         let ffn_in = b.add_and_norm(&mut x, o, lw.post_attn_norm.as_ref(), &lw.ffn_norm)?;
 

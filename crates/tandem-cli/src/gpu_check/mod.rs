@@ -19,6 +19,7 @@ mod gemm;
 mod int8;
 mod qmma;
 mod rows;
+mod split_rope;
 mod tiles;
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -349,6 +350,7 @@ fn kernel_checks(gpu: &Gpu, seed: Option<u64>, table: &mut Vec<Row>) -> Result<(
     rows::row_checks(gpu, &mut rng, table)?;
     gemm::pair_checks(gpu, &mut rng, table)?;
     gemm::stacked_split_checks(gpu, &mut rng, table)?;
+    split_rope::split_rope_store_checks(gpu, &mut rng, table)?;
     int8::mmq_checks(gpu, &mut rng, table)?;
     qmma::qmma_checks(gpu, &mut rng, table)?;
     Ok(())

@@ -442,6 +442,64 @@ extern "C" __global__ void __launch_bounds__(256) split_columns(const float* __r
     }
 }
 
+// A prefill chunk's stacked q|k|v products (`split_columns`' input: rows of nq + 2 nkv heads) cut
+// apart, rotated and stored in one launch: q's rows, RoPE applied, to `q`; K's, RoPE applied, and V's
+// to cache row dst[r] (-1: not stored) as f16. The bits of `split_columns`, `rope` and `kv_store` in
+// turn (the same angle, rotation and rounding), without K and V ever written in f32. One thread per
+// (row, group of ROPE_HEADS heads of q then K, rotated pair), as `rope`: the angle, whose sine and
+// cosine cost more than the rest, once for the group's heads; dimensions past n_rot are copied.
+extern "C" __global__ void split_rope_kv_store(const float* __restrict__ qkv, float* __restrict__ q,
+                                               u16* __restrict__ kc, u16* __restrict__ vc,
+                                               const int* __restrict__ dst, const int* __restrict__ pos, int rows,
+                                               int nq, int nkv, int head_dim, int n_rot, float base,
+                                               float freq_scale, int neox) {
+    WAIT_PRIOR_GRID();
+    int half = n_rot / 2, heads = nq + nkv, groups = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * groups * half) return;
+    int p = i % half, rg = i / half, g = rg % groups, r = rg / groups;
+    size_t qw = (size_t)nq * head_dim, kvw = (size_t)nkv * head_dim;
+    const float* row = qkv + (size_t)r * (qw + 2 * kvw);
+    float2 cs = rope_angle(pos[r], p, n_rot, base, freq_scale);
+    int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+    int d = dst[r];
+    // Every head's pair is loaded before any is written (the loads overlap).
+    float x0[ROPE_HEADS], x1[ROPE_HEADS];
+#pragma unroll
+    for (int j = 0; j < ROPE_HEADS; j++) {
+        int h = g * ROPE_HEADS + j;
+        bool live = h < nq || (h < heads && d >= 0);
+        const float* x = row + (size_t)h * head_dim;
+        x0[j] = live ? x[a] : 0.f;
+        x1[j] = live ? x[b] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < ROPE_HEADS; j++) {
+        int h = g * ROPE_HEADS + j;
+        float2 z = rope_rotate(x0[j], x1[j], cs);
+        const float* x = row + (size_t)h * head_dim;
+        if (h < nq) {
+            float* y = q + (size_t)r * qw + (size_t)h * head_dim;
+            y[a] = z.x;
+            y[b] = z.y;
+            for (int e = n_rot + p; e < head_dim; e += half) y[e] = x[e];
+        } else if (h < heads && d >= 0) {
+            size_t head = (size_t)(h - nq) * head_dim;
+            const float* vx = row + qw + kvw + head;
+            u16* kd = kc + (size_t)d * kvw + head;
+            u16* vd = vc + (size_t)d * kvw + head;
+            kd[a] = f2h(z.x);
+            kd[b] = f2h(z.y);
+            vd[a] = f2h(vx[a]);
+            vd[b] = f2h(vx[b]);
+            for (int e = n_rot + p; e < head_dim; e += half) {
+                kd[e] = f2h(x[e]);
+                vd[e] = f2h(vx[e]);
+            }
+        }
+    }
+}
+
 // `gated`, and the result quantized for the integer kernels (qfmt RN_Q8K or RN_Q8): one block of 256
 // per (256 elements, row); `width` a multiple of 256.
 extern "C" __global__ void __launch_bounds__(256) gated_quant(float* __restrict__ gate, const float* __restrict__ up,
