@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use tandem_backend::cpu::ops::RopeParams;
-use tandem_model::backend::{Backend, HeadNorms};
+use tandem_model::backend::HeadNorms;
 use tandem_model::weights::Matrix;
 use tandem_model::{ModelError, Span};
 
@@ -44,17 +44,9 @@ impl CudaModel {
                 }
             }
         }
-        // The trait's default, which this override replaces.
-        let [mut q, mut k, v] = tandem_model::graph::exactly(self.matmuls(&m, &x)?)?;
-        drop(x);
-        let qkv = tandem_model::backend::QkvRows {
-            q: &mut q,
-            k: &mut k,
-            v: &v,
-            out,
-            head_norms,
-        };
-        self.rope_store_attend(scratch, layer, spans, span_rows, qkv, positions, rope)
+        tandem_model::graph::project_then_attend(
+            self, scratch, layer, spans, span_rows, x, m, out, head_norms, positions, rope,
+        )
     }
 
     /// The fused route for one span's chunk, when every part of it applies: direct launches (prefill is

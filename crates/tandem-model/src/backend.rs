@@ -155,16 +155,9 @@ pub trait Backend {
     where
         Self: Sized,
     {
-        let [mut q, mut k, v] = graph::exactly(self.matmuls(&m, &x)?)?;
-        drop(x);
-        let qkv = QkvRows {
-            q: &mut q,
-            k: &mut k,
-            v: &v,
-            out,
-            head_norms,
-        };
-        self.rope_store_and_attend(scratch, layer, spans, span_rows, qkv, positions, rope)
+        graph::project_then_attend(
+            self, scratch, layer, spans, span_rows, x, m, out, head_norms, positions, rope,
+        )
     }
     /// `act(x · gateᵀ) * (x · upᵀ)`: the feed-forward block's input to `reader` (its down projection).
     /// Nothing else reads the two products, so a backend may make them in one launch and keep them in

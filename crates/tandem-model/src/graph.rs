@@ -14,6 +14,7 @@ use tandem_backend::cpu::ops::RopeParams;
 use crate::backend::{AttendRows, Backend, HeadNorms, QkvRows, SequenceCache};
 use crate::kv::SequenceKv;
 use crate::logits::Logits;
+use crate::weights::Matrix;
 use crate::ModelError;
 
 /// Which rows of a sequence's chunk produce logits.
@@ -127,6 +128,33 @@ pub fn forward<B: Backend>(
 /// row each, in span order. A backend may attend those rows together, each against its own cache.
 pub fn is_decode_batch(span_rows: &[Range<usize>]) -> bool {
     span_rows.len() > 1 && span_rows.iter().enumerate().all(|(i, r)| *r == (i..i + 1))
+}
+
+/// `Backend::project_and_attend`'s default: `matmuls` for q, k and v, then `rope_store_and_attend`.
+#[allow(clippy::too_many_arguments)]
+pub fn project_then_attend<B: Backend>(
+    b: &B,
+    scratch: &mut B::Scratch,
+    layer: usize,
+    spans: &mut [Span<B::Kv>],
+    span_rows: &[Range<usize>],
+    x: B::Act,
+    m: [&Matrix; 3],
+    out: &mut B::Act,
+    head_norms: Option<HeadNorms<'_>>,
+    positions: &[usize],
+    rope: &RopeParams,
+) -> Result<(), ModelError> {
+    let [mut q, mut k, v] = exactly(b.matmuls(&m, &x)?)?;
+    drop(x);
+    let qkv = QkvRows {
+        q: &mut q,
+        k: &mut k,
+        v: &v,
+        out,
+        head_norms,
+    };
+    b.rope_store_and_attend(scratch, layer, spans, span_rows, qkv, positions, rope)
 }
 
 /// `Backend::rope_store_and_attend`'s default: the head norms and RoPE on every row of q and k, then
