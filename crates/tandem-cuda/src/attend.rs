@@ -8,7 +8,7 @@
 use std::cell::RefMut;
 use std::ops::Range;
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchArgs, PushKernelArg};
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_model::backend::{AttendRows, QkvRows};
 use tandem_model::{graph, ModelError, Span};
@@ -292,6 +292,43 @@ pub struct RopeStoreShape {
     pub rope: RopeParams,
 }
 
+impl RopeStoreShape {
+    /// What `rope_kv_store` and `split_rope_kv_store` take after their buffers, in order.
+    fn kernel_args(&self) -> Result<RopeStoreArgs, CudaError> {
+        Ok(RopeStoreArgs {
+            ints: [
+                i32_of(self.rows, "rows")?,
+                i32_of(self.n_head, "heads")?,
+                i32_of(self.n_kv_head, "kv heads")?,
+                i32_of(self.head_dim, "head dim")?,
+                i32_of(self.rope.n_rot, "n_rot")?,
+            ],
+            floats: [self.rope.freq_base, self.rope.freq_scale],
+            neox: i32::from(self.rope.style == RopeStyle::Neox),
+        })
+    }
+}
+
+/// A RoPE-and-store kernel's shape arguments: rows, heads, KV heads, head size, n_rot; RoPE's base
+/// and frequency scale; whether pairs are NeoX's.
+struct RopeStoreArgs {
+    ints: [i32; 5],
+    floats: [f32; 2],
+    neox: i32,
+}
+
+impl RopeStoreArgs {
+    fn push<'a>(&'a self, l: &mut LaunchArgs<'a>) {
+        for i in &self.ints {
+            l.arg(i);
+        }
+        for f in &self.floats {
+            l.arg(f);
+        }
+        l.arg(&self.neox);
+    }
+}
+
 /// Its buffers: `q` (rotated in place), the rows' unrotated `k` and `v` (f32), the cache (`kc`, `vc`:
 /// f16 bits), each row's cache row `dst` (-1: not stored) and position `pos`. The rows in `dst` are
 /// device data, so the launch cannot check them: they must lie within the cache.
@@ -336,14 +373,7 @@ pub fn rope_kv_store_into(gpu: &Gpu, s: &RopeStoreShape, b: RopeStoreBuffers<'_>
         });
     }
     let n = s.rows * (s.n_head + s.n_kv_head) * (s.rope.n_rot / 2);
-    let ints = |n: usize, what: &str| i32_of(n, what);
-    let (rows, nq, nkv) = (
-        ints(s.rows, "rows")?,
-        ints(s.n_head, "heads")?,
-        ints(s.n_kv_head, "kv heads")?,
-    );
-    let (hd, n_rot) = (ints(s.head_dim, "head dim")?, ints(s.rope.n_rot, "n_rot")?);
-    let neox = i32::from(s.rope.style == RopeStyle::Neox);
+    let tail = s.kernel_args()?;
     let (mut q, mut kc, mut vc) = (b.q, b.kc, b.vc);
     let f = gpu.function("rope_kv_store")?;
     let mut l = gpu.launch_builder(f)?;
@@ -354,8 +384,7 @@ pub fn rope_kv_store_into(gpu: &Gpu, s: &RopeStoreShape, b: RopeStoreBuffers<'_>
         .arg(&mut vc)
         .arg(&b.dst)
         .arg(&b.pos);
-    l.arg(&rows).arg(&nq).arg(&nkv).arg(&hd).arg(&n_rot);
-    l.arg(&s.rope.freq_base).arg(&s.rope.freq_scale).arg(&neox);
+    tail.push(&mut l);
     // SAFETY: the arguments match the kernel's signature in order and type, and every buffer holds
     // its rows (checked above); the cache rows in `dst` are the caller's placement's, within the cache.
     driver("rope_kv_store", unsafe {
@@ -438,16 +467,9 @@ pub fn split_rope_kv_store_into(gpu: &Gpu, s: &RopeStoreShape, b: SplitRopeStore
         });
     }
     let n = s.rows * (s.n_head + s.n_kv_head).div_ceil(crate::rows::ROPE_HEADS) * (s.rope.n_rot / 2);
-    let ints = |n: usize, what: &str| i32_of(n, what);
     // The kernel's thread index is 32-bit.
-    ints(n, "threads")?;
-    let (rows, nq, nkv) = (
-        ints(s.rows, "rows")?,
-        ints(s.n_head, "heads")?,
-        ints(s.n_kv_head, "kv heads")?,
-    );
-    let (hd, n_rot) = (ints(s.head_dim, "head dim")?, ints(s.rope.n_rot, "n_rot")?);
-    let neox = i32::from(s.rope.style == RopeStyle::Neox);
+    i32_of(n, "threads")?;
+    let tail = s.kernel_args()?;
     let (mut q, mut kc, mut vc) = (b.q, b.kc, b.vc);
     let f = gpu.function("split_rope_kv_store")?;
     let mut l = gpu.launch_builder(f)?;
@@ -457,8 +479,7 @@ pub fn split_rope_kv_store_into(gpu: &Gpu, s: &RopeStoreShape, b: SplitRopeStore
         .arg(&mut vc)
         .arg(&b.dst)
         .arg(&b.pos);
-    l.arg(&rows).arg(&nq).arg(&nkv).arg(&hd).arg(&n_rot);
-    l.arg(&s.rope.freq_base).arg(&s.rope.freq_scale).arg(&neox);
+    tail.push(&mut l);
     // SAFETY: the arguments match the kernel's signature in order and type, and every buffer holds
     // its rows (checked above, the thread count within the kernel's 32-bit index); the cache rows in
     // `dst` are the caller's placement's, within the cache.
