@@ -133,20 +133,21 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         max_queue: args.max_queue,
         max_tokens_limit: args.max_tokens_limit,
     };
+    // The CPU has no kernels to load: one row reads every weight in. The GPU warms each chunk size
+    // the scheduler takes (each picks its own cuBLAS kernels), the one-row decode route, and decode
+    // batches: 2-8 rows each take the route measured for them at load, larger ones cuBLAS, whose
+    // kernels for nearby row counts are shared.
+    let (rows, batches) = match (args.no_warmup, args.device) {
+        (true, _) => (vec![], vec![]),
+        (false, Device::Cpu) => (vec![1], vec![]),
+        (false, Device::Cuda) => (
+            vec![1, args.prefill_chunk_busy, args.prefill_chunk],
+            WARM_UP_BATCHES.to_vec(),
+        ),
+    };
     let warm = WarmUp {
-        // The CPU has no kernels to load: one row reads every weight in. The GPU warms each chunk
-        // size the scheduler takes (each picks its own cuBLAS kernels) and the one-row decode route.
-        rows: match (args.no_warmup, args.device) {
-            (true, _) => vec![],
-            (false, Device::Cpu) => vec![1],
-            (false, Device::Cuda) => vec![1, args.prefill_chunk_busy, args.prefill_chunk],
-        },
-        // GPU decode batches: 2-8 rows each take the route measured for them at load, larger ones
-        // cuBLAS, whose kernels for nearby row counts are shared.
-        batches: match (args.no_warmup, args.device) {
-            (false, Device::Cuda) => WARM_UP_BATCHES.to_vec(),
-            _ => vec![],
-        },
+        rows,
+        batches,
         n_ctx,
         verbose: args.verbose,
     };

@@ -8,7 +8,7 @@
 use std::cell::RefMut;
 use std::ops::Range;
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchArgs, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_model::backend::{AttendRows, QkvRows};
 use tandem_model::{graph, ModelError, Span};
@@ -21,7 +21,7 @@ use crate::launch::{blocks, i32_of, launch_cfg};
 use crate::model::{CudaModel, GpuAct, GpuScratch, Mode, Param};
 use crate::pool::DevBuf;
 use crate::routes::{self, AttentionRoute, KvRoute, ATT_THREADS, ATT_TILE, MATVEC_MAX_ROWS};
-use crate::rows::quant_flag;
+use crate::rows::{quant_flag, RopeArgs};
 use crate::{CudaError, Gpu};
 
 /// One launch of the tile attention kernel (`kernels/attention.cu`): its shape.
@@ -293,39 +293,9 @@ pub struct RopeStoreShape {
 }
 
 impl RopeStoreShape {
-    /// What `rope_kv_store` and `split_rope_kv_store` take after their buffers, in order.
-    fn kernel_args(&self) -> Result<RopeStoreArgs, CudaError> {
-        Ok(RopeStoreArgs {
-            ints: [
-                i32_of(self.rows, "rows")?,
-                i32_of(self.n_head, "heads")?,
-                i32_of(self.n_kv_head, "kv heads")?,
-                i32_of(self.head_dim, "head dim")?,
-                i32_of(self.rope.n_rot, "n_rot")?,
-            ],
-            floats: [self.rope.freq_base, self.rope.freq_scale],
-            neox: i32::from(self.rope.style == RopeStyle::Neox),
-        })
-    }
-}
-
-/// A RoPE-and-store kernel's shape arguments: rows, heads, KV heads, head size, n_rot; RoPE's base
-/// and frequency scale; whether pairs are NeoX's.
-struct RopeStoreArgs {
-    ints: [i32; 5],
-    floats: [f32; 2],
-    neox: i32,
-}
-
-impl RopeStoreArgs {
-    fn push<'a>(&'a self, l: &mut LaunchArgs<'a>) {
-        for i in &self.ints {
-            l.arg(i);
-        }
-        for f in &self.floats {
-            l.arg(f);
-        }
-        l.arg(&self.neox);
+    /// What `rope_kv_store` and `split_rope_kv_store` take after their buffers.
+    fn kernel_args(&self) -> Result<RopeArgs, CudaError> {
+        RopeArgs::new(self.rows, self.n_head, self.n_kv_head, self.head_dim, &self.rope)
     }
 }
 

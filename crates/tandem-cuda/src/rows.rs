@@ -2,7 +2,7 @@
 //! activation. The norm and gating kernels also write their output in the form its reader takes:
 //! quantized for the integer matvecs, or f16 for the GEMM route.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm};
@@ -160,6 +160,47 @@ pub fn add_norm_to_into(
     Ok(())
 }
 
+/// The shape arguments every RoPE kernel (`rope`, `rope_kv_store`, `split_rope_kv_store`) takes after
+/// its buffers, in their order: rows, heads of the first kind (q, or x), heads of the second (K, or
+/// y), head size, n_rot; RoPE's base and frequency scale; whether pairs are NeoX's.
+pub(crate) struct RopeArgs {
+    ints: [i32; 5],
+    floats: [f32; 2],
+    neox: i32,
+}
+
+impl RopeArgs {
+    pub(crate) fn new(
+        rows: usize,
+        heads: usize,
+        more_heads: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+    ) -> Result<Self, CudaError> {
+        Ok(RopeArgs {
+            ints: [
+                i32_of(rows, "rows")?,
+                i32_of(heads, "heads")?,
+                i32_of(more_heads, "heads")?,
+                i32_of(head_dim, "head dim")?,
+                i32_of(rope.n_rot, "n_rot")?,
+            ],
+            floats: [rope.freq_base, rope.freq_scale],
+            neox: i32::from(rope.style == RopeStyle::Neox),
+        })
+    }
+
+    pub(crate) fn push<'a>(&'a self, l: &mut LaunchArgs<'a>) {
+        for i in &self.ints {
+            l.arg(i);
+        }
+        for f in &self.floats {
+            l.arg(f);
+        }
+        l.arg(&self.neox);
+    }
+}
+
 /// The `rope` kernel (`kernels/ops.cu`): RoPE in place on every `hd`-wide head of `rows` rows of `x`
 /// (`xw` wide) and of `y` (`yw` wide; none: 0), row r at position `pos[r]`.
 pub fn rope_into(
@@ -186,14 +227,7 @@ pub fn rope_into(
         });
     }
     let n = rows * (nx + ny).div_ceil(ROPE_HEADS) * (rope.n_rot / 2);
-    let (rows, nxi, nyi, hdi, nr) = (
-        i32_of(rows, "rows")?,
-        i32_of(nx, "heads")?,
-        i32_of(ny, "heads")?,
-        i32_of(hd, "head dim")?,
-        i32_of(rope.n_rot, "n_rot")?,
-    );
-    let neox = i32::from(matches!(rope.style, RopeStyle::Neox));
+    let tail = RopeArgs::new(rows, nx, ny, hd, rope)?;
     let f = gpu.function("rope")?;
     let mut b = gpu.launch_builder(f)?;
     let no_heads = 0u64;
@@ -202,8 +236,8 @@ pub fn rope_into(
         Some(y) => b.arg(y),
         None => b.arg(&no_heads),
     };
-    b.arg(pos).arg(&rows).arg(&nxi).arg(&nyi).arg(&hdi).arg(&nr);
-    b.arg(&rope.freq_base).arg(&rope.freq_scale).arg(&neox);
+    b.arg(pos);
+    tail.push(&mut b);
     // SAFETY: the arguments match the kernel's signature in order and type, every buffer holds its
     // rows (checked above), and an absent `y` has no heads, so the kernel never reads its pointer.
     driver("rope", unsafe { b.launch(launch_cfg((blocks(n, 256), 1, 1), 256)) })?;

@@ -4,8 +4,7 @@
 //! for each GEMM shape on first use (about 0.17 s for the 8B's prefill shapes on the H200), and a CPU
 //! model's memory-mapped weights are read in from the page cache or the disk. Without a warm-up the
 //! first request pays that in its time to first token, and the first decode step at each batch size
-//! (on the GPU, batches of more than 8 rows take cuBLAS) pays it in a gap
-//! between tokens.
+//! (on the GPU, batches of more than 8 rows take cuBLAS) pays it in a gap between tokens.
 
 use std::time::{Duration, Instant};
 
