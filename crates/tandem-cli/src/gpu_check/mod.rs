@@ -599,6 +599,9 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
     // Batched decode steps: on the tensor cores over the quantized weights (3 and 8 rows) and through
     // cuBLAS (20 rows), each replayed from graphs.
     batch_graphs::batch_graph_rows(&mut gpu, &short, &prompt, &[3, 8, 20], table)?;
+    // Batched decode against the same sequences alone: the batch routes' rounding, at sizes the
+    // small-batch kernels (4 rows) and cuBLAS (12, 16, 24) take.
+    batch_graphs::batch_vs_lone_rows(&mut gpu, &short, &prompt, &[4, 12, 16, 24], table)?;
 
     // Default mode first: its hashes differ across chunkings (the GEMM and flash routes).
     let hash_prompt = prompt_ids(args.hash_prompt, n_vocab, 11);
