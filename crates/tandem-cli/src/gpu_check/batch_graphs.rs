@@ -19,6 +19,12 @@ use super::{rel_err, top2_margin, Row};
 const STEPS: usize = 12;
 const FIRST_PROMPT: usize = 235;
 
+/// Sequence i's prompt length: prompts of different lengths, so the rows of a batch sit at different
+/// positions of their caches; the first is the longest.
+fn prompt_len(i: usize, prompt: &[u32]) -> usize {
+    (FIRST_PROMPT - 9 * i.min(19)).min(prompt.len())
+}
+
 /// The logits of every step of the three phases, each step's rows in sequence order.
 fn run(gpu: &mut Engine<CudaModel>, prompt: &[u32], batch: usize, graphs: bool) -> Result<Vec<Vec<f32>>> {
     gpu.model.graphs_enabled.set(graphs);
@@ -28,9 +34,7 @@ fn run(gpu: &mut Engine<CudaModel>, prompt: &[u32], batch: usize, graphs: bool) 
     let mut next = Vec::with_capacity(batch);
     for i in 0..batch {
         let mut kv = gpu.try_new_sequence(n_ctx)?;
-        // Prompts of different lengths: the rows sit at different positions of their caches.
-        let len = FIRST_PROMPT - 9 * i.min(19);
-        let logits = gpu.prefill(&mut kv, &prompt[..len.min(prompt.len())], 512)?;
+        let logits = gpu.prefill(&mut kv, &prompt[..prompt_len(i, prompt)], 512)?;
         next.push(sampling::argmax(&logits));
         kvs.push(kv);
     }
@@ -120,9 +124,7 @@ pub(super) fn batch_vs_lone_rows(
 ) -> Result<()> {
     for &batch in batches {
         let n_ctx = FIRST_PROMPT + COMPARED_STEPS + 1;
-        let lens: Vec<usize> = (0..batch)
-            .map(|i| (FIRST_PROMPT - 9 * i.min(19)).min(prompt.len()))
-            .collect();
+        let lens: Vec<usize> = (0..batch).map(|i| prompt_len(i, prompt)).collect();
         let mut kvs = Vec::with_capacity(batch);
         let mut next = Vec::with_capacity(batch);
         for &len in &lens {
