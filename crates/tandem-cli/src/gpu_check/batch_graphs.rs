@@ -25,12 +25,15 @@ fn prompt_len(i: usize, prompt: &[u32]) -> usize {
     (FIRST_PROMPT - 9 * i.min(19)).min(prompt.len())
 }
 
-/// The logits of every step of the three phases, each step's rows in sequence order.
-fn run(gpu: &mut Engine<CudaModel>, prompt: &[u32], batch: usize, graphs: bool) -> Result<Vec<Vec<f32>>> {
-    gpu.model.graphs_enabled.set(graphs);
-    gpu.model.batch_graphs_enabled.set(graphs);
-    let n_ctx = FIRST_PROMPT + 3 * STEPS + 1;
-    let mut kvs: Vec<GpuSequenceKv> = Vec::with_capacity(batch);
+/// `batch` sequences of `n_ctx` positions, sequence i prefilled with `prompt_len(i)` tokens of
+/// `prompt`, and each one's greedy pick after its prompt.
+fn start_batch(
+    gpu: &mut Engine<CudaModel>,
+    prompt: &[u32],
+    batch: usize,
+    n_ctx: usize,
+) -> Result<(Vec<GpuSequenceKv>, Vec<u32>)> {
+    let mut kvs = Vec::with_capacity(batch);
     let mut next = Vec::with_capacity(batch);
     for i in 0..batch {
         let mut kv = gpu.try_new_sequence(n_ctx)?;
@@ -38,6 +41,14 @@ fn run(gpu: &mut Engine<CudaModel>, prompt: &[u32], batch: usize, graphs: bool) 
         next.push(sampling::argmax(&logits));
         kvs.push(kv);
     }
+    Ok((kvs, next))
+}
+
+/// The logits of every step of the three phases, each step's rows in sequence order.
+fn run(gpu: &mut Engine<CudaModel>, prompt: &[u32], batch: usize, graphs: bool) -> Result<Vec<Vec<f32>>> {
+    gpu.model.graphs_enabled.set(graphs);
+    gpu.model.batch_graphs_enabled.set(graphs);
+    let (mut kvs, mut next) = start_batch(gpu, prompt, batch, FIRST_PROMPT + 3 * STEPS + 1)?;
     let mut seen = Vec::new();
     let mut keep = |logits: &[Logits], next: &mut [u32]| {
         let mut rows = Vec::new();
@@ -125,15 +136,7 @@ pub(super) fn batch_vs_lone_rows(
 ) -> Result<()> {
     for &batch in batches {
         let n_ctx = FIRST_PROMPT + COMPARED_STEPS + 1;
-        let lens: Vec<usize> = (0..batch).map(|i| prompt_len(i, prompt)).collect();
-        let mut kvs = Vec::with_capacity(batch);
-        let mut next = Vec::with_capacity(batch);
-        for &len in &lens {
-            let mut kv = gpu.try_new_sequence(n_ctx)?;
-            let logits = gpu.prefill(&mut kv, &prompt[..len], 512)?;
-            next.push(sampling::argmax(&logits));
-            kvs.push(kv);
-        }
+        let (mut kvs, mut next) = start_batch(gpu, prompt, batch, n_ctx)?;
         // tokens[i][s]: sequence i's input at step s; batched[i][s]: its logits there.
         let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); batch];
         let mut batched: Vec<Vec<Logits>> = vec![Vec::new(); batch];
@@ -149,7 +152,7 @@ pub(super) fn batch_vs_lone_rows(
         let (mut worst, mut compared, mut agreed) = (0f64, 0usize, 0usize);
         for i in 0..batch {
             let mut kv = gpu.try_new_sequence(n_ctx)?;
-            gpu.prefill(&mut kv, &prompt[..lens[i]], 512)?;
+            gpu.prefill(&mut kv, &prompt[..prompt_len(i, prompt)], 512)?;
             for (s, &token) in tokens[i].iter().enumerate() {
                 let alone = gpu.forward(&mut kv, &[token], LogitRows::Last)?;
                 let b = &batched[i][s];
