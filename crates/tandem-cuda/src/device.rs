@@ -228,6 +228,8 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         ],
         // QMMA_Q4_K(batch tiles): the default mode's decode batches on the tensor cores.
         ("QMMA_Q4_K", [b]) => vec![format!("qmma_q4_k_b{b}")],
+        // DQMMA_Q4_K(n-tiles, blocks a multiprocessor): decode batches past qmma's rows, f16 products over dequantized weights.
+        ("DQMMA_Q4_K", [n, _]) => vec![format!("dqmma_q4_k_n{n}")],
         // FLASH_ENTRY(head size, key tile, m-tiles, r|s): the prefill attention variants.
         ("FLASH_ENTRY", [d, k, m, q]) => vec![format!("flash_prefill_d{d}_k{k}_m{m}_{q}")],
         // FLASH_WG_ENTRY(head size, key tile, warpgroups): the warpgroup variants (sm_90).

@@ -70,9 +70,10 @@ impl CudaModel {
         let paired = !self.dry()
             && gate.rows == up.rows
             && gate.rows.is_multiple_of(PAIR_VECTOR)
-            && [gate, up, reader]
+            && [gate, up]
                 .iter()
-                .all(|m| self.matrices.get(&m.name).is_some_and(|g| !self.takes_matvec(g, t)));
+                .all(|m| self.matrices.get(&m.name).is_some_and(|g| self.takes_gemm(g, t)))
+            && self.f16_input(&reader.name, t);
         if !paired {
             let [mut g, u] = graph::exactly(self.matmuls(&[gate, up], x)?)?;
             self.gated(&mut g, &u, act, reader)?;

@@ -26,6 +26,7 @@ pub mod attend;
 pub mod attend_rows;
 mod decode_graph;
 pub mod device;
+pub mod dqmma;
 pub mod ffn;
 pub mod flash;
 pub mod handover;

@@ -6,6 +6,7 @@ use cudarc::driver::{CudaSlice, CudaView};
 use tandem_model::weights::Matrix;
 use tandem_model::ModelError;
 
+use crate::dqmma::dqmma_group_into;
 use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, ActQuant, MmvqTarget};
 use crate::launch::{gemm_f16_into, matvec_into, split_columns_into, splits_into, to_f16_into};
 use crate::model::{CudaModel, GpuAct, Mode};
@@ -101,10 +102,48 @@ impl CudaModel {
         }
     }
 
-    /// Whether `t` rows of `g` take a kernel over its quantized weights (else the GEMM over its f16
-    /// copy).
+    /// Whether `t` rows of `g` take a kernel over its quantized weights that reads the activations
+    /// as they are or quantized (the matvec, qmma); else one that reads them in f16 (cuBLAS over the
+    /// f16 copy, or the dequantizing kernel over the quantized weights).
     pub(crate) fn takes_matvec(&self, g: &GpuMatrix, t: usize) -> bool {
-        self.route(g, t) != MatmulRoute::Gemm
+        !matches!(self.route(g, t), MatmulRoute::Gemm | MatmulRoute::DequantMma)
+    }
+
+    /// Whether `t` rows of `g` take cuBLAS over its f16 copy.
+    pub(crate) fn takes_gemm(&self, g: &GpuMatrix, t: usize) -> bool {
+        self.route(g, t) == MatmulRoute::Gemm
+    }
+
+    /// `out[t] = W · f16(x[t])` for each matrix of `gs` (of one type and width, `rows` each) in one
+    /// launch of the dequantizing tensor-core kernel, over the f16 operand the GEMMs read.
+    fn dequant_mma(&self, gs: &[&GpuMatrix], rows: &[usize], x: &GpuAct) -> Result<Vec<GpuAct>, ModelError> {
+        let (t, cols) = (x.rows, x.width);
+        let mut outs = rows.iter().map(|&r| self.act(t, r)).collect::<Result<Vec<_>, _>>()?;
+        let x16 = self.f16_operand(x)?;
+        let total: usize = rows.iter().sum();
+        let suffix = gs[0].suffix;
+        let done = self.profiled(
+            format_args!("dqmma {} matrices {total}x{cols} {suffix}, t={t}", gs.len()),
+            || -> Result<(), CudaError> {
+                let mut targets = gs
+                    .iter()
+                    .zip(rows)
+                    .zip(outs.iter_mut())
+                    .map(|((g, &rows), out)| {
+                        Ok(MmvqTarget {
+                            w: g.quantized.own()?,
+                            rows,
+                            out: out.buf_mut()?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, CudaError>>()?;
+                let mut scratch = self.dqmma_scratch.borrow_mut();
+                dqmma_group_into(&self.gpu, suffix, &mut targets, &x16, t, cols, &mut scratch)
+            },
+        );
+        *x.f16.borrow_mut() = Some(x16);
+        done?;
+        Ok(outs)
     }
 
     /// The quantized form the integer kernel of `reader` wants for `t` rows, when it takes that route
@@ -130,6 +169,10 @@ impl CudaModel {
             return Ok(self.act(t, m.rows)?);
         }
         let g = self.matrix(m)?;
+        if self.route(g, t) == MatmulRoute::DequantMma {
+            let [out] = tandem_model::graph::exactly(self.dequant_mma(&[g], &[m.rows], x)?)?;
+            return Ok(out);
+        }
         let shape = MatmulShape {
             rows: m.rows,
             cols: m.cols,
@@ -240,7 +283,7 @@ impl CudaModel {
         if !splits_into(&widths) || !routes::stacked_gemm_and_split(t, self.stacked_split_max_rows) {
             return None;
         }
-        if gs.iter().any(|g| self.takes_matvec(g, t)) {
+        if !gs.iter().all(|g| self.takes_gemm(g, t)) {
             return None;
         }
         stacked_operand(gs)
@@ -257,10 +300,14 @@ impl CudaModel {
             return Ok(outs);
         }
         // Members on the integer matvec route with one kernel, type and width share a launch; so do
-        // members of one type and width on the tensor cores (`None` in the key: any variant).
+        // members of one type and width on either tensor-core kernel over the quantized weights
+        // (`None` in the key: any variant).
         let key = |j: usize| match (gs[j].decode, self.route(gs[j], t)) {
-            (DecodeKernel::Int8 { fmt, .. }, MatmulRoute::QuantMma) => Some((fmt, None, gs[j].suffix, ms[j].cols)),
+            (DecodeKernel::Int8 { fmt, .. }, r @ (MatmulRoute::QuantMma | MatmulRoute::DequantMma)) => {
+                Some((r, fmt, None, gs[j].suffix, ms[j].cols))
+            }
             (DecodeKernel::Int8 { fmt, variant }, MatmulRoute::Matvec) => Some((
+                MatmulRoute::Matvec,
                 fmt,
                 Some(gs[j].batch.matvec_variant(t, variant)),
                 gs[j].suffix,
@@ -280,10 +327,18 @@ impl CudaModel {
                     .collect(),
                 None => vec![i],
             };
-            let Some((fmt, variant, suffix, cols)) = key(i).filter(|_| members.len() > 1) else {
+            let Some((route, fmt, variant, suffix, cols)) = key(i).filter(|_| members.len() > 1) else {
                 outs[i] = Some(self.matmul_rows(ms[i], x)?);
                 continue;
             };
+            if route == MatmulRoute::DequantMma {
+                let member_gs: Vec<&GpuMatrix> = members.iter().map(|&j| gs[j]).collect();
+                let rows: Vec<usize> = members.iter().map(|&j| ms[j].rows).collect();
+                for (j, act) in members.into_iter().zip(self.dequant_mma(&member_gs, &rows, x)?) {
+                    outs[j] = Some(act);
+                }
+                continue;
+            }
             let mut acts = members
                 .iter()
                 .map(|&j| self.act(t, ms[j].rows))

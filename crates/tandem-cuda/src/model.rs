@@ -162,6 +162,9 @@ pub struct CudaModel {
     /// Rows up to which q, k and v take one stacked GEMM and a split (`routes::STACKED_SPLIT_MAX_ROWS`
     /// unless `TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS` says otherwise; 0 turns it off).
     pub(crate) stacked_split_max_rows: usize,
+    /// The dequantizing batch kernel's K-split partials and arrival counters (`dqmma.rs`), shared by
+    /// its launches (one stream, one after another).
+    pub(crate) dqmma_scratch: RefCell<crate::dqmma::DqmmaScratch>,
     /// Whether prefill chunks on the stacked q/k/v GEMM cut, rotate and store its product in one
     /// launch (`project.rs`; `TANDEM_CUDA_FUSED_QKV_STORE=0` turns it off, to compare).
     pub(crate) fused_qkv_store: bool,

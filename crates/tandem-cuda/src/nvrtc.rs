@@ -105,6 +105,15 @@ pub const QMMA: KernelFile = KernelFile {
     arch_features: false,
 };
 
+/// Decode batches past qmma's rows: the quantized weights dequantized to f16 in registers, once for
+/// every row, on the f16 tensor cores.
+pub const DQMMA: KernelFile = KernelFile {
+    name: "dqmma.cu",
+    headers: &[INT8],
+    body: include_str!("kernels/dqmma.cu"),
+    arch_features: false,
+};
+
 pub const FLASH: KernelFile = KernelFile {
     name: "flash.cu",
     headers: &[WGMMA],
@@ -112,7 +121,7 @@ pub const FLASH: KernelFile = KernelFile {
     arch_features: true,
 };
 
-pub const ALL: [KernelFile; 7] = [QUANT, MMVQ, MMQ, QMMA, OPS, ATTENTION, FLASH];
+pub const ALL: [KernelFile; 8] = [QUANT, MMVQ, MMQ, QMMA, DQMMA, OPS, ATTENTION, FLASH];
 
 /// NVRTC options besides the architecture (no fast math: kernels round as written).
 pub const OPTIONS: [&str; 2] = ["--std=c++17", "--fmad=true"];

@@ -14,7 +14,12 @@
 //!   products on the tensor cores, `qmma.rs`) and `Gemm` over the f16 copy (4x the bytes, on the
 //!   tensor cores). The matvec's instructions grow with the rows, the other two barely do, so which
 //!   wins depends on the shape.
-//! - `t > BATCH_TUNED_MAX_ROWS` (prefill, larger decode batches): `Gemm` — tensor-core GEMM (cuBLAS,
+//! - `BATCH_TUNED_MAX_ROWS < t <= DQMMA_MAX_ROWS` (larger decode batches): the route measured faster
+//!   for this matrix at load at the top of the rows' bucket (`WIDE_ROWS`: 16, 32, 64), between
+//!   `DequantMma` for Q4_K (`dqmma.rs`: the quantized weights read once per 32 rows and dequantized
+//!   to f16 in registers, the products on the f16 tensor cores, over the same f16 activations cuBLAS
+//!   reads) and `Gemm` over the f16 copy (3.6x the bytes).
+//! - `t > DQMMA_MAX_ROWS` (prefill, larger decode batches): `Gemm` — tensor-core GEMM (cuBLAS,
 //!   f16 operands, f32 accumulation) over an f16 copy of the weights made at load; prefill is
 //!   compute-bound, so the weights are kept in the form the tensor cores read fastest, at 2 bytes per
 //!   weight of memory. Matrices reading one input keep their copies side by side (a layer's q, k and
@@ -63,6 +68,13 @@ pub const MATVEC_MAX_ROWS: usize = 8;
 /// takes cuBLAS: at 16 rows cuBLAS was faster than qmma with two n-tiles on every 8B shape (gate and
 /// up 60 against 67 µs, docs/gpu-runs/2026-12-02-graphs, call c1).
 pub const BATCH_TUNED_MAX_ROWS: usize = 8;
+/// Rows up to which a matrix's decode batches past `BATCH_TUNED_MAX_ROWS` may take the dequantizing
+/// tensor-core kernel (`dqmma::MAX_ROWS`), as measured at load for each bucket of `WIDE_ROWS`.
+pub const DQMMA_MAX_ROWS: usize = 64;
+/// The tops of the row buckets past `BATCH_TUNED_MAX_ROWS` whose route is measured at load (at the
+/// top row count, the bucket's costliest for a kernel whose work grows with the rows): 9-16, 17-32,
+/// 33-64.
+pub const WIDE_ROWS: [usize; 3] = [16, 32, DQMMA_MAX_ROWS];
 /// Keys per attention tile (must match `ATT_TILE` in `kernels/tiles.cuh`).
 pub const ATT_TILE: usize = 128;
 /// Threads of an attention block (must match `ATT_THREADS` in `kernels/tiles.cuh`).
@@ -141,7 +153,17 @@ pub fn head_dim_supported(head_dim: usize) -> bool {
 pub enum MatmulRoute {
     Matvec,
     QuantMma,
+    DequantMma,
     Gemm,
+}
+
+/// The bucket of `WIDE_ROWS` that `t` rows fall in (`None` at or below `BATCH_TUNED_MAX_ROWS` and
+/// past `DQMMA_MAX_ROWS`).
+pub fn wide_bucket(t: usize) -> Option<usize> {
+    match t {
+        0..=BATCH_TUNED_MAX_ROWS => None,
+        _ => WIDE_ROWS.iter().position(|&top| t <= top),
+    }
 }
 
 /// A matrix's route for each batch of 2 to `BATCH_TUNED_MAX_ROWS` rows, as measured at load: which
@@ -154,6 +176,8 @@ pub enum MatmulRoute {
 pub struct BatchRoutes {
     routes: [MatmulRoute; BATCH_TUNED_MAX_ROWS - 1],
     variants: [Option<MmvqVariant>; BATCH_TUNED_MAX_ROWS - 1],
+    /// The route of each bucket of `WIDE_ROWS` (`Gemm` unless `DequantMma` was measured faster).
+    wide: [MatmulRoute; WIDE_ROWS.len()],
 }
 
 impl BatchRoutes {
@@ -161,6 +185,7 @@ impl BatchRoutes {
     pub const MATVEC: BatchRoutes = BatchRoutes {
         routes: [MatmulRoute::Matvec; BATCH_TUNED_MAX_ROWS - 1],
         variants: [None; BATCH_TUNED_MAX_ROWS - 1],
+        wide: [MatmulRoute::Gemm; WIDE_ROWS.len()],
     };
 
     /// The routes `route(t)` gives for t = 2 ..= `BATCH_TUNED_MAX_ROWS`, each matvec batch on the
@@ -177,12 +202,26 @@ impl BatchRoutes {
         BatchRoutes {
             routes: chosen.map(|c| c.0),
             variants: chosen.map(|(r, v)| v.filter(|_| r == MatmulRoute::Matvec)),
+            wide: [MatmulRoute::Gemm; WIDE_ROWS.len()],
         }
     }
 
-    /// The route of `t` rows, 2 ..= `BATCH_TUNED_MAX_ROWS`.
+    /// These routes with `wide` for the buckets of `WIDE_ROWS` (only `DequantMma` or `Gemm`).
+    pub fn with_wide(self, wide: [MatmulRoute; WIDE_ROWS.len()]) -> Self {
+        let wide = wide.map(|r| match r {
+            MatmulRoute::DequantMma => r,
+            _ => MatmulRoute::Gemm,
+        });
+        BatchRoutes { wide, ..self }
+    }
+
+    /// The route of `t` rows, 2 ..= `DQMMA_MAX_ROWS` (smaller counts as 2, larger as `Gemm`).
     pub fn at(&self, t: usize) -> MatmulRoute {
-        self.routes[t.clamp(2, BATCH_TUNED_MAX_ROWS) - 2]
+        match wide_bucket(t) {
+            Some(k) => self.wide[k],
+            None if t > BATCH_TUNED_MAX_ROWS => MatmulRoute::Gemm,
+            None => self.routes[t.clamp(2, BATCH_TUNED_MAX_ROWS) - 2],
+        }
     }
 
     /// The integer variant a matvec batch of `t` rows takes: the one measured for it, else `one_row`
@@ -201,14 +240,24 @@ impl BatchRoutes {
             (MatmulRoute::Matvec, Some(v)) => format!("matvec {}", v.label()),
             (MatmulRoute::Matvec, None) => "matvec".to_string(),
             (MatmulRoute::QuantMma, _) => "qmma".to_string(),
+            (MatmulRoute::DequantMma, _) => "dqmma".to_string(),
             (MatmulRoute::Gemm, _) => "cuBLAS".to_string(),
         };
         let mut runs: Vec<(usize, usize, String)> = Vec::new();
-        for t in 2..=BATCH_TUNED_MAX_ROWS {
-            let n = name(t);
+        let tops = (2..=BATCH_TUNED_MAX_ROWS).map(|t| (t, t)).chain(
+            WIDE_ROWS.iter().scan(BATCH_TUNED_MAX_ROWS, |lo, &top| {
+                Some((std::mem::replace(lo, top) + 1, top))
+            }),
+        );
+        for (lo, t) in tops {
+            let n = match self.at(t) {
+                MatmulRoute::DequantMma => "dqmma".to_string(),
+                MatmulRoute::Gemm if t > BATCH_TUNED_MAX_ROWS => "cuBLAS".to_string(),
+                _ => name(t),
+            };
             match runs.last_mut() {
                 Some(run) if run.2 == n => run.1 = t,
-                _ => runs.push((t, t, n)),
+                _ => runs.push((lo, t, n)),
             }
         }
         runs.iter()
@@ -233,7 +282,7 @@ pub fn matmul_route(t: usize, deterministic: bool, one_row_cublas: bool, batch: 
         } else {
             MatmulRoute::Matvec
         }
-    } else if t <= BATCH_TUNED_MAX_ROWS {
+    } else if t <= DQMMA_MAX_ROWS {
         batch.at(t)
     } else {
         MatmulRoute::Gemm
@@ -507,8 +556,30 @@ mod tests {
         // One row and deterministic mode never read the batch table.
         assert_eq!(matmul_route(1, false, false, &b), MatmulRoute::Matvec);
         assert_eq!(matmul_route(3, true, false, &b), MatmulRoute::Matvec);
-        assert_eq!(b.describe(), "2 matvec, 3-5 qmma, 6-8 cuBLAS");
-        assert_eq!(BatchRoutes::MATVEC.describe(), "2-8 matvec");
+        assert_eq!(b.describe(), "2 matvec, 3-5 qmma, 6-64 cuBLAS");
+        assert_eq!(BatchRoutes::MATVEC.describe(), "2-8 matvec, 9-64 cuBLAS");
+    }
+
+    #[test]
+    fn batches_past_eight_rows_take_the_route_measured_for_their_bucket_up_to_64() {
+        assert_eq!(
+            [8, 9, 16, 17, 32, 33, 64, 65].map(wide_bucket),
+            [None, Some(0), Some(0), Some(1), Some(1), Some(2), Some(2), None]
+        );
+        let dq = MatmulRoute::DequantMma;
+        let b = BatchRoutes::from_fn(|_| MatmulRoute::QuantMma).with_wide([dq, dq, MatmulRoute::Gemm]);
+        assert_eq!(matmul_route(8, false, false, &b), MatmulRoute::QuantMma);
+        assert_eq!(matmul_route(9, false, false, &b), dq);
+        assert_eq!(matmul_route(32, false, false, &b), dq);
+        assert_eq!(matmul_route(33, false, false, &b), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(65, false, false, &b), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(512, false, false, &b), MatmulRoute::Gemm);
+        assert_eq!(matmul_route(16, true, false, &b), MatmulRoute::Matvec);
+        assert_eq!(b.describe(), "2-8 qmma, 9-32 dqmma, 33-64 cuBLAS");
+        // Only the dequantizing kernel or cuBLAS take those buckets.
+        let odd = BatchRoutes::MATVEC.with_wide([MatmulRoute::QuantMma, MatmulRoute::Matvec, dq]);
+        assert_eq!(odd.describe(), "2-8 matvec, 9-32 cuBLAS, 33-64 dqmma");
+        assert_eq!(DQMMA_MAX_ROWS, crate::dqmma::MAX_ROWS);
     }
 
     #[test]
@@ -537,7 +608,7 @@ mod tests {
         assert_eq!(b.matvec_variant(5, one), one);
         assert_eq!(b.matvec_variant(1, one), one);
         assert_eq!(b.matvec_variant(BATCH_TUNED_MAX_ROWS + 1, one), one);
-        assert_eq!(b.describe(), "2 matvec, 3-4 matvec u2r2s1, 5-8 qmma");
+        assert_eq!(b.describe(), "2 matvec, 3-4 matvec u2r2s1, 5-8 qmma, 9-64 cuBLAS");
         assert_eq!(BatchRoutes::MATVEC.matvec_variant(4, one), one);
     }
 

@@ -6,6 +6,7 @@
 use cudarc::driver::{sys, CudaSlice, CudaView, PushKernelArg};
 
 use crate::device::{driver, Gpu};
+use crate::dqmma::{self, DqmmaScratch};
 use crate::int8::{mmvq_group_into, mmvq_into, quantize_act_into, variants, ActQuant, MmvqTarget, MmvqVariant};
 use crate::launch::{gemm_f16_into, gemm_into, launch_cfg, matvec_into, to_f16_into, MatvecFamily};
 use crate::qmma;
@@ -274,6 +275,11 @@ fn batch_routes(
     }
     let mut routes = [(MatmulRoute::Matvec, None); routes::BATCH_TUNED_MAX_ROWS + 1];
     let rows: Vec<usize> = members.iter().map(|m| m.rows).collect();
+    // The dequantizing tensor-core kernel, where it takes the members: its scratch for the timings.
+    let mut dequant = match dqmma::takes(&kernel, suffix, &rows, cols) {
+        true => Some(DqmmaScratch::new(gpu, rows.iter().sum())?),
+        false => None,
+    };
     for t in 2..=routes::BATCH_TUNED_MAX_ROWS {
         let x = tuning_input(gpu, t * cols)?;
         let mut outs = members
@@ -333,23 +339,113 @@ fn batch_routes(
             }
         };
         if let Some(f16) = &f16 {
-            let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
-            let secs = time_with_input(gpu, flush, &mut |input| {
-                if input {
-                    return to_f16_into(gpu, &x.as_view(), &mut x16, t * cols);
-                }
-                for ((m, w16), out) in members.iter().zip(f16).zip(outs.iter_mut()) {
-                    gemm_f16_into(gpu, w16, &x16, t, m.rows, cols, out)?;
-                }
-                Ok(())
-            })?;
+            let secs = time_gemm_f16(gpu, flush, members, f16, &x, t, cols)?;
             if secs < best.0 {
                 best = (secs, MatmulRoute::Gemm, None);
             }
         }
+        if let Some(scratch) = dequant.as_mut() {
+            let secs = time_dqmma(gpu, flush, suffix, members, &x, t, cols, scratch)?;
+            if secs < best.0 {
+                best = (secs, MatmulRoute::DequantMma, None);
+            }
+        }
         routes[t] = (best.1, best.2);
     }
-    Ok(BatchRoutes::with_variants(|t| routes[t]))
+    let batch = BatchRoutes::with_variants(|t| routes[t]);
+    match (&f16, dequant.as_mut()) {
+        (Some(f16), Some(scratch)) => {
+            Ok(batch.with_wide(wide_routes(gpu, flush, suffix, members, f16, cols, scratch)?))
+        }
+        _ => Ok(batch),
+    }
+}
+
+/// For each bucket of `routes::WIDE_ROWS` (batches past `BATCH_TUNED_MAX_ROWS`), whether `members`
+/// (one matrix, or a group reading one input, in one launch) take the dequantizing tensor-core
+/// kernel or cuBLAS over their f16 copies, timed at the bucket's top row count with the f16 input
+/// made just before. cuBLAS reads 3.6x the bytes; the kernel's products grow with the rows.
+fn wide_routes(
+    gpu: &Gpu,
+    flush: &mut L2Flush,
+    suffix: &str,
+    members: &[Timed<'_>],
+    f16: &[&CudaView<'_, u16>],
+    cols: usize,
+    scratch: &mut DqmmaScratch,
+) -> Result<[MatmulRoute; routes::WIDE_ROWS.len()], CudaError> {
+    let mut wide = [MatmulRoute::Gemm; routes::WIDE_ROWS.len()];
+    for (route, t) in wide.iter_mut().zip(routes::WIDE_ROWS) {
+        let x = tuning_input(gpu, t * cols)?;
+        let dequant = time_dqmma(gpu, flush, suffix, members, &x, t, cols, scratch)?;
+        let gemm = time_gemm_f16(gpu, flush, members, f16, &x, t, cols)?;
+        if dequant < gemm {
+            *route = MatmulRoute::DequantMma;
+        }
+    }
+    Ok(wide)
+}
+
+/// Seconds of `t` rows of `x` through cuBLAS over the members' f16 copies (`f16`, one GEMM each),
+/// their f16 input made just before (`time_with_input`).
+fn time_gemm_f16(
+    gpu: &Gpu,
+    flush: &mut L2Flush,
+    members: &[Timed<'_>],
+    f16: &[&CudaView<'_, u16>],
+    x: &CudaSlice<f32>,
+    t: usize,
+    cols: usize,
+) -> Result<f64, CudaError> {
+    let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
+    let mut outs = members
+        .iter()
+        .map(|m| gpu.alloc_out::<f32>(t * m.rows))
+        .collect::<Result<Vec<_>, _>>()?;
+    time_with_input(gpu, flush, &mut |input| {
+        if input {
+            return to_f16_into(gpu, &x.as_view(), &mut x16, t * cols);
+        }
+        for ((m, w16), out) in members.iter().zip(f16).zip(outs.iter_mut()) {
+            gemm_f16_into(gpu, w16, &x16, t, m.rows, cols, out)?;
+        }
+        Ok(())
+    })
+}
+
+/// Seconds of `t` rows of `x` through the dequantizing tensor-core kernel, all `members` in one
+/// launch, its f16 input made just before (`time_with_input`).
+#[allow(clippy::too_many_arguments)]
+fn time_dqmma(
+    gpu: &Gpu,
+    flush: &mut L2Flush,
+    suffix: &str,
+    members: &[Timed<'_>],
+    x: &CudaSlice<f32>,
+    t: usize,
+    cols: usize,
+    scratch: &mut DqmmaScratch,
+) -> Result<f64, CudaError> {
+    let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
+    let mut outs = members
+        .iter()
+        .map(|m| gpu.alloc_out::<f32>(t * m.rows))
+        .collect::<Result<Vec<_>, _>>()?;
+    time_with_input(gpu, flush, &mut |input| {
+        if input {
+            return to_f16_into(gpu, &x.as_view(), &mut x16, t * cols);
+        }
+        let mut targets: Vec<MmvqTarget> = members
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(m, out)| MmvqTarget {
+                w: m.w,
+                rows: m.rows,
+                out,
+            })
+            .collect();
+        dqmma::dqmma_group_into(gpu, suffix, &mut targets, &x16, t, cols, scratch)
+    })
 }
 
 /// The other integer variants a batch of a matrix (or group) on `chosen` may take: those of its split,

@@ -14,6 +14,7 @@ use tandem_model::weights::Matrix;
 use tandem_model::Model;
 
 use crate::device::{driver, Gpu};
+use crate::dqmma::DqmmaScratch;
 use crate::int8::{self, int8_format};
 use crate::launch::{dequant_f16, type_suffix};
 use crate::model::{CudaModel, Mode, ARENA_INTS};
@@ -223,6 +224,9 @@ impl CudaModel {
             }
         }
         let total: usize = mats.iter().map(|m| m.bytes(&cpu.file).len()).sum();
+        // The dequantizing batch kernel's K-split partials (`dqmma.rs`): room for a launch of up to
+        // three matrices of the largest's rows (a few MB, whatever the model).
+        let dqmma_rows = 3 * mats.iter().map(|m| m.rows).max().unwrap_or(0);
         let mut done = 0;
         let mut memory = GpuMemory::default();
         let int8_enabled = std::env::var("TANDEM_CUDA_INT8").map_or(true, |v| v != "0");
@@ -415,6 +419,7 @@ impl CudaModel {
             })?,
             Err(_) => routes::STACKED_SPLIT_MAX_ROWS,
         };
+        let dqmma_scratch = RefCell::new(DqmmaScratch::new(&gpu, dqmma_rows)?);
         gpu.synchronize()?;
         Ok(CudaModel {
             cpu,
@@ -452,6 +457,7 @@ impl CudaModel {
             profiler_window: ProfilerWindow::from_env()?,
             skipped_kernels,
             stacked_split_max_rows,
+            dqmma_scratch,
             fused_qkv_store: std::env::var("TANDEM_CUDA_FUSED_QKV_STORE").map_or(true, |v| v != "0"),
         })
     }

@@ -14,6 +14,7 @@
 
 mod batch_graphs;
 mod decode_rows;
+mod dqmma;
 mod flash;
 mod gemm;
 mod int8;
@@ -74,6 +75,10 @@ pub struct GpuCheckArgs {
     /// `--bench-kernels`).
     #[arg(long)]
     pub bench_qmma: bool,
+    /// Time the decode batches past qmma's rows: the f16 tensor-core kernel over dequantized Q4_K
+    /// weights against cuBLAS over the f16 copy (a part of `--bench-kernels`).
+    #[arg(long)]
+    pub bench_dqmma: bool,
     /// Time the 8B files' decode matvecs from a flushed L2 and from a hot L2 (a part of
     /// `--bench-kernels`): a kernel barely faster hot is bound by its instructions, not memory.
     #[arg(long)]
@@ -153,6 +158,9 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     }
     if args.bench_kernels || args.bench_qmma {
         qmma::qmma_bench(&gpu, &mut table)?;
+    }
+    if args.bench_kernels || args.bench_dqmma {
+        dqmma::dqmma_bench(&gpu, &mut table)?;
     }
     if args.bench_kernels || args.bench_l2 {
         int8::l2_bench(&gpu, &mut table)?;
@@ -353,6 +361,7 @@ fn kernel_checks(gpu: &Gpu, seed: Option<u64>, table: &mut Vec<Row>) -> Result<(
     split_rope::split_rope_store_checks(gpu, &mut rng, table)?;
     int8::mmq_checks(gpu, &mut rng, table)?;
     qmma::qmma_checks(gpu, &mut rng, table)?;
+    dqmma::dqmma_checks(gpu, &mut rng, table)?;
     Ok(())
 }
 

@@ -19,7 +19,7 @@ use super::int8::dequantized_activations;
 use super::{rel_err, Rng, Row};
 
 /// Quantized rows of `ty`: 64 distinct random rows, tiled to `rows` (host bytes).
-fn host_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Result<Vec<u8>> {
+pub(super) fn host_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Result<Vec<u8>> {
     let row_bytes = ty.row_bytes(cols as u64).context("row size")? as usize;
     let mut tile = vec![0u8; 64 * row_bytes];
     for r in 0..64 {
@@ -29,7 +29,7 @@ fn host_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Result
     Ok(tile.iter().copied().cycle().take(rows * row_bytes).collect())
 }
 
-fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+pub(super) fn bits_equal(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
@@ -265,7 +265,7 @@ fn staged_batch_nb(suffix: &str, variant: MmvqVariant, t: usize, cols: usize, st
 }
 
 /// Mean microseconds of `run(i)` over copies `i` in turn, after one warm-up pass.
-fn time_rotated(gpu: &Gpu, copies: usize, run: &mut dyn FnMut(usize) -> Result<()>) -> Result<f64> {
+pub(super) fn time_rotated(gpu: &Gpu, copies: usize, run: &mut dyn FnMut(usize) -> Result<()>) -> Result<f64> {
     for i in 0..copies {
         run(i)?;
     }

@@ -95,3 +95,36 @@ __device__ __forceinline__ void imma_k16(int (&d)[4], u32 a0, u32 a1, u32 b0) {
 
 // Q6_K's piece (16 quants, one scale) that the matvec lane at position k reads in its quarter q.
 __device__ __forceinline__ int q6k_piece(int k, int q) { return 8 * (k >> 1) + 2 * q + (k & 1); }
+
+// The tensor-core batch kernels' loads (qmma.cu, dqmma.cu).
+// Weights are read once a step: marked first to go from L2, as `ld_weights16` marks them, but left
+// to allocate in L1 (`ld_weights16` bypasses it): a lane's 8- or 4-byte piece shares its sector with
+// the next lane's, and the heads' lines serve several lanes.
+__device__ __forceinline__ unsigned long long evict_first() {
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+__device__ __forceinline__ uint4 ld_weights16_l1(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "l"(evict_first()));
+    return r;
+}
+
+__device__ __forceinline__ uint2 ld_weights8(const void* p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(r.x), "=r"(r.y) : "l"(p), "l"(evict_first()));
+    return r;
+}
+
+// A Q4_K head's eight 6-bit scales (or mins: `mins`) as bytes, sub-blocks 0..3 in .x, 4..7 in .y.
+__device__ __forceinline__ uint2 q4k_packed(uint4 h, bool mins) {
+    u32 lo = mins ? h.z : h.y;
+    return make_uint2(lo & 0x3F3F3F3Fu, ((mins ? h.w >> 4 : h.w) & 0x0F0F0F0Fu) | ((lo >> 2) & 0x30303030u));
+}
+
+// Byte s (0..7, known at compile time) of packed bytes, as an int.
+__device__ __forceinline__ int byte_of(uint2 v, int s) { return (int)(((s < 4 ? v.x : v.y) >> (8 * (s & 3))) & 0xFFu); }
