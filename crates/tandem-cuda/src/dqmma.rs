@@ -1,5 +1,6 @@
-//! Decode batches past `routes::BATCH_TUNED_MAX_ROWS` rows in default mode (`kernels/dqmma.cu`): up
-//! to `MAX_ROWS` activation rows (f16, the operand cuBLAS reads) times a Q4_K matrix, its quantized
+//! Decode batches in default mode (`kernels/dqmma.cu`; timed at load against the other routes at
+//! 2-8 rows and against cuBLAS for each bucket past `routes::BATCH_TUNED_MAX_ROWS`): up to
+//! `MAX_ROWS` activation rows (f16, the operand cuBLAS reads) times a Q4_K matrix, its quantized
 //! weights read once for every 32 rows and dequantized to f16 in registers, the products on the f16
 //! tensor cores. cuBLAS over the f16 copy reads 3.6 times the bytes. Each output's sum order depends
 //! on the launch's shape (its K split), not on timing, so graph replays keep their bits; a row's bits

@@ -1,6 +1,7 @@
-// Decode batches past qmma's 8 rows, default mode (`dqmma_*`; `routes::matmul_route` says when): 9
-// to `DQMMA_MAX_ROWS` sequences read each quantized Q4_K weight once (per 32 batch rows), where
-// cuBLAS over the f16 copy reads 3.6 times the bytes. The weights are dequantized to f16 in
+// Decode batches in default mode (`dqmma_*`; `routes::matmul_route` says when, as timed at load per
+// shape: a candidate at 2-8 rows beside the matvec and qmma, and for 9 to `DQMMA_MAX_ROWS` beside
+// cuBLAS): the batch reads each quantized Q4_K weight once (per 32 batch rows), where cuBLAS over the
+// f16 copy reads 3.6 times the bytes. The weights are dequantized to f16 in
 // registers, once for every batch row, and multiplied by the f16 activations (the operand cuBLAS
 // reads) with `mma.sync` f16, f32 accumulation.
 //
@@ -9,11 +10,13 @@
 // here the scales are applied once, to the weights, and a tile of rows costs only its products.
 //
 // A block is four warps over 64 weight rows (an m-tile of 16 a warp) and a range of super-blocks
-// (the grid's y: the K split, so that matrices of few rows still fill the GPU). Each lane loads its
-// weights straight into registers, the next super-block's while it multiplies this one's (the
-// first before the wait), so no barrier stands between a warp and its weight stream. The block's
-// batch rows of each super-block go through registers into one of two interleaved shared buffers
-// (below), one barrier a super-block. With a K split, each block writes its partial sums, and the
+// (the grid's y: the K split, so that matrices of few rows still fill the GPU). No block barrier
+// stands between a warp and its weights: at one n-tile (up to 8 batch rows) each lane loads them
+// straight into registers, the next super-block's while it multiplies this one's; past that, where
+// the products need the registers, each warp copies its own rows into its shared stages
+// (`cp.async`, three super-blocks ahead) and waits for them alone. The first weights are requested
+// before the wait. The block's batch rows of each super-block go through registers into one of two
+// interleaved shared buffers (below), one barrier a super-block. With a K split, each block writes its partial sums, and the
 // last block of a row group to arrive (a counter a row group, reset by that block) adds them in
 // split order, so a launch's bits do not depend on timing.
 //
