@@ -295,15 +295,7 @@ fn batch_routes(
                         if input {
                             return quantize_act_into(gpu, fmt, &x, t, cols, &mut a);
                         }
-                        let mut targets: Vec<MmvqTarget> = members
-                            .iter()
-                            .zip(outs.iter_mut())
-                            .map(|(m, out)| MmvqTarget {
-                                w: m.w,
-                                rows: m.rows,
-                                out,
-                            })
-                            .collect();
+                        let mut targets = member_targets(members, &mut outs);
                         match matvec {
                             Some(v) => mmvq_group_into(gpu, suffix, v, &mut targets, &a, t, cols),
                             None => qmma::qmma_group_into(gpu, suffix, &mut targets, &a, t, cols),
@@ -386,6 +378,34 @@ fn wide_routes(
     Ok(wide)
 }
 
+/// Each member's quantized weights and its output, as one launch's targets.
+fn member_targets<'a>(members: &'a [Timed<'_>], outs: &'a mut [CudaSlice<f32>]) -> Vec<MmvqTarget<'a>> {
+    members
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|(m, out)| MmvqTarget {
+            w: m.w,
+            rows: m.rows,
+            out,
+        })
+        .collect()
+}
+
+/// A timed product's f16 input (`t` rows of `cols`) and its members' outputs.
+fn timing_buffers(
+    gpu: &Gpu,
+    members: &[Timed<'_>],
+    t: usize,
+    cols: usize,
+) -> Result<(CudaSlice<u16>, Vec<CudaSlice<f32>>), CudaError> {
+    let x16 = gpu.alloc_out::<u16>(t * cols)?;
+    let outs = members
+        .iter()
+        .map(|m| gpu.alloc_out::<f32>(t * m.rows))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((x16, outs))
+}
+
 /// Seconds of `t` rows of `x` through cuBLAS over the members' f16 copies (`f16`, one GEMM each),
 /// their f16 input made just before (`time_with_input`).
 fn time_gemm_f16(
@@ -397,11 +417,7 @@ fn time_gemm_f16(
     t: usize,
     cols: usize,
 ) -> Result<f64, CudaError> {
-    let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
-    let mut outs = members
-        .iter()
-        .map(|m| gpu.alloc_out::<f32>(t * m.rows))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (mut x16, mut outs) = timing_buffers(gpu, members, t, cols)?;
     time_with_input(gpu, flush, &mut |input| {
         if input {
             return to_f16_into(gpu, &x.as_view(), &mut x16, t * cols);
@@ -426,24 +442,12 @@ fn time_dqmma(
     cols: usize,
     scratch: &mut DqmmaScratch,
 ) -> Result<f64, CudaError> {
-    let mut x16 = gpu.alloc_out::<u16>(t * cols)?;
-    let mut outs = members
-        .iter()
-        .map(|m| gpu.alloc_out::<f32>(t * m.rows))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (mut x16, mut outs) = timing_buffers(gpu, members, t, cols)?;
     time_with_input(gpu, flush, &mut |input| {
         if input {
             return to_f16_into(gpu, &x.as_view(), &mut x16, t * cols);
         }
-        let mut targets: Vec<MmvqTarget> = members
-            .iter()
-            .zip(outs.iter_mut())
-            .map(|(m, out)| MmvqTarget {
-                w: m.w,
-                rows: m.rows,
-                out,
-            })
-            .collect();
+        let mut targets = member_targets(members, &mut outs);
         dqmma::dqmma_group_into(gpu, suffix, &mut targets, &x16, t, cols, scratch)
     })
 }

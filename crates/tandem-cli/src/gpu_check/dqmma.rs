@@ -6,12 +6,11 @@
 use anyhow::{Context, Result};
 use tandem_cuda::dqmma::{dqmma_group_into, grid, kernel, DqmmaScratch};
 use tandem_cuda::int8::{int8_format, quantize_act_into, repack, MmvqTarget};
-use tandem_cuda::launch::{dequant_f16, gemm_f16_into, to_f16_into, type_suffix};
-use tandem_cuda::qmma::qmma_group_into;
+use tandem_cuda::launch::{dequant_f16, to_f16_into, type_suffix};
 use tandem_cuda::Gpu;
 use tandem_gguf::GgmlType;
 
-use super::qmma::{bits_equal, host_weights, time_rotated};
+use super::qmma::{bits_equal, host_weights, push_speed_row, time_qmma_rotated, time_rotated};
 use super::{rel_err, Rng, Row};
 
 /// Weights and activations rounded to f16 once each, f32 sums: the GEMM route's class (its bound).
@@ -172,25 +171,11 @@ pub(super) fn dqmma_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
             if t <= tandem_cuda::qmma::MAX_ROWS {
                 let mut a = gpu.alloc::<u8>(fmt.bytes(t, cols))?;
                 quantize_act_into(gpu, fmt, &x_dev, t, cols, &mut a)?;
-                let us = time_rotated(gpu, copies.len(), &mut |i| {
-                    let mut targets = [MmvqTarget {
-                        w: &copies[i],
-                        rows,
-                        out: &mut out,
-                    }];
-                    Ok(qmma_group_into(gpu, suffix, &mut targets, &a, t, cols)?)
-                })?;
+                let us = time_qmma_rotated(gpu, suffix, &copies, &a, [t, rows, cols], &mut out)?;
                 results.push(format!("qmma {us:.1} us"));
             }
-            let us = time_rotated(gpu, 2, &mut |i| {
-                Ok(gemm_f16_into(gpu, &w16[i].as_view(), &x16, t, rows, cols, &mut out)?)
-            })?;
-            results.push(format!("cuBLAS f16 {us:.1} us"));
-            table.push(Row {
-                check: format!("dqmma speed {ty} {rows}x{cols}, t={t} ({:.1} MB)", bytes as f64 / 1e6),
-                result: results.join("; "),
-                pass: true,
-            });
+            let check = format!("dqmma speed {ty} {rows}x{cols}, t={t} ({:.1} MB)", bytes as f64 / 1e6);
+            push_speed_row(gpu, table, check, results, &w16, &x16, [t, rows, cols], &mut out)?;
         }
     }
     Ok(())

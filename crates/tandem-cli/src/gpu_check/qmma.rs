@@ -12,7 +12,7 @@ use tandem_cuda::int8::{
 };
 use tandem_cuda::launch::{dequant_f16, gemm_f16_into, to_f16_into, type_suffix};
 use tandem_cuda::qmma::{has_kernel, kernel, qmma_group_into, MAX_ROWS};
-use tandem_cuda::Gpu;
+use tandem_cuda::{CudaSlice, Gpu};
 use tandem_gguf::GgmlType;
 
 use super::int8::dequantized_activations;
@@ -198,14 +198,7 @@ pub(super) fn qmma_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
                 continue;
             }
             if has_kernel(suffix) {
-                let us = time_rotated(gpu, copies.len(), &mut |i| {
-                    let mut targets = [MmvqTarget {
-                        w: &copies[i],
-                        rows,
-                        out: &mut out,
-                    }];
-                    Ok(qmma_group_into(gpu, suffix, &mut targets, &a, t, cols)?)
-                })?;
+                let us = time_qmma_rotated(gpu, suffix, &copies, &a, [t, rows, cols], &mut out)?;
                 let regs = gpu.function(&kernel(suffix))?.num_regs().unwrap_or(-1);
                 results.push(format!("qmma {us:.1} us ({regs} regs)"));
             }
@@ -241,15 +234,8 @@ pub(super) fn qmma_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
                 let regs = gpu.function(&name)?.num_regs().unwrap_or(-1);
                 results.push(format!("{what} {us:.1} us ({regs} regs)"));
             }
-            let us = time_rotated(gpu, 2, &mut |i| {
-                Ok(gemm_f16_into(gpu, &w16[i].as_view(), &x16, t, rows, cols, &mut out)?)
-            })?;
-            results.push(format!("cuBLAS f16 {us:.1} us"));
-            table.push(Row {
-                check: format!("batch speed {ty} {rows}x{cols}, t={t} ({:.1} MB)", bytes as f64 / 1e6),
-                result: results.join("; "),
-                pass: true,
-            });
+            let check = format!("batch speed {ty} {rows}x{cols}, t={t} ({:.1} MB)", bytes as f64 / 1e6);
+            push_speed_row(gpu, table, check, results, &w16, &x16, [t, rows, cols], &mut out)?;
         }
     }
     Ok(())
@@ -265,6 +251,51 @@ fn staged_batch_nb(suffix: &str, variant: MmvqVariant, t: usize, cols: usize, st
 }
 
 /// Mean microseconds of `run(i)` over copies `i` in turn, after one warm-up pass.
+/// Times qmma over the rotated `copies` of a matrix on the quantized activations `a`, `[t, rows,
+/// cols]`.
+pub(super) fn time_qmma_rotated(
+    gpu: &Gpu,
+    suffix: &str,
+    copies: &[CudaSlice<u8>],
+    a: &CudaSlice<u8>,
+    [t, rows, cols]: [usize; 3],
+    out: &mut CudaSlice<f32>,
+) -> Result<f64> {
+    time_rotated(gpu, copies.len(), &mut |i| {
+        let mut targets = [MmvqTarget {
+            w: &copies[i],
+            rows,
+            out: &mut *out,
+        }];
+        Ok(qmma_group_into(gpu, suffix, &mut targets, a, t, cols)?)
+    })
+}
+
+/// Times cuBLAS over the f16 copies `w16` (rotated) on `x16`, `[t, rows, cols]`, and pushes the
+/// speed row `check`: the other kernels' `results`, then cuBLAS's time.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn push_speed_row(
+    gpu: &Gpu,
+    table: &mut Vec<Row>,
+    check: String,
+    mut results: Vec<String>,
+    w16: &[CudaSlice<u16>],
+    x16: &CudaSlice<u16>,
+    [t, rows, cols]: [usize; 3],
+    out: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let us = time_rotated(gpu, w16.len(), &mut |i| {
+        Ok(gemm_f16_into(gpu, &w16[i].as_view(), x16, t, rows, cols, &mut *out)?)
+    })?;
+    results.push(format!("cuBLAS f16 {us:.1} us"));
+    table.push(Row {
+        check,
+        result: results.join("; "),
+        pass: true,
+    });
+    Ok(())
+}
+
 pub(super) fn time_rotated(gpu: &Gpu, copies: usize, run: &mut dyn FnMut(usize) -> Result<()>) -> Result<f64> {
     for i in 0..copies {
         run(i)?;
