@@ -6,10 +6,10 @@
 //! on the launch's shape (its K split), not on timing, so graph replays keep their bits; a row's bits
 //! are not those it has alone (the deterministic mode never takes this route).
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use crate::device::{allow_dynamic_shared, driver, Gpu};
-use crate::int8::MmvqTarget;
+use crate::int8::{grouped_args, MmvqTarget};
 use crate::launch::{i32_of, launch_cfg};
 use crate::tune::DecodeKernel;
 use crate::CudaError;
@@ -189,42 +189,21 @@ pub fn dqmma_group_into(
         });
     }
     let f = gpu.function(&name)?;
-    let stream = &gpu.stream;
-    let mut rows32 = [0i32; 3];
-    for (r, n) in rows32.iter_mut().zip(&rows) {
-        *r = i32_of(*n, "rows")?;
-    }
-    i32_of(total, "rows")?;
     let (c, n) = (i32_of(cols, "cols")?, i32_of(t, "t")?);
-    // Raw pointers: a slot past the targets repeats the first, and its zero rows keep it unread.
-    let mut w_ptrs = [0u64; 3];
-    let mut y_ptrs = [0u64; 3];
-    let mut guards = Vec::with_capacity(6);
-    let n_targets = targets.len();
-    for (i, tg) in targets.iter_mut().enumerate() {
-        let (w, gw) = tg.w.device_ptr(stream);
-        let (y, gy) = tg.out.device_ptr_mut(stream);
-        (w_ptrs[i], y_ptrs[i]) = (w, y);
-        guards.push(gw);
-        guards.push(gy);
-    }
-    for i in n_targets..3 {
-        (w_ptrs[i], y_ptrs[i]) = (w_ptrs[0], y_ptrs[0]);
-    }
+    let ga = grouped_args(&gpu.stream, targets)?;
     let smem = shared_bytes(n_tiles(t));
     allow_dynamic_shared(&name, f, smem)?;
     let mut cfg = launch_cfg((g.blocks as u32, g.splits as u32, g.batch_rows as u32), THREADS);
     cfg.shared_mem_bytes = smem as u32;
     let mut b = gpu.launch_builder(f)?;
-    b.arg(&w_ptrs[0]).arg(&w_ptrs[1]).arg(&w_ptrs[2]).arg(x16);
-    b.arg(&y_ptrs[0]).arg(&y_ptrs[1]).arg(&y_ptrs[2]);
-    b.arg(&rows32[0]).arg(&rows32[1]).arg(&rows32[2]).arg(&c).arg(&n);
+    b.arg(&ga.w[0]).arg(&ga.w[1]).arg(&ga.w[2]).arg(x16);
+    b.arg(&ga.y[0]).arg(&ga.y[1]).arg(&ga.y[2]);
+    b.arg(&ga.rows[0]).arg(&ga.rows[1]).arg(&ga.rows[2]).arg(&c).arg(&n);
     b.arg(&mut scratch.part).arg(&mut scratch.counters);
     // SAFETY: each target's weights are in the integer-route Q4_K layout of rows x cols and its output
     // holds t x rows floats; `x16` holds t rows of cols halves; the scratch holds the grid's partials
     // and counters (checked above); unused slots have zero rows.
     driver(&name, unsafe { b.launch(cfg) })?;
-    drop(guards);
     Ok(())
 }
 

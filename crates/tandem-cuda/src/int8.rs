@@ -2,7 +2,7 @@
 //! quantized to int8 as the CPU backend quantizes them, weights repacked once into aligned blocks where
 //! their ggml layout is not, and matvecs that multiply the two with `dp4a` (or `mma.sync`).
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg, SyncOnDrop};
 use tandem_gguf::GgmlType;
 
 use crate::device::{allow_dynamic_shared, driver, Gpu};
@@ -513,37 +513,64 @@ pub(crate) fn launch_grouped(
     cols: usize,
 ) -> Result<(), CudaError> {
     let f = gpu.function(name)?;
-    let stream = &gpu.stream;
+    let (c, n) = (i32_of(cols, "cols")?, i32_of(t, "t")?);
+    let g = grouped_args(&gpu.stream, targets)?;
+    let mut b = gpu.launch_builder(f)?;
+    b.arg(&g.w[0]).arg(&g.w[1]).arg(&g.w[2]).arg(a);
+    b.arg(&g.y[0]).arg(&g.y[1]).arg(&g.y[2]);
+    b.arg(&g.rows[0]).arg(&g.rows[1]).arg(&g.rows[2]).arg(&c).arg(&n);
+    // SAFETY: each target's weights are in the integer-route layout of rows x cols and its output
+    // holds t x rows floats; `a` is quantized for t rows of cols; unused slots have zero rows.
+    driver(name, unsafe { b.launch(cfg) })?;
+    Ok(())
+}
+
+/// The per-matrix arguments of a launch over up to three matrices reading one input: weight and
+/// output pointers (a slot past the targets repeats the first, and its zero rows keep it unread)
+/// and row counts, with the guards that record the buffers' use on the stream when dropped, after
+/// the launch.
+pub(crate) struct GroupedArgs<'a> {
+    pub(crate) w: [u64; 3],
+    pub(crate) y: [u64; 3],
+    pub(crate) rows: [i32; 3],
+    _guards: Vec<SyncOnDrop<'a>>,
+}
+
+/// `targets`' `GroupedArgs` (at most three; their rows, and the rows together, must fit an i32).
+pub(crate) fn grouped_args<'a>(
+    stream: &'a CudaStream,
+    targets: &'a mut [MmvqTarget<'_>],
+) -> Result<GroupedArgs<'a>, CudaError> {
+    if targets.len() > 3 {
+        return Err(CudaError::Driver {
+            what: "grouped launch".into(),
+            err: format!("{} matrices in one launch: at most 3", targets.len()),
+        });
+    }
     let mut rows = [0i32; 3];
     for (r, g) in rows.iter_mut().zip(targets.iter()) {
         *r = i32_of(g.rows, "rows")?;
     }
-    let (c, n) = (i32_of(cols, "cols")?, i32_of(t, "t")?);
     i32_of(targets.iter().map(|g| g.rows).sum(), "rows")?;
-    // Raw pointers: a slot past the targets repeats the first, and its zero rows keep it unread.
-    let mut w_ptrs = [0u64; 3];
-    let mut y_ptrs = [0u64; 3];
-    let n_targets = targets.len();
+    let (mut w, mut y) = ([0u64; 3], [0u64; 3]);
     let mut guards = Vec::with_capacity(6);
+    let n_targets = targets.len();
     for (i, g) in targets.iter_mut().enumerate() {
-        let (w, gw) = g.w.device_ptr(stream);
-        let (y, gy) = g.out.device_ptr_mut(stream);
-        (w_ptrs[i], y_ptrs[i]) = (w, y);
+        let (wp, gw) = g.w.device_ptr(stream);
+        let (yp, gy) = g.out.device_ptr_mut(stream);
+        (w[i], y[i]) = (wp, yp);
         guards.push(gw);
         guards.push(gy);
     }
     for i in n_targets..3 {
-        (w_ptrs[i], y_ptrs[i]) = (w_ptrs[0], y_ptrs[0]);
+        (w[i], y[i]) = (w[0], y[0]);
     }
-    let mut b = gpu.launch_builder(f)?;
-    b.arg(&w_ptrs[0]).arg(&w_ptrs[1]).arg(&w_ptrs[2]).arg(a);
-    b.arg(&y_ptrs[0]).arg(&y_ptrs[1]).arg(&y_ptrs[2]);
-    b.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]).arg(&c).arg(&n);
-    // SAFETY: each target's weights are in the integer-route layout of rows x cols and its output
-    // holds t x rows floats; `a` is quantized for t rows of cols; unused slots have zero rows.
-    driver(name, unsafe { b.launch(cfg) })?;
-    drop(guards);
-    Ok(())
+    Ok(GroupedArgs {
+        w,
+        y,
+        rows,
+        _guards: guards,
+    })
 }
 
 #[cfg(test)]
