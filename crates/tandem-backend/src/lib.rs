@@ -1,8 +1,8 @@
 //! Tandem's compute backend. For now: CPU matrix multiplication over ggml-quantized weights
 //! ([`cpu::matmul`]) and the thread pool it runs on ([`cpu::pool::ThreadPool`]).
 //!
-//! Results are deterministic: for a given CPU (instruction-set level) every output element is
-//! bit-identical whatever the batch size, thread count or code path that computed it.
+//! Results are deterministic: every output element is bit-identical whatever the batch size,
+//! thread count, code path or CPU instruction-set level (scalar, AVX2, AVX-512) that computed it.
 
 pub mod cpu;
 

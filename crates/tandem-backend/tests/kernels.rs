@@ -109,6 +109,56 @@ fn float_dots_match_reference() {
     }
 }
 
+/// The single-row kernels give the scalar level's bits at every level, float rows of every length
+/// (partial chunks of 16 and 8 included) and quantized rows of one to twenty blocks.
+#[test]
+fn every_level_dots_with_the_scalar_bits() {
+    let mut rng = Rng(3);
+    let pool = ThreadPool::new(1);
+    for ty in FLOAT_TYPES {
+        for cols in [1, 7, 8, 15, 16, 17, 33, 640, 1000] {
+            let w = quantized_weights(ty, 1, cols, &mut rng);
+            let x = rng.vec(cols, 1.0);
+            let want = dot_f32(Isa::Scalar, ty, &w, &x).unwrap();
+            for isa in Isa::available() {
+                let got = dot_f32(isa, ty, &w, &x).unwrap();
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{ty} {isa:?} cols={cols}: {got} vs {want}"
+                );
+            }
+        }
+    }
+    for ty in QUANT_TYPES {
+        let kq = ty.block_elems() == 256;
+        for blocks in [1, 2, 3, 20] {
+            let cols = blocks * ty.block_elems();
+            let w = random_block_weights(ty, 1, cols, &mut rng);
+            let x = rng.vec(cols, 1.0);
+            let mut acts = QuantizedActs::default();
+            let format = if kq { ActFormat::Q8K } else { ActFormat::Q8 };
+            acts.quantize(&pool, Isa::Scalar, format, &x, 1, cols);
+            let dot = |isa| {
+                if kq {
+                    dot_q8k(isa, ty, &w, &acts.q8k_row(0)).unwrap()
+                } else {
+                    dot_q8(isa, ty, &w, &acts.q8_row(0)).unwrap()
+                }
+            };
+            let want = dot(Isa::Scalar);
+            for isa in Isa::available() {
+                let got = dot(isa);
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{ty} {isa:?} cols={cols}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn dot_rejects_bad_sizes() {
     let pool = ThreadPool::new(1);

@@ -47,8 +47,8 @@ fn results_do_not_depend_on_batch_threads_or_route() {
                     pool.n_threads()
                 );
                 // Two to eight rows take the row kernels (below the GEMM's `GEMM_MIN_T`; legacy types
-                // and K-quants at AVX-512 two, three and four activation rows a pass), nine the
-                // GEMM, with the same bits.
+                // and K-quants at AVX2 and AVX-512 two, three and four activation rows a pass), nine
+                // the GEMM (AVX-512), with the same bits.
                 for t in 2..=9 {
                     assert_eq!(
                         bits(&run(pool, &w, &x, t)),
@@ -64,6 +64,50 @@ fn results_do_not_depend_on_batch_threads_or_route() {
                     bits(&full[r * rows..(r + 1) * rows]),
                     "{ty} {isa:?} row {r}"
                 );
+            }
+        }
+    }
+}
+
+/// Every ISA level gives the scalar level's bits, for every type, on one row (the decode route),
+/// small batches (the batched row kernels) and large ones (the AVX-512 GEMM), with float rows
+/// that end in a partial chunk of 16: a model's logits do not depend on the machine it runs on.
+#[test]
+fn every_isa_level_gives_the_scalar_bits() {
+    let mut rng = Rng(14);
+    let scalar = ThreadPool::with_isa(2, Isa::Scalar);
+    let levels: Vec<ThreadPool> = Isa::available()
+        .into_iter()
+        .map(|isa| ThreadPool::with_isa(2, isa))
+        .collect();
+    for ty in all_types() {
+        for base in [40, 640] {
+            let (rows, cols) = (29, cols_for(ty, base));
+            for weights in 0..2 {
+                let data = if weights == 0 {
+                    quantized_weights(ty, rows, cols, &mut rng)
+                } else {
+                    random_block_weights(ty, rows, cols, &mut rng)
+                };
+                let w = WeightMatrix {
+                    ty,
+                    data: &data,
+                    rows,
+                    cols,
+                };
+                let x = rng.vec(20 * cols, 1.0);
+                for t in [1, 3, 4, 9, 20] {
+                    let want = run(&scalar, &w, &x, t);
+                    assert!(want.iter().all(|v| v.is_finite()), "{ty} cols={cols} t={t}");
+                    for pool in &levels {
+                        assert_eq!(
+                            bits(&run(pool, &w, &x, t)),
+                            bits(&want),
+                            "{ty} {:?} cols={cols} t={t} weights={weights}",
+                            pool.isa()
+                        );
+                    }
+                }
             }
         }
     }

@@ -286,3 +286,61 @@ fn bench_reports_pp_and_tg_in_micro_batches() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `tandem score` gives the same logits, bit for bit, at every CPU instruction-set level
+/// (`TANDEM_CPU_ISA` caps the level; the default is the best this CPU has): on the two real models
+/// and on synthesized ones of the other weight types, so a model's output does not depend on the
+/// machine it runs on.
+#[test]
+fn score_has_the_same_bits_at_every_cpu_level() {
+    let dir = temp_dir("levels");
+    let prompt = dir.join("prompt.txt");
+    std::fs::write(
+        &prompt,
+        "The capital of France is Paris. In 1905, Einstein published four papers",
+    )
+    .unwrap();
+    let mut models = vec!["gemma3-270m".to_string(), "smollm2-135m".to_string()];
+    for (arch, quant) in [
+        ("llama", "q4_0"),
+        ("gemma3", "q5_1"),
+        ("llama", "q4_k_m"),
+        ("gemma3", "f16"),
+    ] {
+        models.push(synth(&dir, arch, quant, 4, &[]).to_str().unwrap().to_string());
+    }
+    let score = |model: &str, level: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
+        cmd.args([
+            "score",
+            "--model",
+            model,
+            "--prompt-file",
+            prompt.to_str().unwrap(),
+            "--json",
+        ]);
+        match level {
+            Some(level) => cmd.env("TANDEM_CPU_ISA", level),
+            None => cmd.env_remove("TANDEM_CPU_ISA"),
+        };
+        let out = cmd.output().expect("run tandem");
+        assert!(
+            out.status.success(),
+            "score {model} at {level:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("score json");
+        json["logits_sha256"].as_str().expect("logits_sha256").to_string()
+    };
+    for model in &models {
+        let best = score(model, None);
+        for level in ["avx2", "scalar"] {
+            assert_eq!(
+                score(model, Some(level)),
+                best,
+                "{model}: {level} against the best level"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

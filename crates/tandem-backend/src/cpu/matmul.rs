@@ -9,18 +9,18 @@
 //!   exists. The four rows of a call come from the four quarters of the chunk, so the weights
 //!   are read as four long sequential streams (see `dot_rows`). With several activation rows,
 //!   chunks are small enough to stay in L2 while every activation row passes over them (float
-//!   weights then go through 4 × 4 register tiles of weight rows × activation rows, and legacy
-//!   types and K-quants at AVX-512 take activation rows four, three or two at a time, each
-//!   decoded weight block serving them all: `dot_rows_batch`).
+//!   weights then go through 4 × 4 register tiles of weight rows × activation rows at AVX-512, and
+//!   legacy types and K-quants at AVX2 and AVX-512 take activation rows four, three or two at a
+//!   time, each decoded weight block serving them all: `dot_rows_batch`).
 //! * **GEMM route** (AVX-512 VNNI, quantized weights, `t >= GEMM_MIN_T`): tasks are (chunk of
 //!   weight rows) × (span of activation groups); a task decodes its weight rows once and runs the
 //!   register-tiled microkernels of `dot::gemm_avx512` over them (each decoded weight byte is
 //!   reused for `NR·16` activation rows straight from registers).
 //!
-//! Exactness: every route computes an output element with the same float operations in the same
-//! order (`dot::avx512` documents the canonical order at that level; the other levels use their
-//! row kernels on both routes), so `out[r][j]` is bit-identical whatever `t`, the thread count,
-//! the route, or where row `r` falls in a tile.
+//! Exactness: every route and every ISA level computes an output element with the same float
+//! operations in the same order (`dot::avx512` documents the canonical order), so `out[r][j]` is
+//! bit-identical whatever `t`, the thread count, the route, where row `r` falls in a tile, or the
+//! CPU's instruction set.
 
 use std::cell::RefCell;
 

@@ -216,13 +216,16 @@ enum Simd {
 }
 
 impl Simd {
+    /// The widest level this CPU has, within the user's `TANDEM_CPU_ISA` ceiling ([`crate::Isa::ceiling`]).
     fn detect() -> Simd {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            use crate::Isa;
+            let cap = Isa::ceiling().unwrap_or(Isa::Avx512);
+            if cap >= Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512f") {
                 return Simd::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2") {
+            if cap >= Isa::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
                 return Simd::Avx2;
             }
         }

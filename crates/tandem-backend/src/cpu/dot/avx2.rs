@@ -1,9 +1,9 @@
 //! AVX2 kernels (with FMA and F16C): one weight row against one activation row.
 //!
-//! Legacy types accumulate `d_w·d_a·(block's 8 partial sums)` in an 8-lane f32 vector with FMA
-//! and reduce it once at the end (as ggml does). K-quants use the per-super-block form documented
-//! in `avx512` (exact integer sums, then a scalar FMA chain). At this level the matrix product
-//! uses these kernels on every route, so any fixed order is exact across routes.
+//! Every kernel computes the canonical order documented in `avx512` (exact integer sums per block,
+//! then one FMA chain per output in block order; float types in sixteen lanes), so this level
+//! gives the AVX-512 and scalar levels' bits: a model's logits do not depend on the machine's
+//! instruction set. At this level the matrix product uses these kernels on every route.
 
 // Index loops over lanes and rows are deliberate: they mirror the vector lanes they fill.
 #![allow(clippy::needless_range_loop)]
@@ -13,6 +13,7 @@ use std::arch::x86_64::*;
 use super::super::act_quant::{Q8KRow, Q8Row};
 use super::decode_x86::{legacy_q, load256, KDecode, KScales};
 use super::layout::Legacy;
+use super::PREFETCH_BYTES;
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -49,81 +50,109 @@ fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
 
-/// The 8 partial sums of one block's products `Σ q·a` (nibble types: without the offset).
+/// The f16 scale `d` (and min `m`, at +2) of the block at byte `off` of each of the four rows.
+/// Assembled with scalar loads and shifts: the integer pipes are idle while vector pipes are not.
+///
+/// # Safety
+/// Each of the four rows must hold at least 4 bytes from `off`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn legacy_prod<T: Legacy>(blk: &[u8], qa: &[u8], b: usize) -> __m256 {
-    let q = legacy_q::<T>(blk);
-    let av = load256(&qa[32 * b..]);
-    let p = if T::BYTE_QUANTS {
-        // Back to the stored signed bytes; unsigned·signed pairs could saturate maddubs.
-        dot_i8(_mm256_xor_si256(q, _mm256_set1_epi8(-128)), av)
+pub(crate) unsafe fn scales4(rows: &[*const u8; 4], off: usize, min: bool) -> (__m128, __m128) {
+    // SAFETY: every block starts with at least 4 bytes (d, then m or quants).
+    let f = |r: usize| unsafe { (rows[r].add(off) as *const u32).read_unaligned() as u64 };
+    let (f0, f1, f2, f3) = (f(0), f(1), f(2), f(3));
+    let lo = |v: u64| v & 0xffff;
+    let d = lo(f0) | lo(f1) << 16 | lo(f2) << 32 | lo(f3) << 48;
+    let d = _mm_cvtph_ps(_mm_cvtsi64_si128(d as i64));
+    if !min {
+        return (d, _mm_setzero_ps());
+    }
+    let m = (f0 >> 16) | (f1 >> 16) << 16 | (f2 >> 16) << 32 | (f3 >> 16) << 48;
+    (d, _mm_cvtph_ps(_mm_cvtsi64_si128(m as i64)))
+}
+
+/// Lane `r` of the result is the sum of the 8 lanes of `p[r]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn reduce4(p: [__m256i; 4]) -> __m128i {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+}
+
+/// One block's quants as this level multiplies them: the stored signed bytes for Q8_0 (the sign
+/// trick of [`dot_i8`] needs them), the unsigned quants of `legacy_q` for nibble types.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn legacy_block_q<T: Legacy>(blk: &[u8]) -> __m256i {
+    if T::BYTE_QUANTS {
+        load256(&blk[T::QS_AT..])
+    } else {
+        legacy_q::<T>(blk)
+    }
+}
+
+/// The 8 partial sums of one block's exact products: `Σ q·a` for Q8_0, `Σ (q + OFFSET)·a` (the
+/// unsigned quants) for nibble types.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn legacy_isums<T: Legacy>(q: __m256i, av: __m256i) -> __m256i {
+    if T::BYTE_QUANTS {
+        dot_i8(q, av)
     } else {
         // Nibbles (< 32) times activations (|a| <= 127): pair sums fit i16.
         _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), _mm256_set1_epi16(1))
-    };
-    _mm256_cvtepi32_ps(p)
+    }
 }
 
-/// The f16 fields at byte `off` of two blocks, as f32 lanes 0 and 1. (Both lanes are used, so
-/// LLVM loads a whole register; for a lone f16 it inserts into whatever register is at hand — a
-/// false dependency, seen on a loop's accumulator.)
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f16x2(b0: &[u8], b1: &[u8], off: usize) -> __m128 {
-    let h = |b: &[u8]| u16::from_le_bytes([b[off], b[off + 1]]) as u32;
-    _mm_cvtph_ps(_mm_cvtsi32_si128((h(b0) | (h(b1) << 16)) as i32))
-}
-
-/// `Σ_b d_w·d_a·Σ (q - OFFSET)·a [+ m_w·s_a]`, two blocks per step: the products go to two
-/// 8-lane accumulators (even and odd blocks, halving the FMA dependency chain); the per-block
-/// offset and min terms to a 2-lane one.
+/// Four legacy-type rows against `N` Q8 rows in the canonical order of the AVX-512 kernels
+/// (`avx512` module docs): per block in row order, each row's exact `isum = Σ (q - OFFSET)·a`,
+/// then `acc = fma(d_w·d_a, f32(isum), acc)` and, for Q4_1 / Q5_1, `acc = fma(m_w, s_a, acc)`. Lane
+/// `r` of the 4-lane accumulator is weight row `r`, so each output gets exactly the operations of
+/// the one-row chain, whatever the batch, and the same bits as the AVX-512 and scalar levels.
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA, F16C; `w` must hold `a.d.len()` blocks of `T`.
+/// The CPU must support AVX2, FMA, F16C; each weight row must hold `a[0].d.len()` blocks of `T`,
+/// and every activation row that many blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_legacy<T: Legacy>(w: &[u8], a: &Q8Row) -> f32 {
-    let nb = a.d.len();
-    assert!(w.len() >= nb * T::BYTES && a.sum.len() >= nb && a.s.len() >= nb);
-    let qa = i8_bytes(a.qs);
-    let (mut acc0, mut acc1, mut acc_e) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm_setzero_ps());
-    // Lanes 0 and 1 of two per-block f32 / i32 arrays at `b` (lanes 2, 3 zero).
-    // SAFETY (both): the callers below keep b + 1 < nb.
-    let two_f = |v: &[f32], b: usize| unsafe { _mm_castpd_ps(_mm_load_sd(v.as_ptr().add(b) as *const f64)) };
-    let two_i = |v: &[i32], b: usize| unsafe { _mm_cvtepi32_ps(_mm_loadl_epi64(v.as_ptr().add(b) as *const __m128i)) };
-    let mut b = 0;
-    while b + 2 <= nb {
-        let (blk0, blk1) = (&w[b * T::BYTES..], &w[(b + 1) * T::BYTES..]);
-        let s = _mm_mul_ps(f16x2(blk0, blk1, 0), two_f(a.d, b));
-        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s), legacy_prod::<T>(blk0, qa, b), acc0);
-        acc1 = _mm256_fmadd_ps(
-            _mm256_broadcastss_ps(_mm_movehdup_ps(s)),
-            legacy_prod::<T>(blk1, qa, b + 1),
-            acc1,
-        );
-        if !T::BYTE_QUANTS && T::OFFSET != 0 {
-            acc_e = _mm_fnmadd_ps(_mm_mul_ps(s, _mm_set1_ps(T::OFFSET as f32)), two_i(a.sum, b), acc_e);
+pub(crate) unsafe fn dot4xn_legacy<T: Legacy, const N: usize>(w: [&[u8]; 4], a: [&Q8Row; N]) -> [[f32; 4]; N] {
+    let nb = a[0].d.len();
+    assert!(w.iter().all(|r| r.len() >= nb * T::BYTES));
+    assert!(a
+        .iter()
+        .all(|a| a.d.len() == nb && a.qs.len() >= 32 * nb && a.sum.len() >= nb && a.s.len() >= nb));
+    let rows = [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()];
+    let mut acc = [_mm_setzero_ps(); N];
+    for b in 0..nb {
+        let mut q = [_mm256_setzero_si256(); 4];
+        for r in 0..4 {
+            // Four sequential streams (see `matmul::dot_rows`); prefetching never faults.
+            _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(b * T::BYTES + PREFETCH_BYTES) as *const i8);
+            q[r] = legacy_block_q::<T>(&w[r][b * T::BYTES..(b + 1) * T::BYTES]);
         }
-        if T::HAS_MIN {
-            acc_e = _mm_fmadd_ps(f16x2(blk0, blk1, 2), two_f(a.s, b), acc_e);
-        }
-        b += 2;
-    }
-    let mut tail = 0.0f32;
-    if b < nb {
-        // An odd last block: lane 0 of the same steps.
-        let blk = &w[b * T::BYTES..];
-        let s = _mm_cvtss_f32(f16x2(blk, blk, 0)) * a.d[b];
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s), legacy_prod::<T>(blk, qa, b), acc0);
-        if !T::BYTE_QUANTS && T::OFFSET != 0 {
-            tail -= s * T::OFFSET as f32 * a.sum[b] as f32;
-        }
-        if T::HAS_MIN {
-            tail += _mm_cvtss_f32(f16x2(blk, blk, 2)) * a.s[b];
+        // SAFETY: block b of every row is in bounds (asserted).
+        let (dw, mw) = unsafe { scales4(&rows, b * T::BYTES, T::HAS_MIN) };
+        for n in 0..N {
+            let av = load256(&i8_bytes(a[n].qs)[32 * b..]);
+            let mut p = [_mm256_setzero_si256(); 4];
+            for r in 0..4 {
+                p[r] = legacy_isums::<T>(q[r], av);
+            }
+            let mut isum = reduce4(p);
+            if !T::BYTE_QUANTS && T::OFFSET != 0 {
+                isum = _mm_sub_epi32(isum, _mm_set1_epi32(a[n].sum[b] << T::SHIFT));
+            }
+            acc[n] = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(a[n].d[b])), _mm_cvtepi32_ps(isum), acc[n]);
+            if T::HAS_MIN {
+                acc[n] = _mm_fmadd_ps(mw, _mm_set1_ps(a[n].s[b]), acc[n]);
+            }
         }
     }
-    let e = _mm_add_ss(acc_e, _mm_movehdup_ps(acc_e));
-    hsum_ps(_mm256_add_ps(acc0, acc1)) + (_mm_cvtss_f32(e) + tail)
+    let mut out = [[0.0f32; 4]; N];
+    for n in 0..N {
+        // SAFETY: 4 floats.
+        unsafe { _mm_storeu_ps(out[n].as_mut_ptr(), acc[n]) };
+    }
+    out
 }
 
 /// The exact integer parts of a K-quant super-block against a Q8_K block:
@@ -218,6 +247,57 @@ pub(crate) unsafe fn dot_kquant<T: KDecode>(w: &[u8], a: &Q8KRow) -> f32 {
     _mm_cvtss_f32(acc)
 }
 
+/// Four K-quant rows against `N` Q8_K rows (a decode batch, or prefill rows at this level): each
+/// weight super-block decoded once for them all, and each output formed lane-wise by the
+/// operations of [`dot_kquant`] (weight row `r` in lane `r`), so its bits do not depend on the
+/// batch or on how many rows share a pass.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA, F16C; each weight row must hold `a[0].d.len()` blocks of `T`,
+/// and every activation row that many blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot4xn_kquant<T: KDecode, const N: usize>(w: [&[u8]; 4], a: [&Q8KRow; N]) -> [[f32; 4]; N] {
+    let nb = a[0].d.len();
+    assert!(w.iter().all(|r| r.len() >= nb * T::BYTES));
+    assert!(a
+        .iter()
+        .all(|a| a.d.len() == nb && a.qs.len() >= 256 * nb && a.bsums.len() >= 16 * nb));
+    let mut acc = [_mm_setzero_ps(); N];
+    for b in 0..nb {
+        let (mut sumi, mut summ) = ([[0i32; 4]; N], [[0i32; 4]; N]);
+        let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
+        for r in 0..4 {
+            let blk = &w[r][b * T::BYTES..(b + 1) * T::BYTES];
+            for off in (0..T::BYTES).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(blk.as_ptr().wrapping_add(PREFETCH_BYTES + off) as *const i8);
+            }
+            // SAFETY: features per the function contract; a whole block.
+            let (kb, q) = unsafe { (T::scales(blk), T::quants(blk)) };
+            for n in 0..N {
+                (sumi[n][r], summ[n][r]) = k_ints::<T>(&q, &kb, &i8_bytes(a[n].qs)[256 * b..], &a[n].bsums[16 * b..]);
+            }
+            (d[r], dmin[r]) = (kb.d, kb.dmin);
+        }
+        // SAFETY (all loads): four lanes each.
+        let (dv, dminv) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr())) };
+        for n in 0..N {
+            let da = _mm_set1_ps(a[n].d[b]);
+            let si = unsafe { _mm_loadu_si128(sumi[n].as_ptr() as *const __m128i) };
+            acc[n] = _mm_fmadd_ps(_mm_mul_ps(dv, da), _mm_cvtepi32_ps(si), acc[n]);
+            if T::HAS_MIN {
+                let sm = unsafe { _mm_loadu_si128(summ[n].as_ptr() as *const __m128i) };
+                acc[n] = _mm_fnmadd_ps(_mm_mul_ps(dminv, da), _mm_cvtepi32_ps(sm), acc[n]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; 4]; N];
+    for n in 0..N {
+        // SAFETY: 4 floats.
+        unsafe { _mm_storeu_ps(out[n].as_mut_ptr(), acc[n]) };
+    }
+    out
+}
+
 /// Eight float weights starting at element `i`, widened to f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -234,32 +314,34 @@ fn load_w8<const F: u8>(w: &[u8], i: usize) -> __m256 {
     }
 }
 
-/// Float weights against f32 activations: four 8-lane FMA accumulators, then a scalar tail.
+/// Float weights against f32 activations in the canonical float order of the AVX-512 level
+/// (`avx512` module docs): sixteen accumulator lanes (two 8-lane halves here), `acc = fma(w, x,
+/// acc)` over chunks of 16 in order with the tail chunk zero-padded (an `fma(0, 0, acc)` leaves a
+/// lane as it is), then the 16 → 8 → 4 → 2 → 1 tree of `avx512::hsum16`.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA, F16C; `w` must hold `x.len()` elements of type `F`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_float<const F: u8>(w: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
-    let xv = |i: usize| unsafe { _mm256_loadu_ps(x[i..i + 8].as_ptr()) };
-    let mut acc = [_mm256_setzero_ps(); 4];
+    // SAFETY: the callers keep 8 elements from `i` in bounds.
+    let xv = |x: &[f32], i: usize| unsafe { _mm256_loadu_ps(x[i..i + 8].as_ptr()) };
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut i = 0;
-    while i + 32 <= n {
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_fmadd_ps(load_w8::<F>(w, i + 8 * j), xv(i + 8 * j), *a);
+    while i + 16 <= n {
+        lo = _mm256_fmadd_ps(load_w8::<F>(w, i), xv(x, i), lo);
+        hi = _mm256_fmadd_ps(load_w8::<F>(w, i + 8), xv(x, i + 8), hi);
+        i += 16;
+    }
+    if i < n {
+        let ty = super::layout::Float::from_u8(F);
+        let (mut wt, mut xt) = ([0.0f32; 16], [0.0f32; 16]);
+        for j in i..n {
+            wt[j - i] = super::layout::float_at(ty, w, j);
+            xt[j - i] = x[j];
         }
-        i += 32;
+        lo = _mm256_fmadd_ps(xv(&wt, 0), xv(&xt, 0), lo);
+        hi = _mm256_fmadd_ps(xv(&wt, 8), xv(&xt, 8), hi);
     }
-    while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(load_w8::<F>(w, i), xv(i), acc[0]);
-        i += 8;
-    }
-    let mut sum = hsum_ps(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    ));
-    for j in i..n {
-        sum += super::layout::float_at(super::layout::Float::from_u8(F), w, j) * x[j];
-    }
-    sum
+    hsum_ps(_mm256_add_ps(lo, hi))
 }

@@ -24,28 +24,10 @@
 use std::arch::x86_64::*;
 
 use super::super::act_quant::{Q8KRow, Q8Row};
-use super::avx2::hsum_i32;
+use super::avx2::{hsum_i32, reduce4, scales4};
 use super::decode_x86::{legacy_q, load256, KDecode};
 use super::layout::{Float, Legacy};
 use super::PREFETCH_BYTES;
-
-/// The f16 scale `d` (and min `m`, at +2) of the block at byte `off` of each of the four rows.
-/// Assembled with scalar loads and shifts: the integer pipes are idle while vector pipes are not.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn scales4(rows: &[*const u8; 4], off: usize, min: bool) -> (__m128, __m128) {
-    // SAFETY: every block starts with at least 4 bytes (d, then m or quants).
-    let f = |r: usize| unsafe { (rows[r].add(off) as *const u32).read_unaligned() as u64 };
-    let (f0, f1, f2, f3) = (f(0), f(1), f(2), f(3));
-    let lo = |v: u64| v & 0xffff;
-    let d = lo(f0) | lo(f1) << 16 | lo(f2) << 32 | lo(f3) << 48;
-    let d = _mm_cvtph_ps(_mm_cvtsi64_si128(d as i64));
-    if !min {
-        return (d, _mm_setzero_ps());
-    }
-    let m = (f0 >> 16) | (f1 >> 16) << 16 | (f2 >> 16) << 32 | (f3 >> 16) << 48;
-    (d, _mm_cvtph_ps(_mm_cvtsi64_si128(m as i64)))
-}
 
 /// The 64 unsigned quants of two consecutive blocks starting at `p`, in element order.
 #[inline]
@@ -87,14 +69,6 @@ unsafe fn legacy_q2<T: Legacy>(p: *const u8) -> __m512i {
             None => q,
         }
     }
-}
-
-/// Lane `r` of the result is the sum of the 8 lanes of `p[r]`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn reduce4(p: [__m256i; 4]) -> __m128i {
-    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
 }
 
 /// For `p[r]` holding two blocks' partial sums (lanes 0..8, 8..16): the four rows' sums of the

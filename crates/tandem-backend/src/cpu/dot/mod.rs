@@ -3,8 +3,9 @@
 //!
 //! Quantized weights meet activations quantized by [`super::act_quant`]: sums of integer
 //! products inside each block are exact, and only the float combination with the block scales
-//! rounds. Each ISA level fixes its own order of float operations; results are reproducible for
-//! a given level, but differ slightly between levels. Files:
+//! rounds. Every ISA level combines them in one canonical order (documented in `avx512`), so
+//! results are bit-identical across levels as well as across routes: the same model gives the
+//! same logits on a machine with AVX-512, with AVX2 only, or with neither. Files:
 //! `layout` (block formats, portable), `scalar`, `decode_x86` (AVX2 block decoders), `avx2`,
 //! `avx512` (row kernels), `gemm_avx512` (tiles).
 
@@ -38,12 +39,39 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best level this CPU supports (detected once, then cached by the standard library).
+    /// The best level this CPU supports, capped by [`Isa::ceiling`] (detected once, then cached by
+    /// the standard library).
     pub fn detect() -> Isa {
-        [Isa::Avx512, Isa::Avx2]
+        let best = [Isa::Avx512, Isa::Avx2]
             .into_iter()
             .find(|i| i.is_available())
-            .unwrap_or(Isa::Scalar)
+            .unwrap_or(Isa::Scalar);
+        Isa::ceiling().map_or(best, |cap| best.min(cap))
+    }
+
+    /// The highest level the user allows, from the environment variable `TANDEM_CPU_ISA`
+    /// (`scalar`, `avx2` or `avx512`): a way to run as a machine without the wider vectors would,
+    /// which gives the same bits more slowly. An unknown value is reported once and ignored.
+    pub fn ceiling() -> Option<Isa> {
+        static CEILING: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+        *CEILING.get_or_init(|| {
+            let value = std::env::var("TANDEM_CPU_ISA").ok()?;
+            let cap = Isa::from_name(value.trim());
+            if cap.is_none() {
+                eprintln!("tandem: ignoring TANDEM_CPU_ISA={value:?} (expected scalar, avx2 or avx512)");
+            }
+            cap
+        })
+    }
+
+    /// The level named `name` (`scalar`, `avx2`, `avx512`; case-insensitive).
+    pub fn from_name(name: &str) -> Option<Isa> {
+        match name.to_ascii_lowercase().as_str() {
+            "scalar" => Some(Isa::Scalar),
+            "avx2" => Some(Isa::Avx2),
+            "avx512" | "avx512-vnni" => Some(Isa::Avx512),
+            _ => None,
+        }
     }
 
     /// Every level this CPU supports, lowest first.
@@ -232,9 +260,13 @@ pub(crate) fn row_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
             }
             (Isa::Avx2, WeightClass::Legacy) => {
                 return Some(RowKernel::Q8 {
-                    dot: by_legacy!(ty, dot_legacy_256),
-                    dot4: None,
-                    batch: None,
+                    dot: by_legacy!(ty, dot1_legacy_256),
+                    dot4: Some(by_legacy!(ty, dot4_legacy_256)),
+                    batch: Some(Batched {
+                        two: by_legacy!(ty, dot4x2_legacy_256),
+                        three: by_legacy!(ty, dot4x3_legacy_256),
+                        four: by_legacy!(ty, dot4x4_legacy_256),
+                    }),
                 })
             }
             (Isa::Avx512, WeightClass::KQuant) => {
@@ -251,8 +283,12 @@ pub(crate) fn row_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
             (Isa::Avx2, WeightClass::KQuant) => {
                 return Some(RowKernel::Q8K {
                     dot: by_kquant!(ty, dot_kquant_256),
-                    dot4: None,
-                    batch: None,
+                    dot4: Some(by_kquant!(ty, dot4_kquant_256)),
+                    batch: Some(Batched {
+                        two: by_kquant!(ty, dot4x2_kquant_256),
+                        three: by_kquant!(ty, dot4x3_kquant_256),
+                        four: by_kquant!(ty, dot4x4_kquant_256),
+                    }),
                 })
             }
             (Isa::Avx512, WeightClass::Float) => {
@@ -316,8 +352,20 @@ mod x86_wrap {
     pub(crate) unsafe fn dot1_legacy_512<T: Legacy>(w: &[u8], a: &Q8Row) -> f32 {
         unsafe { avx512::dot4_legacy::<T>([w; 4], a)[0] }
     }
-    pub(crate) unsafe fn dot_legacy_256<T: Legacy>(w: &[u8], a: &Q8Row) -> f32 {
-        unsafe { avx2::dot_legacy::<T>(w, a) }
+    pub(crate) unsafe fn dot1_legacy_256<T: Legacy>(w: &[u8], a: &Q8Row) -> f32 {
+        unsafe { avx2::dot4xn_legacy::<T, 1>([w; 4], [a])[0][0] }
+    }
+    pub(crate) unsafe fn dot4_legacy_256<T: Legacy>(w: [&[u8]; 4], a: &Q8Row) -> [f32; 4] {
+        unsafe { avx2::dot4xn_legacy::<T, 1>(w, [a])[0] }
+    }
+    pub(crate) unsafe fn dot4x2_legacy_256<T: Legacy>(w: [&[u8]; 4], a: [&Q8Row; 2]) -> [[f32; 4]; 2] {
+        unsafe { avx2::dot4xn_legacy::<T, 2>(w, a) }
+    }
+    pub(crate) unsafe fn dot4x3_legacy_256<T: Legacy>(w: [&[u8]; 4], a: [&Q8Row; 3]) -> [[f32; 4]; 3] {
+        unsafe { avx2::dot4xn_legacy::<T, 3>(w, a) }
+    }
+    pub(crate) unsafe fn dot4x4_legacy_256<T: Legacy>(w: [&[u8]; 4], a: [&Q8Row; 4]) -> [[f32; 4]; 4] {
+        unsafe { avx2::dot4xn_legacy::<T, 4>(w, a) }
     }
     pub(crate) unsafe fn dot_kquant_512<T: KDecode>(w: &[u8], a: &Q8KRow) -> f32 {
         unsafe { avx512::dot_kquant::<T>(w, a) }
@@ -336,6 +384,18 @@ mod x86_wrap {
     }
     pub(crate) unsafe fn dot_kquant_256<T: KDecode>(w: &[u8], a: &Q8KRow) -> f32 {
         unsafe { avx2::dot_kquant::<T>(w, a) }
+    }
+    pub(crate) unsafe fn dot4_kquant_256<T: KDecode>(w: [&[u8]; 4], a: &Q8KRow) -> [f32; 4] {
+        unsafe { avx2::dot4xn_kquant::<T, 1>(w, [a])[0] }
+    }
+    pub(crate) unsafe fn dot4x2_kquant_256<T: KDecode>(w: [&[u8]; 4], a: [&Q8KRow; 2]) -> [[f32; 4]; 2] {
+        unsafe { avx2::dot4xn_kquant::<T, 2>(w, a) }
+    }
+    pub(crate) unsafe fn dot4x3_kquant_256<T: KDecode>(w: [&[u8]; 4], a: [&Q8KRow; 3]) -> [[f32; 4]; 3] {
+        unsafe { avx2::dot4xn_kquant::<T, 3>(w, a) }
+    }
+    pub(crate) unsafe fn dot4x4_kquant_256<T: KDecode>(w: [&[u8]; 4], a: [&Q8KRow; 4]) -> [[f32; 4]; 4] {
+        unsafe { avx2::dot4xn_kquant::<T, 4>(w, a) }
     }
     pub(crate) unsafe fn dot1_float_512<const F: u8>(w: &[u8], x: &[f32]) -> f32 {
         unsafe { avx512::dot_tile_float::<F, 1, 1>([w], [x])[0][0] }

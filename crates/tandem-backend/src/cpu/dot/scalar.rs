@@ -1,6 +1,8 @@
-//! Portable kernels: one weight row against one activation row. Integer sums per block are exact;
-//! the float combination is a plain multiply then add (no FMA, which would be a slow libm call on
-//! targets without it), accumulated block by block in row order.
+//! Portable kernels: one weight row against one activation row, in the canonical order of the
+//! SIMD levels (`avx512` module docs), so every level gives the same bits. Integer sums per block
+//! are exact; the float combination is one fused multiply-add per block (per element for float
+//! types), accumulated in row order. `mul_add` is an instruction on most targets and a correctly
+//! rounded libm call on x86-64 without FMA, where this level only runs on CPUs without AVX2.
 
 // Index loops over lanes and rows are deliberate: they mirror the vector lanes they fill.
 #![allow(clippy::needless_range_loop)]
@@ -8,8 +10,9 @@
 use super::super::act_quant::{Q8KRow, Q8Row};
 use super::layout::{self as l, f16_at, Legacy};
 
-/// Legacy 32-element blocks: `Σ_b (d_w·d_a)·isum_b [+ m_w·s_a]` in block order. The integer
-/// loops are written so compilers vectorise them for the baseline of any target.
+/// Legacy 32-element blocks: per block in order `acc = fma(d_w·d_a, isum_b, acc)`, then for types
+/// with mins `acc = fma(m_w, s_a, acc)`. The integer loops are written so compilers vectorise them
+/// for the baseline of any target.
 pub(crate) fn dot_legacy<T: Legacy>(w: &[u8], a: &Q8Row) -> f32 {
     let mut acc = 0.0f32;
     for (b, blk) in w.chunks_exact(T::BYTES).enumerate().take(a.d.len()) {
@@ -28,16 +31,17 @@ pub(crate) fn dot_legacy<T: Legacy>(w: &[u8], a: &Q8Row) -> f32 {
             }
             dot - T::OFFSET as i32 * a.sum[b]
         };
-        acc += f16_at(blk, 0) * a.d[b] * isum as f32;
+        acc = (f16_at(blk, 0) * a.d[b]).mul_add(isum as f32, acc);
         if T::HAS_MIN {
-            acc += f16_at(blk, 2) * a.s[b];
+            acc = f16_at(blk, 2).mul_add(a.s[b], acc);
         }
     }
     acc
 }
 
 /// K-quants: per super-block exact `sumi = Σ_j sc_j·Σ q·a` (offset folded in) and
-/// `summ = Σ_j m_j·bsum_j`, then `acc += (d·d_a)·sumi - (dmin·d_a)·summ` in block order.
+/// `summ = Σ_j m_j·bsum_j`, then `acc = fma(d·d_a, sumi, acc)` and (types with mins)
+/// `acc = fma(-(dmin·d_a), summ, acc)` in block order.
 pub(crate) fn dot_kquant<T: l::KQuant>(w: &[u8], a: &Q8KRow) -> f32 {
     let mut acc = 0.0f32;
     for (b, blk) in w.chunks_exact(T::BYTES).enumerate() {
@@ -51,28 +55,24 @@ pub(crate) fn dot_kquant<T: l::KQuant>(w: &[u8], a: &Q8KRow) -> f32 {
             summ += u.mins[j] * bs[j] as i32;
         }
         let da = a.d[b];
-        acc += u.d * da * sumi as f32;
+        acc = (u.d * da).mul_add(sumi as f32, acc);
         if T::HAS_MIN {
-            acc -= u.dmin * da * summ as f32;
+            acc = (-(u.dmin * da)).mul_add(summ as f32, acc);
         }
     }
     acc
 }
 
-/// Float weights (F32, F16, BF16) against f32 activations: eight interleaved partial sums (so the
-/// compiler can keep them in one vector register), then summed pairwise.
+/// Float weights (F32, F16, BF16) against f32 activations: sixteen interleaved partial sums, each
+/// `acc = fma(w, x, acc)` in element order (a short last chunk leaves the missing lanes as they
+/// are), then the tree 16 → 8 → 4 → 2 → 1 of the SIMD levels' horizontal sum.
 pub(crate) fn dot_float<const F: u8>(w: &[u8], x: &[f32]) -> f32 {
     let ty = l::Float::from_u8(F);
-    let mut acc = [0.0f32; 8];
-    let w_at = |i: usize| l::float_at(ty, w, i);
-    let n8 = x.len() / 8 * 8;
-    for i in (0..n8).step_by(8) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a += w_at(i + j) * x[i + j];
-        }
+    let mut acc = [0.0f32; 16];
+    for (i, &x) in x.iter().enumerate() {
+        acc[i % 16] = l::float_at(ty, w, i).mul_add(x, acc[i % 16]);
     }
-    for i in n8..x.len() {
-        acc[i % 8] += w_at(i) * x[i];
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+    let s8: [f32; 8] = std::array::from_fn(|l| acc[l] + acc[l + 8]);
+    let s4: [f32; 4] = std::array::from_fn(|l| s8[l] + s8[l + 4]);
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
 }
