@@ -12,10 +12,10 @@
 //!   weights then go through 4 × 4 register tiles of weight rows × activation rows at AVX-512, and
 //!   legacy types and K-quants at AVX2 and AVX-512 take activation rows four, three or two at a
 //!   time, each decoded weight block serving them all: `dot_rows_batch`).
-//! * **GEMM route** (AVX-512 VNNI, quantized weights, `t >= GEMM_MIN_T`): tasks are (chunk of
-//!   weight rows) × (span of activation groups); a task decodes its weight rows once and runs the
-//!   register-tiled microkernels of `dot::gemm_avx512` over them (each decoded weight byte is
-//!   reused for `NR·16` activation rows straight from registers).
+//! * **GEMM route** (AVX-512 VNNI or AVX2, quantized weights, `t >= GEMM_MIN_T_*`): tasks are (chunk
+//!   of weight rows) × (span of activation groups); a task decodes its weight rows once and runs
+//!   the register-tiled microkernels of `dot::gemm_avx512` or `dot::gemm_avx2` over them (each
+//!   decoded weight byte is reused for `NR·16` or `NR·8` activation rows straight from registers).
 //!
 //! Exactness: every route and every ISA level computes an output element with the same float
 //! operations in the same order (`dot::avx512` documents the canonical order), so `out[r][j]` is
@@ -106,7 +106,29 @@ pub fn matmul(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], t: usize, out: &mu
 /// 1.30x / 1.19x the GEMM on Gemma 3 270M and 1.45x / 1.29x / 1.22x on SmolLM2 Q4_1; at 10 the two
 /// tied (Gemma 236-239 against 238-240 tok/s), at 12 the GEMM won (271-275 against 237). When the row
 /// kernels took one activation row a pass, the GEMM won from 6 rows.
-const GEMM_MIN_T: usize = 9;
+const GEMM_MIN_T_AVX512: usize = 9;
+
+#[cfg(target_arch = "x86_64")]
+/// Smallest batch that goes to the AVX2 GEMM, whose tiles hold half as many activation rows. Measured
+/// on 2 threads (2026-12-04, decode batches at depth 64, two runs a side A B B A): at 9 and 12
+/// sequences the row kernels ran ahead (SmolLM2 Q4_1 174-215 / 197-229 tok/s against 152-155 /
+/// 182-190 through the GEMM; Gemma 3 270M alike, noisier), at 16 the GEMM was ahead or tied (SmolLM2
+/// 219-228 against 172-218, Gemma 105-106 against 98-106), at 24 ahead (SmolLM2 236-278 against
+/// 161-197). 13-15 were not measured.
+const GEMM_MIN_T_AVX2: usize = 16;
+
+/// The GEMM for `w` at `isa`, where `t` rows are worth it.
+#[cfg(target_arch = "x86_64")]
+fn gemm_for(isa: super::dot::Isa, ty: GgmlType, t: usize) -> Option<super::dot::Gemm> {
+    let min_t = match isa.or_scalar() {
+        super::dot::Isa::Avx512 => GEMM_MIN_T_AVX512,
+        _ => GEMM_MIN_T_AVX2,
+    };
+    if t < min_t {
+        return None;
+    }
+    super::dot::gemm(isa, ty)
+}
 
 /// `x` (`t × cols`, row-major) times the transposed weights into `out` (`t × rows`), on `pool`
 /// with the pool's instruction set. Sizes are validated first; nothing is written on error.
@@ -151,11 +173,9 @@ pub fn matmul_with(
         scratch.acts.quantize(pool, isa, format, x, t, cols);
     }
     #[cfg(target_arch = "x86_64")]
-    if t >= GEMM_MIN_T {
-        if let Some(task) = super::dot::gemm_task(isa, w.ty) {
-            gemm::run(pool, task, w, row_bytes, scratch, t, out);
-            return Ok(());
-        }
+    if let Some(kernel) = gemm_for(isa, w.ty, t) {
+        gemm::run(pool, kernel, w, row_bytes, scratch, t, out);
+        return Ok(());
     }
     let kernel = row_kernel(isa, w.ty).ok_or(BackendError::UnsupportedType(w.ty))?;
     row_route(pool, kernel, w, row_bytes, &scratch.acts, x, t, out);
@@ -464,8 +484,8 @@ fn row_route(
 mod gemm {
     use std::cell::RefCell;
 
-    use super::super::dot::gemm_avx512::{self as g, OutTile, Panel, TaskSpec};
-    use super::super::dot::{GemmTask, WeightClass};
+    use super::super::dot::gemm_avx512::{OutTile, Panel, TaskSpec, MR};
+    use super::super::dot::Gemm;
     use super::super::pool::{SendPtr, ThreadPool};
     use super::{Scratch, WeightMatrix};
 
@@ -475,13 +495,9 @@ mod gemm {
 
     /// Weight rows per task at most (the decoded panel, 64 × cols bytes, stays in L2).
     const MAX_CHUNK: usize = 64;
-    /// Activation groups (of 16 rows) per task: two register tiles' worth (`NR = 3`), so a task
-    /// re-decodes its weight rows once per 96 activation rows.
-    const GROUP_SPAN: usize = 2 * g::NR;
-
     pub(super) fn run(
         pool: &ThreadPool,
-        task: GemmTask,
+        kernel: Gemm,
         w: &WeightMatrix,
         row_bytes: usize,
         scratch: &mut Scratch,
@@ -489,31 +505,26 @@ mod gemm {
         out: &mut [f32],
     ) {
         let (rows, k) = (w.rows, w.cols);
-        let kq = WeightClass::of(w.ty) == Some(WeightClass::KQuant);
-        let groups = t.div_ceil(g::LANES);
-        let gbytes = g::group_bytes(kq, k);
-        scratch.packed.resize(g::packed_len(kq, t, k));
+        let groups = t.div_ceil(kernel.lanes);
+        let gbytes = (kernel.group_bytes)(k);
+        scratch.packed.resize(groups * gbytes);
         {
             let acts = &scratch.acts;
             let packed = SendPtr(scratch.packed.as_mut_slice().as_mut_ptr());
             pool.run(groups, &|gi| {
                 // SAFETY: each group's bytes are written by one task only.
                 let dst = unsafe { packed.slice(gi * gbytes, gbytes) };
-                if kq {
-                    g::pack_group_q8k(acts, gi, dst)
-                } else {
-                    g::pack_group_q8(acts, gi, dst)
-                }
+                (kernel.pack)(acts, gi, dst)
             });
         }
         let packed = scratch.packed.as_slice();
 
-        let spans = groups.div_ceil(GROUP_SPAN);
+        // Activation groups per task: two register tiles' worth (AVX-512: 96 activation rows, AVX2:
+        // 32), so a task re-decodes its weight rows once per that many.
+        let group_span = 2 * kernel.nr;
+        let spans = groups.div_ceil(group_span);
         let chunks_wanted = (4 * pool.n_threads()).div_ceil(spans);
-        let chunk = rows
-            .div_ceil(chunks_wanted)
-            .next_multiple_of(g::MR)
-            .clamp(g::MR, MAX_CHUNK);
+        let chunk = rows.div_ceil(chunks_wanted).next_multiple_of(MR).clamp(MR, MAX_CHUNK);
         let n_chunks = rows.div_ceil(chunk);
         let out = OutTile {
             out: out.as_mut_ptr(),
@@ -534,14 +545,14 @@ mod gemm {
                 k,
                 packed,
                 group_bytes: gbytes,
-                groups: s * GROUP_SPAN..((s + 1) * GROUP_SPAN).min(groups),
+                groups: s * group_span..((s + 1) * group_span).min(groups),
             };
             let tile = out.at_row(j0);
             PANEL.with(|p| {
                 let mut panel = p.borrow_mut();
-                // SAFETY: `task` exists only for an available AVX-512 level; the task writes only
+                // SAFETY: `kernel` exists only for an available level; the task writes only
                 // rows j0..j1 × its activation groups of `out`, disjoint from other tasks.
-                unsafe { task(&spec, &mut panel, tile) };
+                unsafe { (kernel.task)(&spec, &mut panel, tile) };
             });
         });
     }

@@ -25,7 +25,7 @@
 use std::arch::x86_64::*;
 
 use super::super::act_quant::{AVec, QuantizedActs};
-use super::decode_x86::{legacy_q, KDecode};
+use super::decode_x86::{legacy_q, KDecode, KScales};
 use super::layout::Legacy;
 
 /// Activation rows per vector.
@@ -41,16 +41,6 @@ const LEG_BLOCK: usize = 8 * 64 + 3 * 64;
 /// Packed bytes per 256-element super-block and 16-row group: 64 steps of 64 quant bytes, 8
 /// vectors of `bsums` pairs (two i16 per lane), then 16 lanes of `d`.
 const K_BLOCK: usize = 64 * 64 + 8 * 64 + 64;
-
-/// Bytes of packed activations for `t` rows of `k` columns.
-pub(crate) fn packed_len(kquant: bool, t: usize, k: usize) -> usize {
-    let groups = t.div_ceil(LANES);
-    if kquant {
-        groups * (k / 256) * K_BLOCK
-    } else {
-        groups * (k / 32) * LEG_BLOCK
-    }
-}
 
 /// Four activation quants as bytes.
 trait MapI8 {
@@ -116,35 +106,36 @@ pub(crate) fn pack_group_q8k(acts: &QuantizedActs, g: usize, dst: &mut [u8]) {
 #[repr(C, align(64))]
 pub(crate) struct KMeta {
     /// Scale of each 16-element sub-block.
-    sc: [i32; 16],
+    pub(crate) sc: [i32; 16],
     /// i16 pairs `(-OFFSET·sc[2p], -OFFSET·sc[2p + 1])`: the offset correction against bsums.
-    corr: [i32; 8],
+    pub(crate) corr: [i32; 8],
     /// i16 pairs `(min[2p], min[2p + 1])`.
-    mins: [i32; 8],
-    d: f32,
-    dmin: f32,
+    pub(crate) mins: [i32; 8],
+    pub(crate) d: f32,
+    pub(crate) dmin: f32,
 }
 
 /// Decoded weight rows of one task: unsigned quants, plus per-block `d`/`m` (legacy) or
 /// [`KMeta`] (K-quants). Reused across tasks on the same thread.
 #[derive(Default)]
 pub(crate) struct Panel {
-    q: AVec<u8>,
-    d: AVec<f32>,
-    m: AVec<f32>,
-    meta: Vec<KMeta>,
+    pub(crate) q: AVec<u8>,
+    pub(crate) d: AVec<f32>,
+    pub(crate) m: AVec<f32>,
+    pub(crate) meta: Vec<KMeta>,
     /// The task's outputs, activation-major with the task's row count as stride.
-    tile: AVec<f32>,
+    pub(crate) tile: AVec<f32>,
 }
 
 impl Panel {
     /// A destination for the task's tiles in `self.tile`: writing tiles straight into the
     /// output, whose rows are often 4 or 8 KiB apart, would pile every store of a tile into one
-    /// L1 set. Returns the raw pointer to hand to [`OutTile`] and the activations spanned.
-    fn local_out(&mut self, spec: &TaskSpec, out: &OutTile) -> OutTile {
-        let acts = (spec.groups.end - spec.groups.start) * LANES;
+    /// L1 set. Returns the raw pointer to hand to [`OutTile`] and the activations spanned
+    /// (`lanes` activation rows to a group).
+    pub(crate) fn local_out(&mut self, spec: &TaskSpec, out: &OutTile, lanes: usize) -> OutTile {
+        let acts = (spec.groups.end - spec.groups.start) * lanes;
         self.tile.resize(acts * spec.rows.len());
-        let t = acts.min(out.t - spec.groups.start * LANES);
+        let t = acts.min(out.t - spec.groups.start * lanes);
         OutTile {
             out: self.tile.as_mut_slice().as_mut_ptr(),
             rows: spec.rows.len(),
@@ -158,9 +149,9 @@ impl Panel {
     ///
     /// # Safety
     /// `out` must be valid and this task's part of it not accessed elsewhere.
-    unsafe fn flush(&self, spec: &TaskSpec, local: &OutTile, out: &OutTile) {
+    pub(crate) unsafe fn flush(&self, spec: &TaskSpec, local: &OutTile, out: &OutTile, lanes: usize) {
         let n = spec.rows.len();
-        let m0 = spec.groups.start * LANES;
+        let m0 = spec.groups.start * lanes;
         for (i, src) in self.tile.as_slice().chunks_exact(n).take(local.t).enumerate() {
             // SAFETY: activation m0 + i < t and rows row0..row0 + n are in bounds (contract).
             unsafe {
@@ -171,8 +162,10 @@ impl Panel {
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn decode_legacy<T: Legacy>(rows: &[&[u8]], k: usize, p: &mut Panel) {
+/// Decodes legacy weight rows into the panel: unsigned quants (`legacy_q`) and per-block `d`, `m`.
+/// Shared by the AVX2 GEMM.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn decode_legacy<T: Legacy>(rows: &[&[u8]], k: usize, p: &mut Panel) {
     let nb = k / 32;
     p.q.resize(rows.len() * k);
     p.d.resize(rows.len() * nb);
@@ -208,22 +201,28 @@ unsafe fn decode_kquant<T: KDecode>(rows: &[&[u8]], k: usize, p: &mut Panel) {
                 // SAFETY: 64 bytes in bounds.
                 unsafe { _mm512_storeu_si512(dst.as_mut_ptr() as *mut _, *v) };
             }
-            let (mut sc, mut mins) = ([0i16; 16], [0i16; 16]);
-            // SAFETY: 16 i16 each.
-            unsafe {
-                _mm256_storeu_si256(sc.as_mut_ptr() as *mut __m256i, kb.scales);
-                _mm256_storeu_si256(mins.as_mut_ptr() as *mut __m256i, kb.mins);
-            }
-            let pair = |a: i32, b: i32| (a as u16 as u32 | ((b as u16 as u32) << 16)) as i32;
-            let off = T::OFFSET as i32;
-            p.meta[r * nb + b] = KMeta {
-                sc: sc.map(|v| v as i32),
-                corr: std::array::from_fn(|i| pair(-off * sc[2 * i] as i32, -off * sc[2 * i + 1] as i32)),
-                mins: std::array::from_fn(|i| pair(mins[2 * i] as i32, mins[2 * i + 1] as i32)),
-                d: kb.d,
-                dmin: kb.dmin,
-            };
+            p.meta[r * nb + b] = kmeta::<T>(&kb);
         }
+    }
+}
+
+/// A super-block's [`KMeta`] from its decoded scales. Shared by the AVX2 GEMM.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn kmeta<T: KDecode>(kb: &KScales) -> KMeta {
+    let (mut sc, mut mins) = ([0i16; 16], [0i16; 16]);
+    // SAFETY: 16 i16 each.
+    unsafe {
+        _mm256_storeu_si256(sc.as_mut_ptr() as *mut __m256i, kb.scales);
+        _mm256_storeu_si256(mins.as_mut_ptr() as *mut __m256i, kb.mins);
+    }
+    let pair = |a: i32, b: i32| (a as u16 as u32 | ((b as u16 as u32) << 16)) as i32;
+    let off = T::OFFSET as i32;
+    KMeta {
+        sc: sc.map(|v| v as i32),
+        corr: std::array::from_fn(|i| pair(-off * sc[2 * i] as i32, -off * sc[2 * i + 1] as i32)),
+        mins: std::array::from_fn(|i| pair(mins[2 * i] as i32, mins[2 * i + 1] as i32)),
+        d: kb.d,
+        dmin: kb.dmin,
     }
 }
 
@@ -481,7 +480,7 @@ pub(crate) unsafe fn task_legacy<T: Legacy>(spec: &TaskSpec, panel: &mut Panel, 
     // SAFETY: features per contract.
     unsafe { decode_legacy::<T>(spec.rows, k, panel) };
     let n_rows = spec.rows.len();
-    let local = panel.local_out(spec, &out);
+    let local = panel.local_out(spec, &out, LANES);
     let (q, d, m) = (panel.q.as_slice(), panel.d.as_slice(), panel.m.as_slice());
     let mut g = spec.groups.start;
     while g < spec.groups.end {
@@ -510,7 +509,7 @@ pub(crate) unsafe fn task_legacy<T: Legacy>(spec: &TaskSpec, panel: &mut Panel, 
         g += nrt;
     }
     // SAFETY: per the function contract.
-    unsafe { panel.flush(spec, &local, &out) };
+    unsafe { panel.flush(spec, &local, &out, LANES) };
 }
 
 /// Runs one GEMM task for a K-quant type; see [`task_legacy`].
@@ -523,7 +522,7 @@ pub(crate) unsafe fn task_kquant<T: KDecode, const SUB: usize>(spec: &TaskSpec, 
     // SAFETY: features per contract.
     unsafe { decode_kquant::<T>(spec.rows, k, panel) };
     let n_rows = spec.rows.len();
-    let local = panel.local_out(spec, &out);
+    let local = panel.local_out(spec, &out, LANES);
     let (q, meta) = (panel.q.as_slice(), &panel.meta);
     let mut g = spec.groups.start;
     while g < spec.groups.end {
@@ -552,7 +551,7 @@ pub(crate) unsafe fn task_kquant<T: KDecode, const SUB: usize>(spec: &TaskSpec, 
         g += nrt;
     }
     // SAFETY: per the function contract.
-    unsafe { panel.flush(spec, &local, &out) };
+    unsafe { panel.flush(spec, &local, &out, LANES) };
 }
 
 /// Bytes of one packed activation group.

@@ -7,7 +7,7 @@
 //! results are bit-identical across levels as well as across routes: the same model gives the
 //! same logits on a machine with AVX-512, with AVX2 only, or with neither. Files:
 //! `layout` (block formats, portable), `scalar`, `decode_x86` (AVX2 block decoders), `avx2`,
-//! `avx512` (row kernels), `gemm_avx512` (tiles).
+//! `avx512` (row kernels), `gemm_avx512` and `gemm_avx2` (tiles).
 
 pub(crate) mod layout;
 pub(crate) mod scalar;
@@ -18,6 +18,8 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod decode_x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod gemm_avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod gemm_avx512;
 
@@ -411,26 +413,60 @@ mod x86_wrap {
     }
 }
 
-/// A GEMM task runner for `ty` (AVX-512 level, quantized types only).
+/// A GEMM task runner (quantized types only).
 #[cfg(target_arch = "x86_64")]
 pub(crate) type GemmTask = unsafe fn(&gemm_avx512::TaskSpec, &mut gemm_avx512::Panel, gemm_avx512::OutTile);
 
+/// One level's GEMM for one weight type: its task runner and how it packs activations.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn gemm_task(isa: Isa, ty: GgmlType) -> Option<GemmTask> {
-    use gemm_avx512::{task_kquant, task_legacy};
-    if isa.or_scalar() != Isa::Avx512 {
-        return None;
+#[derive(Clone, Copy)]
+pub(crate) struct Gemm {
+    pub(crate) task: GemmTask,
+    /// Activation rows per vector, and per packed group.
+    pub(crate) lanes: usize,
+    /// Activation groups per register tile, at most.
+    pub(crate) nr: usize,
+    /// Packs group `g` of the quantized activations into the slice.
+    pub(crate) pack: fn(&super::act_quant::QuantizedActs, usize, &mut [u8]),
+    /// Bytes of one packed group of `k` columns.
+    pub(crate) group_bytes: fn(usize) -> usize,
+}
+
+/// The GEMM for `ty` at `isa` (AVX-512 VNNI or AVX2; quantized types only).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn gemm(isa: Isa, ty: GgmlType) -> Option<Gemm> {
+    macro_rules! tasks {
+        ($m:ident) => {{
+            use $m::{task_kquant, task_legacy};
+            let task: GemmTask = match WeightClass::of(ty)? {
+                WeightClass::Legacy => by_legacy!(ty, task_legacy),
+                WeightClass::KQuant => match ty {
+                    GgmlType::Q2_K => task_kquant::<layout::Q2K, 16>,
+                    GgmlType::Q3_K => task_kquant::<layout::Q3K, 16>,
+                    GgmlType::Q4_K => task_kquant::<layout::Q4K, 32>,
+                    GgmlType::Q5_K => task_kquant::<layout::Q5K, 32>,
+                    _ => task_kquant::<layout::Q6K, 16>,
+                },
+                WeightClass::Float => return None,
+            };
+            let kq = WeightClass::of(ty) == Some(WeightClass::KQuant);
+            Gemm {
+                task,
+                lanes: $m::LANES,
+                nr: $m::NR,
+                pack: if kq { $m::pack_group_q8k } else { $m::pack_group_q8 },
+                group_bytes: if kq {
+                    |k| $m::group_bytes(true, k)
+                } else {
+                    |k| $m::group_bytes(false, k)
+                },
+            }
+        }};
     }
-    Some(match WeightClass::of(ty)? {
-        WeightClass::Legacy => by_legacy!(ty, task_legacy),
-        WeightClass::KQuant => match ty {
-            GgmlType::Q2_K => task_kquant::<layout::Q2K, 16>,
-            GgmlType::Q3_K => task_kquant::<layout::Q3K, 16>,
-            GgmlType::Q4_K => task_kquant::<layout::Q4K, 32>,
-            GgmlType::Q5_K => task_kquant::<layout::Q5K, 32>,
-            _ => task_kquant::<layout::Q6K, 16>,
-        },
-        WeightClass::Float => return None,
+    Some(match isa.or_scalar() {
+        Isa::Avx512 => tasks!(gemm_avx512),
+        Isa::Avx2 => tasks!(gemm_avx2),
+        Isa::Scalar => return None,
     })
 }
 
