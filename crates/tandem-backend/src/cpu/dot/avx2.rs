@@ -122,28 +122,41 @@ pub(crate) unsafe fn dot4xn_legacy<T: Legacy, const N: usize>(w: [&[u8]; 4], a: 
         .all(|a| a.d.len() == nb && a.qs.len() >= 32 * nb && a.sum.len() >= nb && a.s.len() >= nb));
     let rows = [w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr(), w[3].as_ptr()];
     let mut acc = [_mm_setzero_ps(); N];
+    // Raw pointers in the loop: the sizes were asserted above, and per-block slice checks cost as
+    // much as the arithmetic on these short rows.
+    let qa: [*const u8; N] = std::array::from_fn(|n| a[n].qs.as_ptr() as *const u8);
     for b in 0..nb {
         let mut q = [_mm256_setzero_si256(); 4];
         for r in 0..4 {
             // Four sequential streams (see `matmul::dot_rows`); prefetching never faults.
             _mm_prefetch::<_MM_HINT_T0>(rows[r].wrapping_add(b * T::BYTES + PREFETCH_BYTES) as *const i8);
-            q[r] = legacy_block_q::<T>(&w[r][b * T::BYTES..(b + 1) * T::BYTES]);
+            // SAFETY: block b of row r is in bounds (asserted).
+            let blk = unsafe { std::slice::from_raw_parts(rows[r].add(b * T::BYTES), T::BYTES) };
+            q[r] = legacy_block_q::<T>(blk);
         }
         // SAFETY: block b of every row is in bounds (asserted).
         let (dw, mw) = unsafe { scales4(&rows, b * T::BYTES, T::HAS_MIN) };
         for n in 0..N {
-            let av = load256(&i8_bytes(a[n].qs)[32 * b..]);
+            // SAFETY (all): activation block b of row n is in bounds (asserted).
+            let (av, sum, d, s) = unsafe {
+                (
+                    _mm256_loadu_si256(qa[n].add(32 * b) as *const __m256i),
+                    *a[n].sum.get_unchecked(b),
+                    *a[n].d.get_unchecked(b),
+                    *a[n].s.get_unchecked(b),
+                )
+            };
             let mut p = [_mm256_setzero_si256(); 4];
             for r in 0..4 {
                 p[r] = legacy_isums::<T>(q[r], av);
             }
             let mut isum = reduce4(p);
             if !T::BYTE_QUANTS && T::OFFSET != 0 {
-                isum = _mm_sub_epi32(isum, _mm_set1_epi32(a[n].sum[b] << T::SHIFT));
+                isum = _mm_sub_epi32(isum, _mm_set1_epi32(sum << T::SHIFT));
             }
-            acc[n] = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(a[n].d[b])), _mm_cvtepi32_ps(isum), acc[n]);
+            acc[n] = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(d)), _mm_cvtepi32_ps(isum), acc[n]);
             if T::HAS_MIN {
-                acc[n] = _mm_fmadd_ps(mw, _mm_set1_ps(a[n].s[b]), acc[n]);
+                acc[n] = _mm_fmadd_ps(mw, _mm_set1_ps(s), acc[n]);
             }
         }
     }
@@ -267,21 +280,30 @@ pub(crate) unsafe fn dot4xn_kquant<T: KDecode, const N: usize>(w: [&[u8]; 4], a:
         let (mut sumi, mut summ) = ([[0i32; 4]; N], [[0i32; 4]; N]);
         let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
         for r in 0..4 {
-            let blk = &w[r][b * T::BYTES..(b + 1) * T::BYTES];
+            // SAFETY (all slices): block b of weight row r and of every activation row is in
+            // bounds (asserted); unchecked, as the per-block checks cost as much as the arithmetic.
+            let blk = unsafe { std::slice::from_raw_parts(w[r].as_ptr().add(b * T::BYTES), T::BYTES) };
             for off in (0..T::BYTES).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(blk.as_ptr().wrapping_add(PREFETCH_BYTES + off) as *const i8);
             }
             // SAFETY: features per the function contract; a whole block.
             let (kb, q) = unsafe { (T::scales(blk), T::quants(blk)) };
             for n in 0..N {
-                (sumi[n][r], summ[n][r]) = k_ints::<T>(&q, &kb, &i8_bytes(a[n].qs)[256 * b..], &a[n].bsums[16 * b..]);
+                let (qa, bs) = unsafe {
+                    (
+                        std::slice::from_raw_parts(a[n].qs.as_ptr().add(256 * b) as *const u8, 256),
+                        std::slice::from_raw_parts(a[n].bsums.as_ptr().add(16 * b), 16),
+                    )
+                };
+                (sumi[n][r], summ[n][r]) = k_ints::<T>(&q, &kb, qa, bs);
             }
             (d[r], dmin[r]) = (kb.d, kb.dmin);
         }
         // SAFETY (all loads): four lanes each.
         let (dv, dminv) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr())) };
         for n in 0..N {
-            let da = _mm_set1_ps(a[n].d[b]);
+            // SAFETY: as above.
+            let da = _mm_set1_ps(unsafe { *a[n].d.get_unchecked(b) });
             let si = unsafe { _mm_loadu_si128(sumi[n].as_ptr() as *const __m128i) };
             acc[n] = _mm_fmadd_ps(_mm_mul_ps(dv, da), _mm_cvtepi32_ps(si), acc[n]);
             if T::HAS_MIN {
