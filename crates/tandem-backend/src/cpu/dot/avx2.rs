@@ -1,4 +1,4 @@
-//! AVX2 kernels (with FMA and F16C): one weight row against one activation row.
+//! AVX2 kernels (with FMA and F16C): one weight row, or four, against one to four activation rows.
 //!
 //! Every kernel computes the canonical order documented in `avx512` (exact integer sums per block,
 //! then one FMA chain per output in block order; float types in sixteen lanes), so this level
