@@ -23,6 +23,7 @@ use std::arch::x86_64::*;
 use super::super::act_quant::QuantizedActs;
 use super::decode_x86::KDecode;
 use super::gemm_avx512::{decode_legacy, kmeta, KMeta, OutTile, Panel, TaskSpec, MR};
+use super::gemm_pack;
 use super::layout::Legacy;
 
 /// Activation rows per vector (and per packed group).
@@ -30,17 +31,17 @@ pub(crate) const LANES: usize = 8;
 /// Activation groups (of 8 rows) per register tile, at most.
 pub(crate) const NR: usize = 2;
 
-/// Packed bytes per 32-element block and 8-row group: 8 steps of 32 quant bytes, then 8 lanes
-/// each of `-sum`, `d` and `s`.
-const LEG_BLOCK: usize = 8 * 32 + 3 * 32;
-const LEG_NEG_SUM: usize = 256;
-const LEG_D: usize = 288;
-const LEG_S: usize = 320;
+/// Packed bytes per 32-element block and 8-row group (`gemm_pack`): 8 steps of 32 quant bytes,
+/// then 8 lanes each of `-sum`, `d` and `s`.
+const LEG_BLOCK: usize = gemm_pack::leg_block(LANES);
+const LEG_NEG_SUM: usize = gemm_pack::leg_fields(LANES)[0];
+const LEG_D: usize = gemm_pack::leg_fields(LANES)[1];
+const LEG_S: usize = gemm_pack::leg_fields(LANES)[2];
 /// Packed bytes per 256-element super-block and 8-row group: 64 steps of 32 quant bytes, 8
 /// vectors of `bsums` pairs (two i16 per lane), then 8 lanes of `d`.
-const K_BLOCK: usize = 64 * 32 + 8 * 32 + 32;
-const K_BSUMS: usize = 2048;
-const K_D: usize = 2304;
+const K_BLOCK: usize = gemm_pack::k_block(LANES);
+const K_BSUMS: usize = gemm_pack::k_fields(LANES)[0];
+const K_D: usize = gemm_pack::k_fields(LANES)[1];
 
 /// Bytes of one packed activation group of `k` columns.
 pub(crate) fn group_bytes(kquant: bool, k: usize) -> usize {
@@ -51,54 +52,14 @@ pub(crate) fn group_bytes(kquant: bool, k: usize) -> usize {
     }
 }
 
-/// Packs group `g` (activation rows `8g..8g + 8`, missing rows as zeros) of Q8 rows into `dst`.
+/// Packs group `g` of Q8 rows for this GEMM (`gemm_pack::pack_q8` at 8 lanes).
 pub(crate) fn pack_group_q8(acts: &QuantizedActs, g: usize, dst: &mut [u8]) {
-    let nb = acts.cols() / 32;
-    assert_eq!(dst.len(), nb * LEG_BLOCK);
-    dst.fill(0);
-    for l in 0..LANES {
-        let m = g * LANES + l;
-        if m >= acts.rows() {
-            break;
-        }
-        let row = acts.q8_row(m);
-        for (b, blk) in dst.chunks_exact_mut(LEG_BLOCK).enumerate() {
-            for (s, q) in row.qs[32 * b..32 * b + 32].chunks_exact(4).enumerate() {
-                for (i, &v) in q.iter().enumerate() {
-                    blk[32 * s + 4 * l + i] = v as u8;
-                }
-            }
-            blk[LEG_NEG_SUM + 4 * l..][..4].copy_from_slice(&(-row.sum[b]).to_le_bytes());
-            blk[LEG_D + 4 * l..][..4].copy_from_slice(&row.d[b].to_le_bytes());
-            blk[LEG_S + 4 * l..][..4].copy_from_slice(&row.s[b].to_le_bytes());
-        }
-    }
+    gemm_pack::pack_q8(acts, g, dst, LANES)
 }
 
-/// Packs group `g` of Q8_K rows into `dst`.
+/// Packs group `g` of Q8_K rows for this GEMM.
 pub(crate) fn pack_group_q8k(acts: &QuantizedActs, g: usize, dst: &mut [u8]) {
-    let nb = acts.cols() / 256;
-    assert_eq!(dst.len(), nb * K_BLOCK);
-    dst.fill(0);
-    for l in 0..LANES {
-        let m = g * LANES + l;
-        if m >= acts.rows() {
-            break;
-        }
-        let row = acts.q8k_row(m);
-        for (b, blk) in dst.chunks_exact_mut(K_BLOCK).enumerate() {
-            for (s, q) in row.qs[256 * b..256 * b + 256].chunks_exact(4).enumerate() {
-                for (i, &v) in q.iter().enumerate() {
-                    blk[32 * s + 4 * l + i] = v as u8;
-                }
-            }
-            for p in 0..16 {
-                let at = K_BSUMS + 32 * (p / 2) + 4 * l + 2 * (p % 2);
-                blk[at..at + 2].copy_from_slice(&row.bsums[16 * b + p].to_le_bytes());
-            }
-            blk[K_D + 4 * l..][..4].copy_from_slice(&row.d[b].to_le_bytes());
-        }
-    }
+    gemm_pack::pack_q8k(acts, g, dst, LANES)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

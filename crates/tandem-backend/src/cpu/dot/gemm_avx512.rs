@@ -26,6 +26,7 @@ use std::arch::x86_64::*;
 
 use super::super::act_quant::{AVec, QuantizedActs};
 use super::decode_x86::{legacy_q, KDecode, KScales};
+use super::gemm_pack;
 use super::layout::Legacy;
 
 /// Activation rows per vector.
@@ -35,70 +36,24 @@ pub(crate) const MR: usize = 4;
 /// Activation groups (of 16 rows) per register tile.
 pub(crate) const NR: usize = 3;
 
-/// Packed bytes per 32-element block and 16-row group: 8 steps of 64 quant bytes, then 16 lanes
-/// each of `-sum`, `d` and `s`.
-const LEG_BLOCK: usize = 8 * 64 + 3 * 64;
+/// Packed bytes per 32-element block and 16-row group (`gemm_pack`): 8 steps of 64 quant bytes,
+/// then 16 lanes each of `-sum` (at 512), `d` (576) and `s` (640).
+const LEG_BLOCK: usize = gemm_pack::leg_block(LANES);
 /// Packed bytes per 256-element super-block and 16-row group: 64 steps of 64 quant bytes, 8
-/// vectors of `bsums` pairs (two i16 per lane), then 16 lanes of `d`.
-const K_BLOCK: usize = 64 * 64 + 8 * 64 + 64;
+/// vectors of `bsums` pairs (two i16 per lane, at 4096), then 16 lanes of `d` (4608).
+const K_BLOCK: usize = gemm_pack::k_block(LANES);
+const _: () = assert!(gemm_pack::leg_fields(LANES)[0] == 512 && gemm_pack::leg_fields(LANES)[1] == 576);
+const _: () = assert!(gemm_pack::leg_fields(LANES)[2] == 640);
+const _: () = assert!(gemm_pack::k_fields(LANES)[0] == 4096 && gemm_pack::k_fields(LANES)[1] == 4608);
 
-/// Four activation quants as bytes.
-trait MapI8 {
-    fn map_i8(&self) -> [u8; 4];
-}
-
-impl MapI8 for [i8] {
-    #[inline(always)]
-    fn map_i8(&self) -> [u8; 4] {
-        [self[0] as u8, self[1] as u8, self[2] as u8, self[3] as u8]
-    }
-}
-
-/// Packs group `g` (activation rows `16g..16g + 16`, missing rows as zeros) of Q8 rows into `dst`
-/// (`(k / 32) * LEG_BLOCK` bytes).
+/// Packs group `g` of Q8 rows for this GEMM (`gemm_pack::pack_q8` at 16 lanes).
 pub(crate) fn pack_group_q8(acts: &QuantizedActs, g: usize, dst: &mut [u8]) {
-    let nb = acts.cols() / 32;
-    assert_eq!(dst.len(), nb * LEG_BLOCK);
-    dst.fill(0);
-    for l in 0..LANES {
-        let m = g * LANES + l;
-        if m >= acts.rows() {
-            break;
-        }
-        let row = acts.q8_row(m);
-        for (b, blk) in dst.chunks_exact_mut(LEG_BLOCK).enumerate() {
-            for (s, q) in row.qs[32 * b..32 * b + 32].chunks_exact(4).enumerate() {
-                blk[64 * s + 4 * l..][..4].copy_from_slice(&q.map_i8());
-            }
-            blk[512 + 4 * l..][..4].copy_from_slice(&(-row.sum[b]).to_le_bytes());
-            blk[576 + 4 * l..][..4].copy_from_slice(&row.d[b].to_le_bytes());
-            blk[640 + 4 * l..][..4].copy_from_slice(&row.s[b].to_le_bytes());
-        }
-    }
+    gemm_pack::pack_q8(acts, g, dst, LANES)
 }
 
-/// Packs group `g` of Q8_K rows into `dst` (`(k / 256) * K_BLOCK` bytes).
+/// Packs group `g` of Q8_K rows for this GEMM.
 pub(crate) fn pack_group_q8k(acts: &QuantizedActs, g: usize, dst: &mut [u8]) {
-    let nb = acts.cols() / 256;
-    assert_eq!(dst.len(), nb * K_BLOCK);
-    dst.fill(0);
-    for l in 0..LANES {
-        let m = g * LANES + l;
-        if m >= acts.rows() {
-            break;
-        }
-        let row = acts.q8k_row(m);
-        for (b, blk) in dst.chunks_exact_mut(K_BLOCK).enumerate() {
-            for (s, q) in row.qs[256 * b..256 * b + 256].chunks_exact(4).enumerate() {
-                blk[64 * s + 4 * l..][..4].copy_from_slice(&q.map_i8());
-            }
-            for p in 0..16 {
-                let at = 4096 + 64 * (p / 2) + 4 * l + 2 * (p % 2);
-                blk[at..at + 2].copy_from_slice(&row.bsums[16 * b + p].to_le_bytes());
-            }
-            blk[4608 + 4 * l..][..4].copy_from_slice(&row.d[b].to_le_bytes());
-        }
-    }
+    gemm_pack::pack_q8k(acts, g, dst, LANES)
 }
 
 /// Per-super-block weight metadata of a decoded K-quant row.

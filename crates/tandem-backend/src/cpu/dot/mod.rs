@@ -7,7 +7,8 @@
 //! results are bit-identical across levels as well as across routes: the same model gives the
 //! same logits on a machine with AVX-512, with AVX2 only, or with neither. Files:
 //! `layout` (block formats, portable), `scalar`, `decode_x86` (AVX2 block decoders), `avx2`,
-//! `avx512` (row kernels), `gemm_avx512` and `gemm_avx2` (tiles).
+//! `avx512` (row kernels), `gemm_avx512` and `gemm_avx2` (tiles), `gemm_pack` (their activation
+//! layout).
 
 pub(crate) mod layout;
 pub(crate) mod scalar;
@@ -22,6 +23,8 @@ pub(crate) mod decode_x86;
 pub(crate) mod gemm_avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod gemm_avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod gemm_pack;
 
 use tandem_gguf::GgmlType;
 
