@@ -39,10 +39,10 @@ pub struct GpuSequenceKv {
 }
 
 impl GpuSequenceKv {
-    pub fn new(gpu: &Gpu, config: &ModelConfig, n_ctx: usize) -> Result<Self, CudaError> {
+    pub fn new(gpu: &Gpu, config: &ModelConfig, n_ctx: usize, ring_slack: usize) -> Result<Self, CudaError> {
         let w = config.kv_width();
         // The serving engine reserves exactly these bytes for a request: one formula for both.
-        let sizing = KvSizing::new(config, n_ctx, None);
+        let sizing = KvSizing::new(config, n_ctx, ring_slack, None);
         let grant = gpu.kv_ledger.grant(sizing.bytes_at(n_ctx))?;
         let mut layers = Vec::with_capacity(config.layers.len());
         for (spec, &capacity) in config.layers.iter().zip(&sizing.layer_rows) {
@@ -224,16 +224,27 @@ impl ServingCache for GpuSequenceKv {
         })
     }
 
-    /// As on the CPU, except that a device copy failing midway leaves the sequence empty rather than
-    /// half restored.
-    fn restore(&mut self, cp: &GpuCheckpoint) -> bool {
-        let fits = self.layers.iter().enumerate().all(|(i, l)| {
-            match cp.rings.iter().find(|r| r.layer == i) {
-                // Same buffer sizes: a checkpoint of this sequence (the copy needs no bounds of its own).
-                Some(r) => r.k.len() == l.k.len() && r.v.len() == l.v.len(),
-                None => l.window.is_none() && l.placement.can_truncate(cp.pos, None),
-            }
-        });
+    fn checkpoint_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| l.window.is_some())
+            .map(|l| l.k.num_bytes() + l.v.num_bytes())
+            .sum()
+    }
+
+    /// As on the CPU, except that the rings are copied back into the same buffers (a captured decode
+    /// graph holds their addresses), and a device copy failing midway leaves the sequence empty.
+    fn restore(&mut self, cp: &GpuCheckpoint, pos: usize) -> bool {
+        let fits = pos <= cp.pos
+            && self.layers.iter().enumerate().all(|(i, l)| {
+                match cp.rings.iter().find(|r| r.layer == i) {
+                    // Same buffer sizes: a checkpoint of this sequence (the copy needs no bounds of its own).
+                    Some(r) => {
+                        r.k.len() == l.k.len() && r.v.len() == l.v.len() && r.placement.can_truncate(pos, l.window)
+                    }
+                    None => l.window.is_none() && l.placement.can_truncate(pos, None),
+                }
+            });
         if !fits {
             return false;
         }
@@ -243,10 +254,13 @@ impl ServingCache for GpuSequenceKv {
             }
             return false;
         }
-        for l in self.layers.iter_mut().filter(|l| l.window.is_none()) {
-            l.placement.truncate(cp.pos);
-        }
+        self.layers.iter_mut().for_each(|l| l.placement.truncate(pos));
         true
+    }
+
+    /// Device caches are allocated whole: they never grow.
+    fn bytes_reaching(&self, _len: usize) -> usize {
+        self.bytes()
     }
 }
 
@@ -255,9 +269,13 @@ impl ServingBackend for CudaModel {
         self.gpu.kv_ledger.set_budget(Some(bytes));
     }
 
+    fn set_ring_slack(&mut self, rows: usize) {
+        self.cpu.ring_slack = rows;
+    }
+
     /// Device caches are allocated whole when the sequence is made, whatever its length.
     fn kv_sizing(&self, n_ctx: usize) -> KvSizing {
-        KvSizing::new(&self.cpu.config, n_ctx, None)
+        KvSizing::new(&self.cpu.config, n_ctx, self.cpu.ring_slack, None)
     }
 
     fn kv_bytes_in_use(&self) -> usize {
@@ -310,7 +328,11 @@ mod tests {
             Err(e) => panic!("{e}"),
         };
         let config = small_config();
-        let mut kv = GpuSequenceKv::new(&gpu, &config, 16).unwrap();
+        // The ring holds its window of 4 plus the slack; the context lets it wrap.
+        let n_ctx = 4 + tandem_model::kv::RING_SLACK + 40;
+        let mut kv = GpuSequenceKv::new(&gpu, &config, n_ctx, tandem_model::kv::RING_SLACK).unwrap();
+        let ring_rows = 4 + tandem_model::kv::RING_SLACK;
+        let at = ring_rows + 2;
         let fill = |kv: &mut GpuSequenceKv, value: u16, rows: usize| {
             for l in &mut kv.layers {
                 let n = l.k.len();
@@ -319,22 +341,23 @@ mod tests {
                 l.placement = l.placement.append(rows).1;
             }
         };
-        fill(&mut kv, 10, 6);
-        let ring_at_6 = kv.layers[0].placement;
-        assert!(ring_at_6.is_wrapped());
+        fill(&mut kv, 10, at);
+        let ring_at_cp = kv.layers[0].placement;
+        assert!(ring_at_cp.is_wrapped());
         let cp = kv.checkpoint().unwrap();
-        assert_eq!((cp.pos, cp.bytes()), (6, 2 * 4 * 32 * 2));
+        assert_eq!((cp.pos, cp.bytes()), (at, 2 * ring_rows * 32 * 2));
         assert_eq!(gpu.kv_ledger.in_use(), kv.bytes() + cp.bytes());
         fill(&mut kv, 20, 3);
         assert!(!kv.truncate(6), "the ring moved past what position 6 needs");
-        assert!(kv.restore(&cp));
-        assert_eq!(kv.len(), 6);
-        assert_eq!(kv.layers[0].placement, ring_at_6);
-        assert_eq!(kv.layers[1].placement.end(), 6);
+        assert!(!kv.restore(&cp, at + 1), "a checkpoint serves no position past its own");
+        assert!(kv.restore(&cp, at));
+        assert_eq!(kv.len(), at);
+        assert_eq!(kv.layers[0].placement, ring_at_cp);
+        assert_eq!(kv.layers[1].placement.end(), at);
         let ring_k = gpu.download(&kv.layers[0].k).unwrap();
         let ring_v = gpu.download(&kv.layers[0].v).unwrap();
         assert!(ring_k.iter().all(|&x| x == 10) && ring_v.iter().all(|&x| x == 11));
-        assert!(kv.truncate(5), "a restored cache cuts back like any other");
+        assert!(kv.truncate(at - 5), "a restored cache cuts back like any other");
         // No room in the budget: the checkpoint is refused, not allocated past it.
         gpu.kv_ledger.set_budget(Some(gpu.kv_ledger.in_use()));
         assert!(matches!(kv.checkpoint(), Err(ModelError::KvFull { .. })));

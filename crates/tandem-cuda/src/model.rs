@@ -206,7 +206,7 @@ fn stage(staging: &mut Vec<i32>, ints: Vec<i32>, align: usize) -> Result<Range<u
 impl CudaModel {
     /// A fresh device KV cache for one sequence of up to `n_ctx` positions.
     pub fn new_sequence(&self, n_ctx: usize) -> Result<GpuSequenceKv, CudaError> {
-        GpuSequenceKv::new(&self.gpu, &self.cpu.config, n_ctx)
+        GpuSequenceKv::new(&self.gpu, &self.cpu.config, n_ctx, self.cpu.ring_slack)
     }
 
     pub(crate) fn dry(&self) -> bool {

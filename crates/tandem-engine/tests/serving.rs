@@ -339,3 +339,50 @@ fn a_backend_made_and_warmed_up_on_the_engine_thread_serves_and_its_load_error_c
     assert_eq!(a.len(), 8);
     assert_eq!(a, b, "the same model gives the same bits however it reached the engine");
 }
+
+/// Gemma 3's sliding-window rings: the same long prompt sent again (a retry, a regenerated reply)
+/// reuses all but its last token, which it reads from the state before it; and two conversations that
+/// share a long system prompt and then differ reuse the shared part. Reused or read afresh, the same
+/// bits.
+#[test]
+fn repeated_prompts_and_shared_system_prompts_reuse_their_kv_past_the_ring() {
+    let (engine, tok) = engine(ServingConfig {
+        n_ctx: 2048,
+        ..Default::default()
+    });
+    let golden = golden();
+    let long = ids(&prompt(&golden, GEMMA.0, "gpl3-long")["ids"]);
+    let bits = |v: &Vec<(u32, f32)>| v.iter().map(|(t, l)| (*t, l.to_bits())).collect::<Vec<_>>();
+
+    let (reused, first, _) = collect(engine.submit(request(long.clone(), 24)).unwrap());
+    assert_eq!(reused, 0);
+    let (reused, again, _) = collect(engine.submit(request(long.clone(), 24)).unwrap());
+    assert_eq!(reused, long.len() - 1, "a repeated prompt re-reads only its last token");
+    assert_eq!(bits(&first), bits(&again));
+
+    // A 1,000-token "system prompt" (the licence's first 1,000 tokens), then two different questions.
+    let system = &long[..1000];
+    let ask = |question: &str| {
+        let mut p = system.to_vec();
+        p.extend(tok.encode(question, false, false));
+        p
+    };
+    let (a, b) = (
+        ask("\nWho wrote this license?"),
+        ask("\nCan I sell copies of the program?"),
+    );
+    collect(engine.submit(request(a, 16)).unwrap());
+    let (reused, shared, _) = collect(engine.submit(request(b.clone(), 16)).unwrap());
+    assert!(
+        reused >= 900,
+        "the second conversation reused {reused} of its shared 1,000 tokens"
+    );
+    engine.flush_cache();
+    let (fresh_reused, fresh, _) = collect(engine.submit(request(b, 16)).unwrap());
+    assert_eq!(fresh_reused, 0);
+    assert_eq!(
+        bits(&shared),
+        bits(&fresh),
+        "reused KV must give the same bits as reading it all"
+    );
+}

@@ -82,8 +82,11 @@ impl ServingBackend for Whole {
     fn set_kv_budget(&mut self, bytes: usize) {
         self.0.set_kv_budget(bytes);
     }
+    fn set_ring_slack(&mut self, rows: usize) {
+        self.0.set_ring_slack(rows);
+    }
     fn kv_sizing(&self, n_ctx: usize) -> KvSizing {
-        KvSizing::new(&self.0.config, n_ctx, None)
+        KvSizing::new(&self.0.config, n_ctx, self.0.ring_slack, None)
     }
     fn kv_bytes_in_use(&self) -> usize {
         self.0.kv_bytes_in_use()

@@ -60,6 +60,8 @@ pub struct Model {
     pub pool: ThreadPool,
     /// Where every sequence's KV blocks come from.
     pub kv_pool: Arc<KvPool>,
+    /// Rows sliding-window layers keep past their window (`kv::RING_SLACK` when serving, else 0).
+    pub ring_slack: usize,
 }
 
 impl Model {
@@ -78,12 +80,13 @@ impl Model {
             file,
             pool: ThreadPool::new(threads.max(1)),
             kv_pool,
+            ring_slack: 0,
         })
     }
 
     /// A fresh KV cache for one sequence of up to `n_ctx` positions.
     pub fn new_sequence(&self, n_ctx: usize) -> SequenceKv {
-        SequenceKv::new(&self.config, n_ctx, &self.kv_pool)
+        SequenceKv::new(&self.config, n_ctx, self.ring_slack, &self.kv_pool)
     }
 
     /// Caps KV memory (all sequences together) at `bytes`; takes effect for sequences made afterwards.

@@ -5,7 +5,7 @@
 
 use crate::backend::{Backend, SequenceCache};
 use crate::config::ModelConfig;
-use crate::kv::{Checkpoint, SequenceKv, BLOCK_ROWS};
+use crate::kv::{layer_rows, Checkpoint, SequenceKv, BLOCK_ROWS};
 use crate::{Model, ModelError};
 
 /// How many KV bytes a sequence holds at a given length: what admission reserves for a request. Plain
@@ -21,13 +21,14 @@ pub struct KvSizing {
 }
 
 impl KvSizing {
-    /// A sequence of up to `n_ctx` positions with `config`'s layers (f16 K and V).
-    pub fn new(config: &ModelConfig, n_ctx: usize, grow_rows: Option<usize>) -> Self {
+    /// A sequence of up to `n_ctx` positions with `config`'s layers (f16 K and V), rings keeping
+    /// `ring_slack` rows past their window.
+    pub fn new(config: &ModelConfig, n_ctx: usize, ring_slack: usize, grow_rows: Option<usize>) -> Self {
         KvSizing {
             layer_rows: config
                 .layers
                 .iter()
-                .map(|l| l.window.map_or(n_ctx, |w| w.min(n_ctx)))
+                .map(|l| layer_rows(l.window, n_ctx, ring_slack))
                 .collect(),
             row_bytes: config.kv_width() * 2 * 2,
             grow_rows,
@@ -63,9 +64,15 @@ pub trait ServingCache: SequenceCache {
     /// Copies what `truncate` cannot take back (the sliding-window layers) at the current position;
     /// fails when the KV budget has no room for the copy.
     fn checkpoint(&self) -> Result<Self::Checkpoint, ModelError>;
-    /// Goes back to a checkpoint taken earlier on this sequence; false (and nothing changed) when it
-    /// cannot.
-    fn restore(&mut self, cp: &Self::Checkpoint) -> bool;
+    /// Bytes a checkpoint taken now would hold (0: nothing to copy).
+    fn checkpoint_bytes(&self) -> usize;
+    /// Goes back to a checkpoint taken earlier on this sequence, cut back to `pos` (at most the
+    /// checkpoint's position); false when it cannot serve `pos`, and then the cache is unchanged or,
+    /// if copying failed midway, empty.
+    fn restore(&mut self, cp: &Self::Checkpoint, pos: usize) -> bool;
+    /// Bytes the cache will hold once it has grown to `len` positions from where it is now: what a
+    /// request continuing on it must reserve (storage it holds is not given back while it grows).
+    fn bytes_reaching(&self, len: usize) -> usize;
 }
 
 /// A backend the serving engine can run: its caches are reusable and its KV memory capped.
@@ -73,6 +80,8 @@ pub trait ServingBackend: Backend<Kv: ServingCache> {
     /// Caps the KV bytes of every sequence and checkpoint together; takes effect for caches made
     /// afterwards.
     fn set_kv_budget(&mut self, bytes: usize);
+    /// Rows sliding-window layers keep past their window in caches made afterwards.
+    fn set_ring_slack(&mut self, rows: usize);
     /// How a sequence of up to `n_ctx` positions grows.
     fn kv_sizing(&self, n_ctx: usize) -> KvSizing;
     /// KV bytes held now by every sequence and checkpoint.
@@ -100,8 +109,16 @@ impl ServingCache for SequenceKv {
         SequenceKv::checkpoint(self)
     }
 
-    fn restore(&mut self, cp: &Checkpoint) -> bool {
-        SequenceKv::restore(self, cp)
+    fn checkpoint_bytes(&self) -> usize {
+        SequenceKv::checkpoint_bytes(self)
+    }
+
+    fn restore(&mut self, cp: &Checkpoint, pos: usize) -> bool {
+        SequenceKv::restore(self, cp, pos)
+    }
+
+    fn bytes_reaching(&self, len: usize) -> usize {
+        SequenceKv::bytes_reaching(self, len)
     }
 }
 
@@ -110,9 +127,13 @@ impl ServingBackend for Model {
         Model::set_kv_budget(self, bytes);
     }
 
+    fn set_ring_slack(&mut self, rows: usize) {
+        self.ring_slack = rows;
+    }
+
     /// CPU caches take blocks from the pool as they grow.
     fn kv_sizing(&self, n_ctx: usize) -> KvSizing {
-        KvSizing::new(&self.config, n_ctx, Some(BLOCK_ROWS))
+        KvSizing::new(&self.config, n_ctx, self.ring_slack, Some(BLOCK_ROWS))
     }
 
     fn kv_bytes_in_use(&self) -> usize {
@@ -124,7 +145,7 @@ impl ServingBackend for Model {
 mod tests {
     use super::*;
     use crate::config::{Activation, Arch, LayerSpec};
-    use crate::kv::KvPool;
+    use crate::kv::{KvPool, RING_SLACK};
     use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 
     fn config(windows: &[Option<usize>], kv_heads: usize) -> ModelConfig {
@@ -162,8 +183,8 @@ mod tests {
             (vec![Some(8); 5], 1, 100),
         ] {
             let c = config(&windows, kv_heads);
-            let kv = SequenceKv::new(&c, n_ctx, &KvPool::new(c.kv_width(), None));
-            let sizing = KvSizing::new(&c, n_ctx, Some(BLOCK_ROWS));
+            let kv = SequenceKv::new(&c, n_ctx, RING_SLACK, &KvPool::new(c.kv_width(), None));
+            let sizing = KvSizing::new(&c, n_ctx, RING_SLACK, Some(BLOCK_ROWS));
             for len in [0, 1, 255, 256, 257, 511, 512, 513, 699, 700, 1500, 2999, 3000, 4096] {
                 assert_eq!(
                     sizing.bytes_at(len),
@@ -177,11 +198,15 @@ mod tests {
     #[test]
     fn whole_allocation_is_the_full_capacity_at_any_length() {
         let c = config(&[Some(512), None, Some(512)], 2);
-        let sizing = KvSizing::new(&c, 2048, None);
-        let whole = (512 + 2048 + 512) * c.kv_width() * 4;
+        let sizing = KvSizing::new(&c, 2048, RING_SLACK, None);
+        let ring = 512 + RING_SLACK;
+        let whole = (ring + 2048 + ring) * c.kv_width() * 4;
         assert_eq!(sizing.bytes_at(1), whole);
         assert_eq!(sizing.bytes_at(2048), whole);
         // A context shorter than the window caps the ring too.
-        assert_eq!(KvSizing::new(&c, 100, None).bytes_at(5), 300 * c.kv_width() * 4);
+        assert_eq!(
+            KvSizing::new(&c, 100, RING_SLACK, None).bytes_at(5),
+            300 * c.kv_width() * 4
+        );
     }
 }

@@ -158,7 +158,7 @@ impl Metrics {
             "tandem_time_per_output_token_seconds",
             "Mean time between output tokens of a request, as the server saw it.",
         );
-        let gauges: [(&str, &str, u64); 6] = [
+        let gauges: [(&str, &str, u64); 8] = [
             (
                 "tandem_requests_queued",
                 "Requests waiting for prefill.",
@@ -178,6 +178,16 @@ impl Metrics {
                 "tandem_kv_cache_bytes_budget",
                 "KV-cache bytes available in all.",
                 stats.kv_bytes_budget as u64,
+            ),
+            (
+                "tandem_kv_cache_bytes_reserved",
+                "KV-cache bytes running requests may grow to, summed.",
+                stats.kv_bytes_reserved as u64,
+            ),
+            (
+                "tandem_kv_cache_bytes_cached",
+                "KV-cache bytes held by cached conversations and checkpoints (given back first when needed).",
+                stats.kv_bytes_cached as u64,
             ),
             (
                 "tandem_cached_sequences",
@@ -245,6 +255,13 @@ impl Metrics {
         for (name, help, c) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", load(c));
         }
+        let name = "tandem_kv_accounting_violations_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Engine steps that found KV memory promised past the budget (0 unless there is a bug).\n\
+             # TYPE {name} counter\n{name} {}",
+            stats.kv_accounting_violations
+        );
         out
     }
 }

@@ -90,6 +90,13 @@ pub struct EngineStats {
     pub running: usize,
     pub kv_bytes_used: usize,
     pub kv_bytes_budget: usize,
+    /// What running sequences may grow to, summed (their reservations).
+    pub kv_bytes_reserved: usize,
+    /// What cached conversations and checkpoints hold.
+    pub kv_bytes_cached: usize,
+    /// Steps after which the engine found its KV books broken (promised bytes past the budget, or the
+    /// pool holding more than promised): always 0 unless there is a bug.
+    pub kv_accounting_violations: u64,
     pub cached_sequences: usize,
     pub prefill_tokens_total: u64,
     pub decode_tokens_total: u64,

@@ -11,12 +11,27 @@
 //! A row's logits do not depend on what it was batched with (every kernel is row-exact), so a sequence
 //! produces the same tokens alone or beside others, whatever the chunking.
 //!
-//! Memory: each admitted sequence reserves the KV bytes it can reach (prompt + max_tokens, capped by the
-//! context); requests that do not fit wait in a bounded queue; beyond it they are refused. Finished
-//! conversations stay in an LRU cache (within `cache_budget_bytes`) so a follow-up turn reuses their KV:
-//! the cached sequence is cut back to the common prefix when every layer still holds what that needs,
-//! else restored from the checkpoint taken when its prompt was read (sliding-window rings move on during
-//! decoding, so only the checkpoint can take them back).
+//! Memory: all KV storage (running sequences, cached conversations, checkpoints) comes from one pool
+//! capped at `kv_budget_bytes`, and the loop keeps this invariant at every step:
+//!
+//! > **reserved + cached <= budget**, where *reserved* is the sum over running sequences of the bytes
+//! > each can reach (prompt + max_tokens, capped by the context; a ring at most its capacity; measured
+//! > from the storage it already holds when it continues a cached conversation), and *cached* is what
+//! > finished conversations and every checkpoint hold. A running sequence never holds more than its
+//! > reservation.
+//!
+//! So the pool always has room for a running sequence to grow, and no request fails for KV space once
+//! admitted. Cached conversations are what gives way: an admission, or a checkpoint, that does not fit
+//! gives back cached conversations least recently used first; a request that still does not fit waits
+//! in a bounded queue (beyond it new ones are refused). The loop checks the invariant after every step
+//! and counts any breach (`kv_accounting_violations`).
+//!
+//! Reuse: a finished conversation stays cached (within `cache_budget_bytes`) so a follow-up turn, a
+//! regenerated reply or another conversation with the same long prefix continues from its KV: the cache
+//! is cut back to the common prefix when every layer still holds what that needs, else restored from the
+//! latest checkpoint of its sliding-window rings that reaches it (one is taken when each prompt has been
+//! read; a ring keeps `RING_SLACK` rows past its window, so a checkpoint also serves positions up to that
+//! many rows before its own, such as a repeated prompt's last token).
 //!
 //! The loop is generic over the backend (`ServingBackend`): the backend is made on the loop's thread
 //! (`start_with`), since a GPU backend's context belongs to the thread that made it.
@@ -27,13 +42,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use tandem_model::kv::RING_SLACK;
 use tandem_model::{
-    Backend, KvCheckpoint, KvSizing, LogitRows, Logits, Model, ModelError, SequenceCache, ServingBackend, ServingCache,
-    Span,
+    Backend, KvSizing, LogitRows, Logits, Model, ModelError, SequenceCache, ServingBackend, ServingCache, Span,
 };
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use super::api::*;
+use super::prefix_cache::{checkpoint_bytes, Conversation, PrefixCache};
 use crate::score::{log_sum_exp, top_k};
 use crate::Sampler;
 
@@ -132,6 +148,7 @@ impl ServingEngine {
                     }
                 };
                 model.set_kv_budget(loop_config.kv_budget_bytes);
+                model.set_ring_slack(RING_SLACK);
                 let sizing = model.kv_sizing(loop_config.n_ctx);
                 if ready_tx.send(Ok(sizing.clone())).is_ok() {
                     Loop::new(model, sizing, loop_config, loop_shared).run();
@@ -251,9 +268,12 @@ struct Sequence<K: ServingCache> {
     sampler: Sampler,
     history: Vec<u32>,
     generated: usize,
+    /// Pool bytes the sequence may reach (see the invariant above).
     reserved: usize,
     /// Checkpoints at the ends of this conversation's prompts (oldest first, at most `MAX_CHECKPOINTS`).
     checkpoints: Vec<K::Checkpoint>,
+    /// A forward pass failed: its cache may be half written, so it is not kept for reuse.
+    failed: bool,
     submitted: Instant,
     started: Instant,
     first_token: Option<Instant>,
@@ -263,27 +283,6 @@ struct Sequence<K: ServingCache> {
 
 /// Checkpoints kept per conversation: the ends of its last few prompts.
 const MAX_CHECKPOINTS: usize = 4;
-
-/// A cached conversation is taken over only for a shared prefix at least this long: a few common tokens
-/// (a BOS, a system prompt's first words) are cheap to read again and not worth evicting it for.
-const MIN_REUSE: usize = 16;
-
-struct Cached<K: ServingCache> {
-    fed: Vec<u32>,
-    kv: K,
-    checkpoints: Vec<K::Checkpoint>,
-    last_used: Instant,
-}
-
-impl<K: ServingCache> Cached<K> {
-    fn bytes(&self) -> usize {
-        self.kv.bytes_allocated() + self.checkpoints.iter().map(KvCheckpoint::bytes).sum::<usize>()
-    }
-}
-
-/// A sequence cache with what it can be reused from, as `reuse_prefix` hands it over:
-/// (cache, tokens in it, checkpoints, positions reused).
-type Reused<K> = (K, Vec<u32>, Vec<<K as ServingCache>::Checkpoint>, usize);
 
 /// One forward pass and the seconds it took.
 fn timed_forward<B: Backend>(
@@ -303,7 +302,8 @@ struct Loop<B: ServingBackend> {
     ws: B::Scratch,
     queue: VecDeque<Pending>,
     running: Vec<Sequence<B::Kv>>,
-    cache: Vec<Cached<B::Kv>>,
+    cache: PrefixCache<B::Kv>,
+    /// The running sequences' reservations, summed.
     reserved: usize,
     /// Sizes a request's KV need (`bytes_at`).
     sizing: KvSizing,
@@ -319,7 +319,7 @@ impl<B: ServingBackend> Loop<B> {
             ws: B::Scratch::default(),
             queue: VecDeque::new(),
             running: Vec::new(),
-            cache: Vec::new(),
+            cache: PrefixCache::default(),
             reserved: 0,
         }
     }
@@ -363,9 +363,7 @@ impl<B: ServingBackend> Loop<B> {
     fn handle_flush(&mut self) {
         let reply = self.shared.flush.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(reply) = reply {
-            let n = self.cache.len();
-            self.cache.clear();
-            let _ = reply.send(n);
+            let _ = reply.send(self.cache.clear());
         }
     }
 
@@ -386,49 +384,81 @@ impl<B: ServingBackend> Loop<B> {
         }
     }
 
-    fn cache_bytes(&self) -> usize {
-        self.cache.iter().map(Cached::bytes).sum()
-    }
-
-    /// Pool bytes outside the running sequences' reservations: cached conversations, and the
-    /// checkpoints of running ones.
-    fn unreserved_bytes(&self) -> usize {
-        self.cache_bytes()
+    /// Pool bytes promised: the running sequences' reservations, plus what cached conversations and
+    /// every checkpoint hold. The invariant keeps it within the budget.
+    fn committed(&self) -> usize {
+        self.reserved
+            + self.cache.bytes()
             + self
                 .running
                 .iter()
-                .flat_map(|s| &s.checkpoints)
-                .map(KvCheckpoint::bytes)
+                .map(|s| checkpoint_bytes(&s.checkpoints))
                 .sum::<usize>()
     }
 
-    /// Moves queued requests into the running set while their KV reservation fits the budget.
+    /// Gives back cached conversations, least recently used first, until `extra` more bytes fit the
+    /// budget; false when they cannot.
+    fn make_room(&mut self, extra: usize) -> bool {
+        while self.committed() + extra > self.config.kv_budget_bytes {
+            if !self.cache.evict_lru() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Moves queued requests into the running set while their reservations fit the budget (cached
+    /// conversations giving way), continuing each from the cached conversation it shares the longest
+    /// prefix with.
     fn admit(&mut self) {
         while let Some(p) = self.queue.front() {
             if p.events.is_closed() {
                 self.queue.pop_front();
                 continue;
             }
-            let len = (p.request.prompt.len() + p.request.max_tokens).min(self.config.n_ctx);
-            let need = self.sizing.bytes_at(len);
-            // Cached conversations give way to running ones.
-            while self.reserved + need + self.unreserved_bytes() > self.config.kv_budget_bytes && !self.cache.is_empty()
-            {
-                self.evict_lru();
+            let prompt = &p.request.prompt;
+            let reach = (prompt.len() + p.request.max_tokens).min(self.config.n_ctx);
+            let mut taken = self.cache.take_best(prompt);
+            if let Some((mut c, last_used)) = taken.take() {
+                match c.cut_back_for(prompt) {
+                    0 => self.cache.put_back(c, last_used),
+                    _ => taken = Some((c, last_used)),
+                }
             }
-            if self.reserved + need + self.unreserved_bytes() > self.config.kv_budget_bytes && !self.running.is_empty()
-            {
-                return;
+            let mut need = match &taken {
+                Some((c, _)) => c.kv.bytes_reaching(reach),
+                None => self.sizing.bytes_at(reach),
+            };
+            let held = taken.as_ref().map_or(0, |(c, _)| checkpoint_bytes(&c.checkpoints));
+            if !self.make_room(need + held) {
+                if !self.running.is_empty() {
+                    if let Some((c, last_used)) = taken {
+                        self.cache.put_back(c, last_used);
+                    }
+                    return;
+                }
+                // Nothing runs and nothing else is cached: only the conversation taken over can stand in
+                // the way. Start afresh (`submit` refused any request whose fresh reservation cannot fit).
+                taken = None;
+                need = self.sizing.bytes_at(reach);
             }
             let Some(p) = self.queue.pop_front() else { return };
-            let (kv, fed, checkpoints, reused) = match self.reuse_prefix(&p.request.prompt) {
-                Ok(reused) => reused,
+            let conversation = match taken {
+                Some((c, _)) => c,
                 // Device memory can run out below the budget (the GPU is shared with the weights).
-                Err(e) => {
-                    let _ = p.events.send(Event::Failed(format!("allocating the KV cache: {e}")));
-                    continue;
-                }
+                None => match self.model.new_kv(self.config.n_ctx) {
+                    Ok(kv) => Conversation {
+                        fed: Vec::new(),
+                        kv,
+                        checkpoints: Vec::new(),
+                    },
+                    Err(e) => {
+                        let _ = p.events.send(Event::Failed(format!("allocating the KV cache: {e}")));
+                        continue;
+                    }
+                },
             };
+            let reused = conversation.kv.len();
             let _ = p.events.send(Event::Started {
                 prompt_tokens: p.request.prompt.len(),
                 reused,
@@ -448,12 +478,13 @@ impl<B: ServingBackend> Loop<B> {
                 phase: Phase::Prefill { read: reused },
                 request: p.request,
                 events: p.events,
-                kv,
-                fed,
+                kv: conversation.kv,
+                fed: conversation.fed,
                 sampler,
                 generated: 0,
                 reserved: need,
-                checkpoints,
+                checkpoints: conversation.checkpoints,
+                failed: false,
                 submitted: p.submitted,
                 started: Instant::now(),
                 first_token: None,
@@ -462,41 +493,21 @@ impl<B: ServingBackend> Loop<B> {
         }
     }
 
-    fn evict_lru(&mut self) {
-        if let Some(i) = (0..self.cache.len()).min_by_key(|&i| self.cache[i].last_used) {
-            self.cache.swap_remove(i);
+    /// Checkpoints the rings of running sequence `i` when the budget has room for the copy (cached
+    /// conversations giving way); a checkpoint only saves work later, so without room it is skipped.
+    fn checkpoint(&mut self, i: usize) {
+        let s = &mut self.running[i];
+        if s.checkpoints.len() == MAX_CHECKPOINTS {
+            s.checkpoints.remove(0);
         }
-    }
-
-    /// The best cached conversation for `prompt`: its KV cut back (or restored) to the longest prefix
-    /// it can serve, leaving at least one prompt token to read.
-    fn reuse_prefix(&mut self, prompt: &[u32]) -> Result<Reused<B::Kv>, ModelError> {
-        let limit = prompt.len() - 1;
-        let mut best: Option<(usize, usize)> = None;
-        for (i, c) in self.cache.iter().enumerate() {
-            let common = c.fed.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(limit);
-            if common >= MIN_REUSE && common > best.map_or(0, |b| b.1) {
-                best = Some((i, common));
-            }
+        let bytes = s.kv.checkpoint_bytes();
+        if bytes == 0 || !self.make_room(bytes) {
+            return;
         }
-        if let Some((i, common)) = best {
-            let mut c = self.cache.swap_remove(i);
-            c.checkpoints.retain(|cp| cp.pos() <= common);
-            if c.kv.truncate(common) {
-                c.fed.truncate(common);
-                return Ok((c.kv, c.fed, c.checkpoints, common));
-            }
-            // The latest checkpoint inside the common prefix.
-            while let Some(cp) = c.checkpoints.last() {
-                if cp.pos() > 0 && c.kv.restore(cp) {
-                    let pos = cp.pos();
-                    c.fed.truncate(pos);
-                    return Ok((c.kv, c.fed, c.checkpoints, pos));
-                }
-                c.checkpoints.pop();
-            }
+        let s = &mut self.running[i];
+        if let Ok(cp) = s.kv.checkpoint() {
+            s.checkpoints.push(cp);
         }
-        Ok((self.model.new_kv(self.config.n_ctx)?, Vec::new(), Vec::new(), 0))
     }
 
     /// One decode step for every sequence with a token waiting: one forward pass for the whole batch.
@@ -545,6 +556,7 @@ impl<B: ServingBackend> Loop<B> {
             Err(e) => {
                 for s in picked {
                     let _ = s.events.send(Event::Failed(e.to_string()));
+                    s.failed = true;
                     s.done = true;
                 }
             }
@@ -616,20 +628,18 @@ impl<B: ServingBackend> Loop<B> {
         drop(spans);
         match result {
             Ok(logits) => {
+                let mut read_whole = Vec::new();
                 for ((s, k), l) in picked.into_iter().zip(logits) {
-                    let (_, _, end) = shares[k];
+                    let (i, _, end) = shares[k];
                     s.fed.extend_from_slice(&pieces[k]);
                     s.phase = Phase::Prefill { read: end };
                     if end == s.request.prompt.len() {
-                        if s.checkpoints.len() == MAX_CHECKPOINTS {
-                            s.checkpoints.remove(0);
-                        }
-                        // A checkpoint is an optimization: without room in the pool, go on without it.
-                        if let Ok(cp) = s.kv.checkpoint() {
-                            s.checkpoints.push(cp);
-                        }
-                        Self::emit_next(s, &l);
+                        read_whole.push((i, l));
                     }
+                }
+                for (i, l) in read_whole {
+                    self.checkpoint(i);
+                    Self::emit_next(&mut self.running[i], &l);
                 }
                 let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
                 st.prefill_tokens_total += rows as u64;
@@ -641,6 +651,7 @@ impl<B: ServingBackend> Loop<B> {
             Err(e) => {
                 for (s, _) in picked {
                     let _ = s.events.send(Event::Failed(e.to_string()));
+                    s.failed = true;
                     s.done = true;
                 }
             }
@@ -699,17 +710,14 @@ impl<B: ServingBackend> Loop<B> {
             if self.running[i].done {
                 let s = self.running.swap_remove(i);
                 self.reserved -= s.reserved;
-                let cached = Cached {
-                    fed: s.fed,
-                    kv: s.kv,
-                    checkpoints: s.checkpoints,
-                    last_used: Instant::now(),
-                };
-                if cached.bytes() <= self.config.cache_budget_bytes {
-                    self.cache.push(cached);
-                    while self.cache_bytes() > self.config.cache_budget_bytes {
-                        self.evict_lru();
-                    }
+                // Its storage, within its reservation, moves to the cache: the sum does not grow.
+                if !s.failed {
+                    let conversation = Conversation {
+                        fed: s.fed,
+                        kv: s.kv,
+                        checkpoints: s.checkpoints,
+                    };
+                    self.cache.insert(conversation, self.config.cache_budget_bytes);
                 }
             } else {
                 i += 1;
@@ -717,11 +725,24 @@ impl<B: ServingBackend> Loop<B> {
         }
     }
 
+    /// Publishes the step's stats and checks the memory invariant (see the module's documentation):
+    /// promised bytes within the budget, the pool holding no more than promised, and no running
+    /// sequence past its reservation.
     fn publish_stats(&self) {
+        let committed = self.committed();
+        let in_use = self.model.kv_bytes_in_use();
+        let broken = committed > self.config.kv_budget_bytes
+            || in_use > committed
+            || self.running.iter().any(|s| s.kv.bytes_allocated() > s.reserved);
         let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
         st.queued = self.queue.len() + self.shared.inbox.lock().map_or(0, |q| q.len());
         st.running = self.running.len();
-        st.kv_bytes_used = self.model.kv_bytes_in_use();
+        st.kv_bytes_used = in_use;
+        st.kv_bytes_reserved = self.reserved;
+        st.kv_bytes_cached = committed - self.reserved;
         st.cached_sequences = self.cache.len();
+        if broken {
+            st.kv_accounting_violations += 1;
+        }
     }
 }

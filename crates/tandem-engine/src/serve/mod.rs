@@ -2,6 +2,7 @@
 
 pub mod api;
 mod engine;
+mod prefix_cache;
 mod warm_up;
 
 pub use api::{

@@ -23,6 +23,19 @@ use pool::Block;
 /// the whole context.
 const GROW_ROWS: usize = BLOCK_ROWS;
 
+/// Rows a sliding-window layer keeps beyond its window when its caches are reused across requests (the
+/// serving engine; llama.cpp sizes its SWA cache at the window plus a micro-batch the same way). With
+/// them a cache, or a checkpoint of its rings, can be cut back by up to this many positions: a repeated
+/// prompt re-reads only its last token from the state before it, and conversations that share a long
+/// prefix and then differ reuse the prefix. One pool block, so the slack costs a block per ring.
+pub const RING_SLACK: usize = BLOCK_ROWS;
+
+/// Rows a layer's cache holds at a context of `n_ctx`: the context for a global layer, the window plus
+/// `ring_slack` (at most the context) for a sliding-window one.
+pub fn layer_rows(window: Option<usize>, n_ctx: usize, ring_slack: usize) -> usize {
+    window.map_or(n_ctx, |w| (w + ring_slack).min(n_ctx))
+}
+
 pub struct LayerCache {
     pub placement: RingPlacement,
     pub window: Option<usize>,
@@ -242,8 +255,9 @@ impl LayerCache {
 
     fn truncate(&mut self, pos: usize) {
         self.placement.truncate(pos);
-        // A global layer's rows past the cut are free again; a ring keeps its blocks (it wraps).
-        if self.window.is_none() {
+        // While nothing was evicted, physical rows are logical ones and the rows past the cut are free
+        // again; a ring that wrapped keeps its blocks (the cut rows are spread over them).
+        if self.placement.origin_logical == 0 {
             let keep = pos.div_ceil(BLOCK_ROWS);
             if self.blocks.len() > keep {
                 self.pool.give(self.blocks.drain(keep..));
@@ -260,16 +274,13 @@ pub struct SequenceKv {
 
 impl SequenceKv {
     /// A cache for up to `n_ctx` positions: global layers may grow to `n_ctx` rows, sliding-window layers
-    /// to their window.
-    pub fn new(config: &ModelConfig, n_ctx: usize, pool: &Arc<KvPool>) -> Self {
+    /// to their window plus `ring_slack`.
+    pub fn new(config: &ModelConfig, n_ctx: usize, ring_slack: usize, pool: &Arc<KvPool>) -> Self {
         debug_assert_eq!(pool.width(), config.kv_width());
         let layers = config
             .layers
             .iter()
-            .map(|l| {
-                let capacity = l.window.map_or(n_ctx, |w| w.min(n_ctx));
-                LayerCache::new(capacity, l.window, Arc::clone(pool))
-            })
+            .map(|l| LayerCache::new(layer_rows(l.window, n_ctx, ring_slack), l.window, Arc::clone(pool)))
             .collect();
         SequenceKv { layers, n_ctx }
     }
@@ -315,38 +326,59 @@ impl SequenceKv {
         Ok(Checkpoint { pos: self.len(), rings })
     }
 
-    /// Goes back to a checkpoint taken earlier on this sequence: global layers are cut back to its
-    /// position, sliding-window layers replaced by its copies.
-    pub fn restore(&mut self, cp: &Checkpoint) -> bool {
+    /// Bytes a checkpoint taken now would hold.
+    pub fn checkpoint_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| l.window.is_some())
+            .map(LayerCache::bytes)
+            .sum()
+    }
+
+    /// Goes back to a checkpoint taken earlier on this sequence, cut back to `pos` (at most the
+    /// checkpoint's position): global layers are cut back, sliding-window layers replaced by copies of
+    /// its rings. False when it cannot serve `pos`; the cache is then unchanged, or empty if the pool had
+    /// no room for the copies (each ring's blocks go back before its copy is taken, so with the blocks
+    /// the checkpoint was taken with that cannot happen).
+    pub fn restore(&mut self, cp: &Checkpoint, pos: usize) -> bool {
         let ring_for = |i: usize| cp.rings.iter().find(|(j, _)| *j == i).map(|(_, l)| l);
-        let fits = self.layers.iter().enumerate().all(|(i, l)| match ring_for(i) {
-            Some(_) => true,
-            None => l.window.is_none() && l.can_truncate(cp.pos),
-        });
+        let fits = pos <= cp.pos
+            && self.layers.iter().enumerate().all(|(i, l)| match ring_for(i) {
+                Some(ring) => ring.can_truncate(pos),
+                None => l.window.is_none() && l.can_truncate(pos),
+            });
         if !fits {
             return false;
         }
-        let mut copies = Vec::new();
         for (i, ring) in &cp.rings {
+            let layer = &mut self.layers[*i];
+            *layer = LayerCache::new(layer.placement.capacity, layer.window, Arc::clone(&layer.pool));
             match ring.try_clone() {
-                Ok(c) => copies.push((*i, c)),
-                Err(_) => return false,
+                Ok(copy) => *layer = copy,
+                Err(_) => {
+                    for l in &mut self.layers {
+                        *l = LayerCache::new(l.placement.capacity, l.window, Arc::clone(&l.pool));
+                    }
+                    return false;
+                }
             }
         }
-        for layer in &mut self.layers {
-            if layer.window.is_none() {
-                layer.truncate(cp.pos);
-            }
-        }
-        for (i, copy) in copies {
-            self.layers[i] = copy;
-        }
+        self.layers.iter_mut().for_each(|l| l.truncate(pos));
         true
     }
 
     /// Bytes of K and V storage allocated now.
     pub fn bytes_allocated(&self) -> usize {
         self.layers.iter().map(LayerCache::bytes).sum()
+    }
+
+    /// Bytes the cache will hold once it has grown to `len` positions from what it holds now (storage
+    /// grows in blocks and keeps them while it grows, so a ring cut back keeps its blocks).
+    pub fn bytes_reaching(&self, len: usize) -> usize {
+        self.layers
+            .iter()
+            .map(|l| l.blocks.len().max(len.min(l.placement.capacity).div_ceil(GROW_ROWS)) * l.pool.block_bytes())
+            .sum()
     }
 
     /// Bytes the cache will hold once it has `len` positions (storage grows in steps of 256 rows).
@@ -404,7 +436,7 @@ mod tests {
     #[test]
     fn gemma3_kv_at_32k_context_fits_110_mb() {
         let config = gemma3_270m();
-        let mut kv = SequenceKv::new(&config, 32768, &KvPool::new(config.kv_width(), None));
+        let mut kv = SequenceKv::new(&config, 32768, 0, &KvPool::new(config.kv_width(), None));
         assert_eq!(kv.bytes_at_capacity(), 3 * 32768 * 1024 + 15 * 512 * 1024);
         let mut staging = StagingBuffers::default();
         let width = config.kv_width();
@@ -439,19 +471,36 @@ mod tests {
                 layer.store_and_attend(&k, &k, t, staging, |_| {}).unwrap();
             }
         };
-        let mut kv = SequenceKv::new(&config, 4096, &KvPool::new(config.kv_width(), None));
+        let mut kv = SequenceKv::new(&config, 4096, RING_SLACK, &KvPool::new(config.kv_width(), None));
         fill(&mut kv, 300, &mut staging);
         assert!(kv.truncate(200), "rings have not wrapped: any point works");
         assert_eq!(kv.len(), 200);
         let cp = kv.checkpoint().unwrap();
-        fill(&mut kv, 700, &mut staging);
-        assert_eq!(kv.len(), 900);
-        assert!(!kv.truncate(500), "the rings lost rows 389..500 needs");
-        assert_eq!(kv.len(), 900, "a refused truncate changes nothing");
-        assert!(kv.truncate(899), "dropping the newest row keeps the window");
-        assert!(kv.restore(&cp));
+        fill(&mut kv, 1000, &mut staging);
+        assert_eq!(kv.len(), 1200);
+        let later = kv.checkpoint().unwrap();
+        assert!(!kv.truncate(500), "the rings lost rows 432..500 needs");
+        assert_eq!(kv.len(), 1200, "a refused truncate changes nothing");
+        // A query at the cut needs the 511 rows before it: the ring holds 768, so the cut may go back
+        // RING_SLACK + 1 rows.
+        let deepest = 1200 - RING_SLACK - 1;
+        assert!(!kv.truncate(deepest - 1), "one row past the slack");
+        assert!(
+            kv.truncate(deepest),
+            "the ring's slack keeps the window of a cut this deep"
+        );
+        // A checkpoint taken after the rings wrapped, cut back as deep as the slack allows.
+        assert!(!kv.restore(&later, deepest - 1));
+        assert_eq!(kv.len(), deepest, "a refused restore changes nothing");
+        assert!(kv.restore(&later, deepest));
+        assert_eq!(kv.len(), deepest);
+        assert!(kv.layers.iter().all(|l| l.placement.end() == deepest));
+        assert!(kv.restore(&cp, 200));
         assert_eq!(kv.len(), 200);
         assert!(kv.layers.iter().all(|l| l.placement.end() == 200));
+        assert!(!kv.restore(&cp, 201), "a checkpoint serves no position past its own");
+        assert!(kv.restore(&cp, 150), "a checkpoint serves positions before its own");
+        assert_eq!(kv.len(), 150);
     }
 
     /// Rows seen by the attention callback for each chunk, checked against the window rule.
@@ -468,7 +517,7 @@ mod tests {
             vec![600, 1, 1, 64, 64, 7, 400],
             vec![511, 65, 65, 65, 512],
         ] {
-            let mut kv = SequenceKv::new(&config, 4096, &KvPool::new(config.kv_width(), None));
+            let mut kv = SequenceKv::new(&config, 4096, 0, &KvPool::new(config.kv_width(), None));
             let mut staging = StagingBuffers::default();
             let width = config.kv_width();
             for t in chunks {
