@@ -62,6 +62,21 @@ pub struct ServeArgs {
     /// Seconds running requests may go on after SIGTERM before they are cut.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
+    /// Seconds a client may take to send a whole request head (from the connect for its first request,
+    /// from the first byte for later ones); the connection is closed when it runs out. 0: no limit.
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
+    timeout_head: f64,
+    /// Seconds a client may take to send a whole request body; 408 when it runs out. 0: no limit.
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_secs)]
+    timeout_body: f64,
+    /// Seconds a keep-alive connection may sit idle between requests before it is closed. 0: no limit.
+    /// Responses, streamed generations included, are never cut by any of these limits.
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_secs)]
+    timeout_idle: f64,
+    /// Connections open at once; beyond it new ones wait in the kernel's accept backlog until one
+    /// closes (they are not refused). 0: no limit.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    max_connections: usize,
     /// Where the model runs. On the GPU every sequence's KV cache is allocated whole (the full
     /// context) when its request is admitted, and counts against --kv-budget as such.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
@@ -98,6 +113,19 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
         _ => return Err(format!("{s:?}: unknown unit {unit:?} (K, M, G)")),
     };
     n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Seconds, fractions allowed: `10`, `0.5`.
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 && Duration::try_from_secs_f64(v).is_ok() => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds (0 or more)")),
+    }
+}
+
+/// A limit in seconds as the server takes it: 0 is none.
+fn limit(secs: f64) -> Option<Duration> {
+    (secs > 0.0).then(|| Duration::from_secs_f64(secs))
 }
 
 pub fn serve(args: &ServeArgs) -> Result<()> {
@@ -183,6 +211,10 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         max_body_bytes: args.max_body_bytes,
         max_tokens_limit: args.max_tokens_limit,
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
+        head_timeout: limit(args.timeout_head),
+        body_timeout: limit(args.timeout_body),
+        idle_timeout: limit(args.timeout_idle),
+        max_connections: (args.max_connections > 0).then_some(args.max_connections),
         ..ServerConfig::default()
     };
     let state = Arc::new(AppState::new(Arc::new(engine), tokenizer, template, config));
@@ -295,5 +327,16 @@ mod tests {
         assert_eq!(parse_bytes("2MB"), Ok(2 << 20));
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("1T").is_err());
+    }
+
+    #[test]
+    fn limits_in_seconds_parse() {
+        assert_eq!(parse_secs("10"), Ok(10.0));
+        assert_eq!(parse_secs("0.5"), Ok(0.5));
+        for bad in ["-1", "soon", "NaN", "inf", "1e300"] {
+            assert!(parse_secs(bad).is_err(), "{bad}");
+        }
+        assert_eq!(limit(0.0), None);
+        assert_eq!(limit(0.25), Some(Duration::from_millis(250)));
     }
 }

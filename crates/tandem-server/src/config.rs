@@ -19,6 +19,19 @@ pub struct ServerConfig {
     pub default_max_tokens: usize,
     /// After the shutdown signal, how long running requests may go on before they are cut.
     pub shutdown_grace: Duration,
+    /// How long a client may take to send a whole request head: from the accept for a connection's
+    /// first request, from the first byte for a later one. The connection is closed without an answer
+    /// when it runs out (the head may not even parse). `None`: no limit.
+    pub head_timeout: Option<Duration>,
+    /// How long a client may take to send a whole request body, from the moment the route starts reading
+    /// it; 408 `request_timeout` when it runs out. `None`: no limit.
+    pub body_timeout: Option<Duration>,
+    /// How long a keep-alive connection may sit idle between a response and the next request before it
+    /// is closed. `None`: no limit.
+    pub idle_timeout: Option<Duration>,
+    /// Connections open at once; beyond it new ones wait in the accept backlog until one closes.
+    /// `None`: no limit.
+    pub max_connections: Option<usize>,
 }
 
 impl Default for ServerConfig {
@@ -31,6 +44,15 @@ impl Default for ServerConfig {
             max_tokens_limit: 4096,
             default_max_tokens: 512,
             shutdown_grace: Duration::from_secs(30),
+            // A head is one packet for any real client; hyper's own default is 30 s, nginx's 60 s.
+            head_timeout: Some(Duration::from_secs(10)),
+            // A 4 MiB body (the default limit) in 30 s is 140 KB/s, slower than any client that matters.
+            body_timeout: Some(Duration::from_secs(30)),
+            // Long enough that OpenAI clients' connection pools keep their connections between turns of
+            // a conversation (nginx keeps 75 s), short enough that idle ones do not pile up.
+            idle_timeout: Some(Duration::from_secs(60)),
+            // Far above what one engine can serve at once; a cap on file descriptors and memory.
+            max_connections: Some(512),
         }
     }
 }

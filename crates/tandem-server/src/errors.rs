@@ -1,6 +1,9 @@
 //! OpenAI-style errors (`{"error": {"message", "type", "param", "code"}}`) and the JSON extractor whose
 //! rejections are such errors, so axum's plain-text rejections never reach a client.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
@@ -9,6 +12,8 @@ use axum::Json;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tandem_engine::serve::SubmitError;
+
+use crate::AppState;
 
 /// An error response; every failure the server reports is one of these.
 #[derive(Clone, Debug, PartialEq)]
@@ -115,14 +120,22 @@ impl From<SubmitError> for ApiError {
 }
 
 /// A JSON body: no content type is required (llama.cpp clients often send none), a body over the limit
-/// is a 413, anything that does not parse into `T` a 400 naming the field at fault.
+/// is a 413, one that does not arrive within `body_timeout` a 408, anything that does not parse into `T`
+/// a 400 naming the field at fault.
 pub struct ApiJson<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for ApiJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let read = Bytes::from_request(req, state);
+        let read = match state.config.body_timeout {
+            Some(limit) => tokio::time::timeout(limit, read)
+                .await
+                .map_err(|_| body_timeout(limit))?,
+            None => read.await,
+        };
+        let bytes = read.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
@@ -136,6 +149,15 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
         })?;
         parse_json(&bytes).map(ApiJson)
     }
+}
+
+fn body_timeout(limit: Duration) -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid_request_error",
+        format!("the request body did not arrive within {limit:?} (shorter than its Content-Length?)"),
+    )
+    .with_code("request_timeout")
 }
 
 /// Parses a body, naming the path of the offending field in the error.

@@ -27,6 +27,7 @@
 
 mod auth;
 pub mod config;
+mod conn;
 pub mod errors;
 mod generate;
 mod llamacpp;
@@ -35,7 +36,7 @@ mod openai;
 mod params;
 pub mod stream;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,9 +45,11 @@ use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hyper_util::server::graceful::GracefulShutdown;
 use tandem_engine::serve::EngineHandle;
 use tandem_tokenizer::{ChatTemplate, Tokenizer};
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
 
 pub use config::ServerConfig;
 pub use errors::ApiError;
@@ -148,42 +151,74 @@ async fn method_not_allowed() -> ApiError {
 /// How long connections may take to close once running generations were cut.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
+/// How long to pause accepting after an accept error that is not the client's (such as running out of
+/// file descriptors), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
+
 /// Serves until `shutdown` resolves, then shuts down gracefully: no new connections (and new generations
 /// on open ones are refused with 503), running requests may finish for up to `shutdown_grace`, then the
 /// engine is shut down and whatever still runs is cut (streams end with an error event).
+///
+/// At most `max_connections` connections are open at once: beyond it the listener is not accepted
+/// from, so new clients wait in the kernel's accept backlog (as nginx does at `worker_connections`)
+/// until one closes. The head, idle and body limits are described in [`config::ServerConfig`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let (signalled_tx, signalled) = tokio::sync::oneshot::channel::<()>();
-    let signal = async move {
-        shutdown.await;
-        let _ = signalled_tx.send(());
+    let app = router(state.clone());
+    let timeouts = conn::Timeouts {
+        head: state.config.head_timeout,
+        idle: state.config.idle_timeout,
     };
-    let server = axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(signal)
-        .into_future();
-    tokio::pin!(server);
-    tokio::select! {
-        result = &mut server => {
-            state.engine.shutdown();
-            return result;
-        }
-        _ = signalled => {}
+    let slots = state.config.max_connections.map(|n| Arc::new(Semaphore::new(n.max(1))));
+    let graceful = GracefulShutdown::new();
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let slot = match &slots {
+            Some(s) => tokio::select! {
+                // The semaphore is never closed; were it, connections would go uncounted.
+                slot = s.clone().acquire_owned() => slot.ok(),
+                _ = &mut shutdown => break,
+            },
+            None => None,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = &mut shutdown => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let socket = match accepted {
+            Ok((socket, _)) => socket,
+            Err(e) if conn::is_connection_error(&e) => continue,
+            Err(e) => {
+                eprintln!("tandem-server: accept failed: {e}");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let served = conn::serve_connection(socket, app.clone(), timeouts, &graceful);
+        connections.spawn(async move {
+            served.await;
+            drop(slot);
+        });
     }
+    drop(listener);
     state.shutting_down.store(true, Ordering::Relaxed);
-    let finished = tokio::time::timeout(state.config.shutdown_grace, &mut server).await;
+    let closed = graceful.shutdown();
+    tokio::pin!(closed);
+    let finished = tokio::time::timeout(state.config.shutdown_grace, &mut closed).await;
     state.engine.shutdown();
-    match finished {
-        Ok(result) => result,
-        Err(_) => {
-            state.kill.send_replace(true);
-            // Connections whose client does not read may never close; stop waiting for them.
-            let _ = tokio::time::timeout(CLOSE_WAIT, &mut server).await;
-            Ok(())
-        }
+    if finished.is_err() {
+        state.kill.send_replace(true);
+        // Connections whose client does not read may never close; stop waiting for them.
+        let _ = tokio::time::timeout(CLOSE_WAIT, &mut closed).await;
     }
+    // Whatever is left is cut here rather than left running without a server.
+    connections.shutdown().await;
+    Ok(())
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT).

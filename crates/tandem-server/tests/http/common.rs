@@ -223,6 +223,7 @@ pub fn config() -> ServerConfig {
         max_tokens_limit: 100,
         default_max_tokens: 16,
         shutdown_grace: Duration::from_secs(5),
+        ..ServerConfig::default()
     }
 }
 

@@ -3,5 +3,6 @@
 mod common;
 mod errors;
 mod lifecycle;
+mod limits;
 mod llamacpp;
 mod openai;
