@@ -11,6 +11,10 @@
 //! | `GET /metrics` | Prometheus text (see [`metrics`]) |
 //! | `GET /slots`, `POST /admin/cache/flush` | admin key only: engine stats, drop the prefix cache |
 //!
+//! A generation that fails after its stream started (the engine failed, or shutdown cut it) still ends
+//! the stream as its clients expect: OpenAI streams with an error event, then `data: [DONE]`;
+//! `/completion` with a last message `stop: true`, `stop_type: "error"` and an `error` object.
+//!
 //! With `api_keys` set, every route but `/health` needs `Authorization: Bearer <key>` (an admin key works
 //! too); admin routes always need an admin key. Every error is OpenAI-shaped:
 //! `{"error": {"message", "type", "param", "code"}}`.

@@ -243,6 +243,28 @@ impl SseFormat for LlamaStream {
         vec![self.fin.fields(g, &end, &self.text, &end.tail)]
     }
 
+    /// llama.cpp clients read until `stop: true`, so a failed generation still ends with one, carrying
+    /// the error (as llama.cpp's error events do, in an `error` object) and what was counted so far.
+    fn failed(&mut self, g: &Generation, err: ApiError) -> Vec<Value> {
+        let mut error = err.body()["error"].take();
+        error["status"] = json!(err.status.as_u16());
+        vec![json!({
+            "index": 0,
+            "id_slot": -1,
+            "content": "",
+            "tokens": [],
+            "stop": true,
+            "stop_type": "error",
+            "stopping_word": "",
+            "model": self.fin.model,
+            "tokens_predicted": g.completion_tokens,
+            "tokens_evaluated": g.prompt_tokens,
+            "has_new_line": self.text.contains('\n'),
+            "tandem": g.tandem_json(),
+            "error": error,
+        })]
+    }
+
     fn done_marker(&self) -> bool {
         false
     }

@@ -86,6 +86,11 @@ pub trait SseFormat: Send + 'static {
     }
     fn piece(&mut self, g: &Generation, piece: Piece) -> Vec<Value>;
     fn end(&mut self, g: &Generation, end: End) -> Vec<Value>;
+    /// The last chunks of a generation that failed after the stream started (the engine failed, or
+    /// shutdown cut it); by default the error object alone.
+    fn failed(&mut self, _g: &Generation, err: ApiError) -> Vec<Value> {
+        vec![err.body()]
+    }
     /// Whether the stream ends with `data: [DONE]` (OpenAI) or not (llama.cpp).
     fn done_marker(&self) -> bool;
 }
@@ -128,11 +133,11 @@ pub fn sse_response<F: SseFormat>(g: Generation, mut fmt: F) -> Response {
                 }
                 Some(Step::Failed(err)) => {
                     st.done = true;
-                    vec![err.body()]
+                    st.fmt.failed(&st.g, err)
                 }
                 None => {
                     st.done = true;
-                    vec![ApiError::internal("the generation ended early").body()]
+                    st.fmt.failed(&st.g, ApiError::internal("the generation ended early"))
                 }
             };
             st.queue.extend(chunks.iter().map(data));

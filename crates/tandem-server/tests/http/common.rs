@@ -36,6 +36,8 @@ pub struct Script {
     pub reused: usize,
     /// Refuse every submission with this.
     pub refuse: Option<SubmitError>,
+    /// After this many tokens, fail the generation with this message (`Event::Failed`).
+    pub fail_after: Option<(usize, String)>,
 }
 
 #[derive(Default)]
@@ -85,6 +87,13 @@ async fn run(engine: Arc<FakeEngine>, req: GenerationRequest, script: Script, tx
     }
     let mut reason = FinishReason::Length;
     for i in 0..req.max_tokens {
+        if let Some((n, msg)) = &script.fail_after {
+            if i == *n {
+                let _ = tx.send(Event::Failed(msg.clone()));
+                engine.running.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+        }
         if !script.delay.is_zero() {
             tokio::select! {
                 _ = tx.closed() => break,

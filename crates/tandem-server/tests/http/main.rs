@@ -2,6 +2,7 @@
 
 mod common;
 mod errors;
+mod failures;
 mod lifecycle;
 mod limits;
 mod llamacpp;
