@@ -1,6 +1,6 @@
-//! Turning logits into the next token: penalties, then temperature, top-k, top-p and min-p, then a draw
+//! Turning logits into the next token: logit bias, penalties, then temperature, top-k, top-p and min-p, then a draw
 //! from a seeded generator (the same seed gives the same text). Temperature 0 is greedy.
-//! The order follows llama.cpp's default sampler chain: penalties → top-k → top-p → min-p → temperature.
+//! The order follows llama.cpp's default sampler chain: logit bias → penalties → top-k → top-p → min-p → temperature.
 
 use std::collections::HashMap;
 
@@ -23,6 +23,9 @@ pub struct SamplingParams {
     /// How many of the last tokens the penalties look at.
     pub penalty_last_n: usize,
     pub seed: u64,
+    /// Added to these tokens' logits before anything else (`f32::NEG_INFINITY` bans a token); ids
+    /// beyond the logits are skipped (the HTTP layer refuses them first).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -37,6 +40,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             penalty_last_n: 64,
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -71,6 +75,11 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;
         let mut logits = logits.to_vec();
+        for &(id, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         apply_penalties(&mut logits, history, p);
         if p.temperature <= 0.0 {
             return argmax(&logits);
@@ -259,5 +268,36 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(Sampler::new(p).sample(&logits(), &[1, 1]), 5, "3.0 - 0.6 < 2.9");
+    }
+
+    #[test]
+    fn logit_bias_moves_and_bans_tokens() {
+        let biased = |bias: Vec<(u32, f32)>| SamplingParams {
+            temperature: 0.0,
+            logit_bias: bias,
+            ..Default::default()
+        };
+        assert_eq!(Sampler::new(biased(vec![])).sample(&logits(), &[]), 1);
+        assert_eq!(
+            Sampler::new(biased(vec![(1, f32::NEG_INFINITY)])).sample(&logits(), &[]),
+            5
+        );
+        assert_eq!(Sampler::new(biased(vec![(0, 10.0)])).sample(&logits(), &[]), 0);
+        // An id past the logits changes nothing.
+        assert_eq!(Sampler::new(biased(vec![(1_000_000, 50.0)])).sample(&logits(), &[]), 1);
+        // Banned tokens are never drawn at any temperature.
+        let p = SamplingParams {
+            temperature: 5.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            logit_bias: vec![(1, f32::NEG_INFINITY), (5, f32::NEG_INFINITY)],
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p);
+        for _ in 0..200 {
+            let t = s.sample(&logits(), &[]);
+            assert!(t != 1 && t != 5, "drew banned token {t}");
+        }
     }
 }
