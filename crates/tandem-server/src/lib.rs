@@ -23,7 +23,9 @@
 //! OpenAI and vLLM do); `/completion` uses llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95,
 //! min-p 0.05). A missing or negative `seed` draws a random one. `max_tokens` / `n_predict` default to
 //! `default_max_tokens`; `n_predict: -1` means `max_tokens_limit`. Stop strings are matched on the
-//! generated text across token boundaries and never sent; end-of-generation tokens stop generation
+//! generated text across token boundaries and never sent; `logit_bias` (OpenAI's `{"id": bias}` or
+//! llama.cpp's `[[id, bias]]`, `false` banning the token) is checked against the vocabulary and
+//! [-100, 100] on every generation route; end-of-generation tokens stop generation
 //! (`ignore_eos` on `/completion` turns that off).
 //!
 //! Every generation response reports how its prompt met the prefix cache, as the `x-tandem-prompt` header

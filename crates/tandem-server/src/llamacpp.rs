@@ -179,7 +179,11 @@ pub(crate) async fn completion(
     let mut fields = req.sampling.clone();
     // llama.cpp samples greedily at a negative temperature.
     fields.temperature = fields.temperature.map(|t| t.max(0.0));
-    let sampling = fields.resolve(params::llamacpp_defaults(), || state.engine.stats().n_ctx)?;
+    let sampling = fields.resolve(
+        params::llamacpp_defaults(),
+        || state.engine.stats().n_ctx,
+        state.tokenizer.n_vocab(),
+    )?;
     let stop = params::stop_strings(req.stop)?;
     let n_probs = params::top_logprobs(req.n_probs.unwrap_or(0), "n_probs")?;
     let ignore_eos = req.ignore_eos.unwrap_or(false);

@@ -223,9 +223,11 @@ pub(crate) async fn chat(
         }
         (false, _) => None,
     };
-    let sampling = c
-        .sampling
-        .resolve(params::openai_defaults(), || state.engine.stats().n_ctx)?;
+    let sampling = c.sampling.resolve(
+        params::openai_defaults(),
+        || state.engine.stats().n_ctx,
+        state.tokenizer.n_vocab(),
+    )?;
     let stop = params::stop_strings(c.stop.clone())?;
     let stream = c.stream.unwrap_or(false);
     let include_usage = c.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -384,9 +386,11 @@ pub(crate) async fn completions(
     }
     let max_tokens = params::max_tokens(&state.config, c.max_tokens, "max_tokens")?;
     let top_logprobs = req.logprobs.map(|n| params::top_logprobs(n, "logprobs")).transpose()?;
-    let sampling = c
-        .sampling
-        .resolve(params::openai_defaults(), || state.engine.stats().n_ctx)?;
+    let sampling = c.sampling.resolve(
+        params::openai_defaults(),
+        || state.engine.stats().n_ctx,
+        state.tokenizer.n_vocab(),
+    )?;
     let stop = params::stop_strings(c.stop.clone())?;
     let stream = c.stream.unwrap_or(false);
     let include_usage = c.stream_options.as_ref().is_some_and(|o| o.include_usage);

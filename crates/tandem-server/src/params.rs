@@ -1,6 +1,7 @@
 //! Request parameters shared by the routes: sampling settings, `max_tokens`, stop strings, prompt ids.
 
 use std::collections::hash_map::RandomState;
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -26,6 +27,77 @@ pub struct SamplingFields {
     pub frequency_penalty: Option<f32>,
     /// Absent or negative: a fresh random seed.
     pub seed: Option<i64>,
+    pub logit_bias: Option<LogitBias>,
+}
+
+/// `logit_bias` as either API writes it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum LogitBias {
+    /// OpenAI: `{"token id": bias}` (llama.cpp takes this too, `false` included).
+    Map(BTreeMap<String, BiasValue>),
+    /// llama.cpp: `[[id, bias], …]`, `false` for a bias that bans the token.
+    Pairs(Vec<(i64, BiasValue)>),
+}
+
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum BiasValue {
+    Bias(f32),
+    /// Only `false` (ban) means something; `true` is refused.
+    Flag(bool),
+}
+
+/// OpenAI's bounds on a bias; beyond them a token is as good as forced or banned anyway.
+const MAX_LOGIT_BIAS: f32 = 100.0;
+
+impl LogitBias {
+    /// Checks ids against the vocabulary (`n_vocab` 0: unknown, not checked) and biases against the bounds.
+    fn resolve(&self, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+        const P: &str = "logit_bias";
+        let pairs: Vec<(i64, BiasValue)> = match self {
+            LogitBias::Map(m) => m
+                .iter()
+                .map(|(k, &v)| {
+                    k.trim()
+                        .parse::<i64>()
+                        .map(|id| (id, v))
+                        .map_err(|_| ApiError::invalid(P, format!("logit_bias key {k:?} is not a token id")))
+                })
+                .collect::<Result<_, _>>()?,
+            LogitBias::Pairs(v) => v.clone(),
+        };
+        let mut out = Vec::with_capacity(pairs.len());
+        for (id, value) in pairs {
+            let in_vocab = u32::try_from(id)
+                .ok()
+                .filter(|&t| n_vocab == 0 || (t as usize) < n_vocab);
+            let Some(token) = in_vocab else {
+                return Err(ApiError::invalid(
+                    P,
+                    format!("logit_bias token id {id} is out of range: the vocabulary has {n_vocab} tokens"),
+                ));
+            };
+            let bias = match value {
+                BiasValue::Flag(false) => f32::NEG_INFINITY,
+                BiasValue::Flag(true) => {
+                    return Err(ApiError::invalid(
+                        P,
+                        format!("logit_bias for token {id}: only `false` (ban the token) or a number is allowed"),
+                    ))
+                }
+                BiasValue::Bias(b) if b.is_finite() && (-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&b) => b,
+                BiasValue::Bias(b) => {
+                    return Err(ApiError::invalid(
+                        P,
+                        format!("logit_bias for token {id} must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {b}"),
+                    ))
+                }
+            };
+            out.push((token, bias));
+        }
+        Ok(out)
+    }
 }
 
 /// `stop`: one string or a list.
@@ -84,6 +156,7 @@ fn finite(name: &str, v: f32) -> Result<f32, ApiError> {
     }
 }
 
+/// A value in `[lo, hi]`.
 fn in_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<f32, ApiError> {
     if finite(name, v)? < lo || v > hi {
         return Err(ApiError::invalid(
@@ -94,12 +167,26 @@ fn in_range(name: &str, v: f32, lo: f32, hi: f32) -> Result<f32, ApiError> {
     Ok(v)
 }
 
+/// A value of `lo` or more (a range open above says only its one rule).
+fn at_least(name: &str, v: f32, lo: f32) -> Result<f32, ApiError> {
+    if finite(name, v)? < lo {
+        return Err(ApiError::invalid(name, format!("{name} must be >= {lo}, got {v}")));
+    }
+    Ok(v)
+}
+
 impl SamplingFields {
-    /// Checks the fields and fills the rest from `defaults`; `n_ctx()` stands in for `repeat_last_n = -1`.
-    pub fn resolve(&self, defaults: SamplingParams, n_ctx: impl FnOnce() -> usize) -> Result<SamplingParams, ApiError> {
+    /// Checks the fields and fills the rest from `defaults`; `n_ctx()` stands in for `repeat_last_n = -1`;
+    /// `logit_bias` ids must be below `n_vocab`.
+    pub fn resolve(
+        &self,
+        defaults: SamplingParams,
+        n_ctx: impl FnOnce() -> usize,
+        n_vocab: usize,
+    ) -> Result<SamplingParams, ApiError> {
         let mut p = defaults;
         if let Some(t) = self.temperature {
-            p.temperature = in_range("temperature", t, 0.0, f32::MAX)?;
+            p.temperature = at_least("temperature", t, 0.0)?;
         }
         if let Some(k) = self.top_k {
             // vLLM's -1 and llama.cpp's 0 both mean off.
@@ -113,7 +200,10 @@ impl SamplingFields {
         }
         if let Some(v) = self.repeat_penalty {
             if finite("repeat_penalty", v)? <= 0.0 {
-                return Err(ApiError::invalid("repeat_penalty", "repeat_penalty must be positive"));
+                return Err(ApiError::invalid(
+                    "repeat_penalty",
+                    format!("repeat_penalty must be > 0, got {v}"),
+                ));
             }
             p.repeat_penalty = v;
         }
@@ -128,8 +218,11 @@ impl SamplingFields {
             Some(-1) => p.penalty_last_n = n_ctx(),
             Some(n) => {
                 p.penalty_last_n = usize::try_from(n)
-                    .map_err(|_| ApiError::invalid("repeat_last_n", "repeat_last_n must be -1 or more"))?
+                    .map_err(|_| ApiError::invalid("repeat_last_n", format!("repeat_last_n must be >= -1, got {n}")))?
             }
+        }
+        if let Some(bias) = &self.logit_bias {
+            p.logit_bias = bias.resolve(n_vocab)?;
         }
         p.seed = match self.seed {
             Some(s) if s >= 0 => s as u64,

@@ -246,3 +246,116 @@ async fn bad_inputs() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["choices"][0]["message"]["content"], "fine");
 }
+
+#[tokio::test]
+async fn messages_state_the_rule() {
+    let server = TestServer::open().await;
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "temperature": -1}),
+            "temperature",
+            "temperature must be >= 0, got -1",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "top_p": 1.5}),
+            "top_p",
+            "top_p must be in [0, 1], got 1.5",
+        ),
+        (
+            "/completion",
+            json!({"prompt": "x", "repeat_penalty": 0}),
+            "repeat_penalty",
+            "repeat_penalty must be > 0, got 0",
+        ),
+        (
+            "/completion",
+            json!({"prompt": "x", "repeat_last_n": -2}),
+            "repeat_last_n",
+            "repeat_last_n must be >= -1, got -2",
+        ),
+    ];
+    for (path, body, param, message) in cases {
+        let e = server.post_json(path, &body).await.error(400);
+        assert_eq!(e["param"], param, "{path} {body}: {e}");
+        assert_eq!(e["message"], message, "{path} {body}");
+    }
+}
+
+#[tokio::test]
+async fn logit_bias_ids_must_be_in_the_vocabulary() {
+    let server = TestServer::open().await;
+    let n_vocab = server.tokenizer.n_vocab();
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let out_of_vocab = [
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "logit_bias": {"1000000000": 5}}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "logit_bias": {"1000000000": -5}}),
+        ),
+        ("/completion", json!({"prompt": "x", "logit_bias": [[1000000000, 1.0]]})),
+        (
+            "/completion",
+            json!({"prompt": "x", "logit_bias": {"1000000000": false}}),
+        ),
+    ];
+    for (path, body) in out_of_vocab {
+        let e = server.post_json(path, &body).await.error(400);
+        assert_eq!(e["param"], "logit_bias", "{path}: {e}");
+        let message = e["message"].as_str().unwrap();
+        assert!(
+            message.contains("1000000000") && message.contains(&format!("{n_vocab} tokens")),
+            "{path}: {message}"
+        );
+    }
+    let e = server
+        .post_json(
+            "/v1/completions",
+            &json!({"prompt": "x", "logit_bias": {(n_vocab).to_string(): 1}}),
+        )
+        .await
+        .error(400);
+    assert!(e["message"].as_str().unwrap().contains(&n_vocab.to_string()), "{e}");
+    for bad in [
+        json!({"65": 101}),
+        json!({"x": 1}),
+        json!({"-1": 1}),
+        json!([[65, true]]),
+    ] {
+        let e = server
+            .post_json("/v1/completions", &json!({"prompt": "x", "logit_bias": bad}))
+            .await
+            .error(400);
+        assert_eq!(e["param"], "logit_bias", "{bad}: {e}");
+    }
+    assert_eq!(server.engine.submitted.lock().unwrap().len(), 0);
+
+    // Ids in the vocabulary reach the engine, `false` as a ban.
+    let last = n_vocab - 1;
+    let r = server
+        .post_json(
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "logit_bias": {"65": -100, last.to_string(): 2.5}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut got = server.engine.last_request().sampling.logit_bias;
+    got.sort_by_key(|&(id, _)| id);
+    assert_eq!(got, vec![(65, -100.0), (last as u32, 2.5)]);
+    let r = server
+        .post_json(
+            "/completion",
+            &json!({"prompt": "x", "logit_bias": [[65, false], [66, 1.5]]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        server.engine.last_request().sampling.logit_bias,
+        vec![(65, f32::NEG_INFINITY), (66, 1.5)]
+    );
+}
