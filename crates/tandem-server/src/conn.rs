@@ -172,7 +172,7 @@ impl<S> WatchedIo<S> {
         match self.sleep.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                "the client sent no complete request head in time",
+                "the connection's time limit ran out (request head or idle keep-alive)",
             ))),
             Poll::Pending => Poll::Pending,
         }
