@@ -1,6 +1,7 @@
 //! `tandem bench serve`: drives a running server with a mixed load — short chats streaming tokens while
 //! long prompts arrive among them — and reports what users feel: time to first token and the gaps
-//! between tokens (p50/p99), and generated tokens per second.
+//! between tokens (p50/p99), and generated tokens per second. With `--soak MINUTES` it runs the soak
+//! instead (see [`crate::soak`]), with these flags setting its clients and prompts.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -33,6 +34,8 @@ pub struct BenchServeArgs {
     duration: f64,
     #[arg(long)]
     api_key: Option<String>,
+    #[command(flatten)]
+    soak: crate::soak::SoakArgs,
 }
 
 #[derive(Default)]
@@ -94,6 +97,17 @@ fn percentile(xs: &mut [f64], p: f64) -> f64 {
 }
 
 pub fn bench_serve(args: &BenchServeArgs) -> Result<()> {
+    if let Some(minutes) = args.soak.soak {
+        let load = crate::soak::Load {
+            addr: &args.addr,
+            api_key: args.api_key.clone(),
+            clients: args.clients,
+            short_tokens: args.short_tokens,
+            long_words: args.long_words,
+            long_every: args.long_every,
+        };
+        return crate::soak::run(&load, &args.soak, minutes);
+    }
     let samples = Arc::new(Mutex::new(Samples::default()));
     let deadline = Instant::now() + Duration::from_secs_f64(args.duration);
     let long_prompt = "the quick brown fox jumps over the lazy dog ".repeat(args.long_words / 9 + 1);

@@ -8,6 +8,7 @@ mod inspect;
 mod registry;
 mod score;
 mod serve;
+mod soak;
 mod synth;
 mod tokenize;
 
