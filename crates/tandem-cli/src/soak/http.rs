@@ -147,13 +147,13 @@ enum Framing {
 }
 
 /// A response body, de-chunked as it is read.
-pub struct Body {
-    inner: BufReader<TcpStream>,
+pub struct Body<R = BufReader<TcpStream>> {
+    inner: R,
     framing: Framing,
 }
 
-impl Body {
-    fn new(inner: BufReader<TcpStream>, head: &Head) -> Self {
+impl<R: BufRead> Body<R> {
+    fn new(inner: R, head: &Head) -> Self {
         let chunked = head
             .get("transfer-encoding")
             .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
@@ -221,7 +221,7 @@ impl Body {
     }
 }
 
-impl Read for Body {
+impl<R: BufRead> Read for Body<R> {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
         let invalid = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
         loop {
@@ -274,5 +274,40 @@ impl Read for Body {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(raw: &[u8]) -> Body<&[u8]> {
+        let mut r = raw;
+        let head = read_head(&mut r).unwrap();
+        Body::new(r, &head)
+    }
+
+    #[test]
+    fn chunked_sse_is_read_line_by_line() {
+        let raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+                    7\r\ndata: a\r\n9\r\n\ndata: [D\r\n6\r\nONE]\n\n\r\n0\r\n\r\n";
+        let mut b = body(raw);
+        let mut lines = Vec::new();
+        while let Some(l) = b.next_line().unwrap() {
+            lines.push(l);
+        }
+        assert_eq!(lines, ["data: a", "data: [DONE]", ""]);
+        assert!(b.complete());
+    }
+
+    #[test]
+    fn a_body_cut_short_is_not_complete() {
+        let mut b = body(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc");
+        let far = Instant::now() + Duration::from_secs(5);
+        assert!(b.read_all(far).is_err());
+        let mut b = body(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nab");
+        assert!(b.read_all(far).is_err());
+        let mut b = body(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}");
+        assert_eq!(b.read_all(far).unwrap(), b"{}");
     }
 }

@@ -15,6 +15,7 @@ mod monitor;
 mod record;
 mod report;
 mod requests;
+mod targets;
 mod traffic;
 
 use std::sync::Mutex;

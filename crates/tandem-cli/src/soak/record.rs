@@ -68,6 +68,26 @@ impl Scenario {
         }
     }
 
+    /// A well-formed generation request read to its end.
+    pub fn is_generation(self) -> bool {
+        matches!(
+            self,
+            Scenario::Short
+                | Scenario::FollowUp
+                | Scenario::Repeat
+                | Scenario::Long
+                | Scenario::Canary
+                | Scenario::Burst
+        )
+    }
+
+    pub fn is_bad_input(self) -> bool {
+        matches!(
+            self,
+            Scenario::BadJson | Scenario::NegativeTemperature | Scenario::UnknownField | Scenario::HugeMaxTokens
+        )
+    }
+
     /// Whether `o` is a right answer to this scenario.
     pub fn met_by(self, o: &Outcome) -> bool {
         let json_4xx = matches!(&o.status, Status::Client { code, .. } if code != "-");

@@ -1,5 +1,6 @@
 //! The soak's report: markdown tables of requests by route and status, by scenario, 4xx codes, the
-//! server's memory over time, the targets and whether each was met; the same as JSON for scripts.
+//! server's memory over time, the targets ([`targets`]) and whether each was met; the same as JSON for
+//! scripts.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -9,9 +10,7 @@ use serde_json::{json, Value};
 use super::monitor::Sample;
 use super::record::{Record, Scenario};
 use super::requests::{Route, Status};
-
-/// RSS may grow to this multiple of its first sample after the warm-up.
-pub const RSS_LIMIT: f64 = 1.10;
+use super::targets;
 
 /// Nearest-rank percentile; `None` when there are no values.
 fn percentile(xs: &[f64], p: f64) -> Option<f64> {
@@ -29,15 +28,7 @@ fn ms(x: Option<f64>) -> String {
 
 /// Requests whose latency says something about generation: answered whole, by well-formed traffic.
 fn timed(r: &Record) -> bool {
-    timed_scenario(r.scenario) && r.outcome.status == Status::Ok && !r.outcome.broken
-}
-
-/// The scenarios of well-formed generation requests read to their end.
-fn timed_scenario(s: Scenario) -> bool {
-    matches!(
-        s,
-        Scenario::Short | Scenario::FollowUp | Scenario::Repeat | Scenario::Long | Scenario::Canary | Scenario::Burst
-    )
+    r.scenario.is_generation() && r.outcome.status == Status::Ok && !r.outcome.broken
 }
 
 #[derive(Default)]
@@ -101,13 +92,6 @@ impl Counts {
     }
 }
 
-/// One target of the soak and whether it was met.
-pub struct Target {
-    pub name: &'static str,
-    pub result: String,
-    pub met: bool,
-}
-
 /// The report: markdown, JSON, and the targets missed.
 pub struct Report {
     pub markdown: String,
@@ -130,7 +114,6 @@ fn series(samples: &[Sample], warmup: f64, f: impl Fn(&Sample) -> Option<f64>) -
 
 pub fn build(records: &[Record], samples: &[Sample], warmup: f64, pid_note: &str, elapsed: f64) -> Report {
     let mut md = String::new();
-    let mut targets = Vec::new();
 
     // Requests by route and status.
     let mut by_route: BTreeMap<(Route, bool), Counts> = BTreeMap::new();
@@ -251,68 +234,7 @@ pub fn build(records: &[Record], samples: &[Sample], warmup: f64, pid_note: &str
         .collect();
     let _ = writeln!(md, "\nRSS / KV in use (MiB) over time: {}", points.join(", "));
 
-    // Targets.
-    targets.push(Target {
-        name: "no 5xx",
-        result: format!("{} 5xx", all.server),
-        met: all.server == 0,
-    });
-    targets.push(Target {
-        name: "no broken stream",
-        result: format!("{} broken", all.broken),
-        met: all.broken == 0,
-    });
-    targets.push(Target {
-        name: "no transport error",
-        result: format!("{} transport errors", all.transport),
-        met: all.transport == 0,
-    });
-    let generation: Vec<&Record> = records
-        .iter()
-        .filter(|r| timed_scenario(r.scenario) || r.scenario == Scenario::Disconnect)
-        .collect();
-    let refused = generation
-        .iter()
-        .filter(|r| matches!(r.outcome.status, Status::Client { .. }))
-        .count();
-    targets.push(Target {
-        name: "well-formed requests never get a 4xx",
-        result: format!("{refused} of {} got a 4xx", generation.len()),
-        met: refused == 0,
-    });
-    let bad: Vec<&Record> = records
-        .iter()
-        .filter(|r| {
-            matches!(
-                r.scenario,
-                Scenario::BadJson | Scenario::NegativeTemperature | Scenario::UnknownField | Scenario::HugeMaxTokens
-            )
-        })
-        .collect();
-    let bad_met = bad.iter().filter(|r| r.scenario.met_by(&r.outcome)).count();
-    targets.push(Target {
-        name: "bad inputs get 4xx JSON errors",
-        result: format!("{bad_met} of {}", bad.len()),
-        met: bad_met == bad.len(),
-    });
-    targets.push(match rss {
-        Some((_, first, max, last)) => Target {
-            name: "RSS within 110% of its post-warm-up level",
-            result: format!("max {:.2}x, last {:.2}x of {first:.0} MiB", max / first, last / first),
-            met: max <= first * RSS_LIMIT,
-        },
-        None => Target {
-            name: "RSS within 110% of its post-warm-up level",
-            result: "not measured (no server pid, or no sample after the warm-up)".into(),
-            met: true,
-        },
-    });
-    let (canary_result, canary_met) = canary(records);
-    targets.push(Target {
-        name: "greedy canary identical",
-        result: canary_result,
-        met: canary_met,
-    });
+    let targets = targets::check(records, rss);
     let _ = writeln!(md, "\n### Targets\n\n| target | result | met |\n|---|---|---|");
     for t in &targets {
         let _ = writeln!(
@@ -407,30 +329,5 @@ fn scenario_note(scenario: Scenario, rs: &[&Record]) -> String {
             format!("{cut} cut by the client after their first tokens")
         }
         _ => String::new(),
-    }
-}
-
-/// Whether every answered canary gave the same text.
-fn canary(records: &[Record]) -> (String, bool) {
-    let texts: Vec<&str> = records
-        .iter()
-        .filter(|r| r.scenario == Scenario::Canary && r.outcome.status == Status::Ok && !r.outcome.broken)
-        .map(|r| r.outcome.text.as_str())
-        .collect();
-    let Some(first) = texts.first() else {
-        return ("no canary was answered".into(), false);
-    };
-    let differ = texts.iter().filter(|t| *t != first).count();
-    let shown: String = first.chars().take(60).collect::<String>().replace(['\n', '|'], " ");
-    if differ == 0 {
-        (
-            format!("{} of {} identical: \"{shown}…\"", texts.len(), texts.len()),
-            true,
-        )
-    } else {
-        (
-            format!("{differ} of {} differ from the first: \"{shown}…\"", texts.len()),
-            false,
-        )
     }
 }

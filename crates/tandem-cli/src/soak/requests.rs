@@ -252,3 +252,38 @@ fn generate_inner(target: &Target, g: &Gen, reading: Reading, deadline: Instant,
     out.total = start.elapsed().as_secs_f64();
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_classified_by_status_and_code() {
+        let full = br#"{"error": {"message": "queue full", "type": "server_error", "code": "queue_full"}}"#;
+        assert_eq!(classify(503, full).0, Status::QueueFull);
+        let other = br#"{"error": {"message": "bye", "code": "shutting_down"}}"#;
+        assert!(matches!(classify(503, other).0, Status::Server { status: 503, .. }));
+        let bad = br#"{"error": {"message": "no", "code": "invalid_value"}}"#;
+        assert_eq!(
+            classify(400, bad).0,
+            Status::Client {
+                status: 400,
+                code: "invalid_value".into()
+            }
+        );
+        // A body that is not an OpenAI error has no code.
+        assert_eq!(
+            classify(408, b"timeout").0,
+            Status::Client {
+                status: 408,
+                code: "-".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_prompt_header_gives_total_and_reused() {
+        assert_eq!(prompt_line("prompt 120 = 100 reused + 20 read"), Some((120, 100)));
+        assert_eq!(prompt_line("nonsense"), None);
+    }
+}
