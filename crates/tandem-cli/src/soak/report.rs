@@ -262,7 +262,7 @@ pub fn build(records: &[Record], samples: &[Sample], warmup: f64, pid_note: &str
             "\n### Unexpected answers\n\n| count | first at | what |\n|---:|---:|---|"
         );
         let mut list: Vec<_> = failures.iter().collect();
-        list.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+        list.sort_by_key(|f| std::cmp::Reverse(f.1 .0));
         for (what, (n, at)) in list.iter().take(12) {
             let _ = writeln!(md, "| {n} | {at:.0} s | {} |", what.replace('|', "\\|"));
         }
