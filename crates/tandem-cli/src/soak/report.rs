@@ -221,8 +221,13 @@ pub fn build(records: &[Record], samples: &[Sample], warmup: f64, pid_note: &str
     } else {
         let _ = writeln!(md, "\n{pid_note}");
     }
+    // At most about 24 points, evenly spaced, so an hour's soak still fits on a line (the JSON has all).
+    let step = samples.len().div_ceil(24).max(1);
     let points: Vec<String> = samples
         .iter()
+        .enumerate()
+        .filter(|(i, _)| i % step == 0 || i + 1 == samples.len())
+        .map(|(_, s)| s)
         .map(|s| {
             let rss = s.rss_kb.map_or("-".into(), |kb| format!("{:.0}", mb(kb)));
             let kv = s
