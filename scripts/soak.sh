@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A soak of `tandem serve`: starts target/release/tandem serve -m MODEL on a free loopback port with
-# issue 45's settings (--kv-budget 256M --max-queue 16, then any extra serve flags given), waits for
-# /health, runs `tandem bench serve --soak MINUTES` with 12 clients against it, then stops the server with
-# SIGTERM and checks that it exits 0 within 10 s. Exits non-zero when the soak misses a target or the
+# issue 45's settings (--kv-budget 256M --max-queue 16, short client time limits, then any extra serve
+# flags given), waits for /health, runs `tandem bench serve --soak MINUTES` with 12 clients against it,
+# then stops the server with SIGTERM and checks that it exits 0 within 10 s. Exits non-zero when the soak misses a target or the
 # server does not stop cleanly.
 #
 #   scripts/soak.sh MODEL MINUTES [extra serve flags]
@@ -37,7 +37,10 @@ cleanup() {
 trap cleanup EXIT
 
 # Port 0: the kernel picks a free port, and the server prints the address it bound.
-"$tandem" serve -m "$model" --host 127.0.0.1 --port 0 --kv-budget 256M --max-queue 16 "$@" 2>"$log" &
+# Head and body limits under the soak's 4 s stalls, the idle limit under its 8 s idle connections, so the
+# soak sees the server cut every slow client (later flags override these).
+"$tandem" serve -m "$model" --host 127.0.0.1 --port 0 --kv-budget 256M --max-queue 16 \
+  --timeout-head 2 --timeout-body 2 --timeout-idle 3 "$@" 2>"$log" &
 server=$!
 
 addr=

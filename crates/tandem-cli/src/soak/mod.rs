@@ -55,6 +55,8 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 20.0)]
     pub burst_every: f64,
     /// Seconds a stalled client drips its request before giving up (idle connections stay twice that).
+    /// The soak expects the server to cut them first: its head and body limits below this, its idle
+    /// limit below twice this.
     #[arg(long, default_value_t = 4.0)]
     pub stall_secs: f64,
     /// Seconds after which any one request is abandoned as a transport error.

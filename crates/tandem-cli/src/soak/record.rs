@@ -88,6 +88,11 @@ impl Scenario {
         )
     }
 
+    /// Stalled and idle connections: slow clients the server must cut off.
+    pub fn is_slow_client(self) -> bool {
+        matches!(self, Scenario::StallHeaders | Scenario::StallBody | Scenario::Idle)
+    }
+
     /// Whether `o` is a right answer to this scenario.
     pub fn met_by(self, o: &Outcome) -> bool {
         let json_4xx = matches!(&o.status, Status::Client { code, .. } if code != "-");

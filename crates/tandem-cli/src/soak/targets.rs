@@ -27,6 +27,8 @@ pub fn check(records: &[Record], rss: Option<(f64, f64, f64, f64)>) -> Vec<Targe
     });
     let bad = count(&|r| r.scenario.is_bad_input());
     let bad_met = count(&|r| r.scenario.is_bad_input() && r.scenario.met_by(&r.outcome));
+    let slow = count(&|r| r.scenario.is_slow_client());
+    let slow_cut = count(&|r| r.scenario.is_slow_client() && r.outcome.detail.is_some());
     let rss_name = "RSS within 110% of its post-warm-up level";
     let (canary_result, canary_met) = canary(records);
     vec![
@@ -54,6 +56,13 @@ pub fn check(records: &[Record], rss: Option<(f64, f64, f64, f64)>) -> Vec<Targe
             name: "bad inputs get 4xx JSON errors",
             result: format!("{bad_met} of {bad}"),
             met: bad_met == bad,
+        },
+        // Holds when the server's head and body limits are below `--stall-secs` and its idle limit below
+        // twice that (`scripts/soak.sh` starts the server so).
+        Target {
+            name: "stalled and idle connections cut by the server",
+            result: format!("{slow_cut} of {slow}"),
+            met: slow_cut == slow,
         },
         match rss {
             Some((_, first, max, last)) => Target {
