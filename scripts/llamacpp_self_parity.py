@@ -42,7 +42,7 @@ def probe(path, ids, chunk):
 
 
 def main():
-    golden_path = sys.argv[1] if len(sys.argv) > 1 else "../shared/golden/golden-visible.json"
+    golden_path = sys.argv[1] if len(sys.argv) > 1 else "tests/data/golden-visible.json"
     golden = json.load(open(golden_path))
     table = []
     for key, file in FILES.items():

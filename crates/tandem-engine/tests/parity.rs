@@ -1,4 +1,4 @@
-//! Parity with llama.cpp on the two real models, against `../shared/golden/golden-visible.json`:
+//! Parity with llama.cpp on the two real models, against `tests/data/golden-visible.json`:
 //! greedy tokens up to the first step where the reference itself sits on a near-tie, top-1 at every
 //! recorded position whose reference margin clears the threshold, mean NLL within 1%.
 //!

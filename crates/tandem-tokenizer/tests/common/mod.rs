@@ -64,12 +64,12 @@ pub fn smol() -> &'static Model {
     M.get_or_init(|| load(SMOL_FILE))
 }
 
-/// The goldens: `$TANDEM_GOLDEN`, else `shared/golden/golden-visible.json` beside the repository.
+/// The goldens: `$TANDEM_GOLDEN`, else the repository's copy, `tests/data/golden-visible.json`.
 pub fn golden() -> &'static Value {
     static G: OnceLock<Value> = OnceLock::new();
     G.get_or_init(|| {
         let path = std::env::var_os("TANDEM_GOLDEN").map(PathBuf::from).unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden/golden-visible.json")
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/golden-visible.json")
         });
         let text = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("golden file {} unreadable ({e}); set TANDEM_GOLDEN", path.display()));
