@@ -13,7 +13,7 @@
 //! Every SIMD routine here produces bit-identical output to the scalar one; blocks holding a
 //! non-finite value, or whose scale overflows, take the scalar path.
 
-use super::dot::Isa;
+use super::isa::Isa;
 use super::pool::{SendPtr, ThreadPool};
 
 /// Elements per Q8 (legacy) activation block.

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::thread::{self, JoinHandle};
 
-use super::dot::Isa;
+use super::isa::Isa;
 
 const CLOSED: u64 = 1 << 31;
 const JOINED_MASK: u64 = CLOSED - 1;
