@@ -15,9 +15,10 @@ use clap::Args;
 use serde_json::json;
 use tandem_model::LogitRows;
 
-use crate::generate::{load, on_engine, AnyEngine, ModelArgs};
+use crate::generate::{load, ModelArgs};
 use tandem_engine::Engine;
 use tandem_model::Backend;
+use tandem_runtime::{on_engine, AnyEngine};
 
 /// `tandem bench …` runs the model benchmark; `tandem bench serve …` drives a running server.
 #[derive(Args)]

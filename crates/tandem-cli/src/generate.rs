@@ -9,6 +9,7 @@ use serde_json::json;
 use tandem_cuda::CudaModel;
 use tandem_engine::{Engine, GenerateOptions, SamplingParams, Timings};
 use tandem_model::{Backend, Model, SequenceCache};
+use tandem_runtime::{on_engine, AnyEngine, Device, DeviceModel};
 use tandem_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 /// Options shared by every command that loads a model and runs it.
@@ -30,8 +31,8 @@ pub struct ModelArgs {
     #[arg(long, short = 'v')]
     pub verbose: bool,
     /// Where the model runs.
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
-    pub device: Device,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub device: DeviceArg,
     /// Which GPU, with `--device cuda`.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
@@ -41,10 +42,28 @@ pub struct ModelArgs {
     pub deterministic: bool,
 }
 
+impl ModelArgs {
+    /// The device the flags name.
+    pub fn device(&self) -> Device {
+        self.device.device(self.gpu, self.deterministic)
+    }
+}
+
+/// `--device`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Device {
+pub enum DeviceArg {
     Cpu,
     Cuda,
+}
+
+impl DeviceArg {
+    /// The device with `--gpu` and `--deterministic` (which only a GPU reads).
+    pub fn device(self, gpu: usize, deterministic: bool) -> Device {
+        match self {
+            DeviceArg::Cpu => Device::Cpu,
+            DeviceArg::Cuda => Device::Cuda { gpu, deterministic },
+        }
+    }
 }
 
 #[derive(Args, Clone)]
@@ -111,39 +130,6 @@ pub struct RunArgs {
     pub output_format: OutputFormat,
 }
 
-/// An engine on the device the command line asked for.
-pub enum AnyEngine {
-    Cpu(Box<Engine>),
-    Cuda(Box<Engine<CudaModel>>),
-}
-
-impl AnyEngine {
-    /// The model as loaded from its file (the CUDA model keeps it as its CPU oracle).
-    pub fn cpu_model(&self) -> &Model {
-        match self {
-            AnyEngine::Cpu(e) => &e.model,
-            AnyEngine::Cuda(e) => &e.model.cpu,
-        }
-    }
-}
-
-/// Runs `$body` with `$e` bound to the engine, whichever backend it runs on.
-macro_rules! on_engine {
-    ($engine:expr, |$e:ident| $body:expr) => {
-        match $engine {
-            $crate::generate::AnyEngine::Cpu($e) => {
-                let $e = &mut **$e;
-                $body
-            }
-            $crate::generate::AnyEngine::Cuda($e) => {
-                let $e = &mut **$e;
-                $body
-            }
-        }
-    };
-}
-pub(crate) use on_engine;
-
 /// A loaded model with its tokenizer.
 pub struct Loaded {
     pub engine: AnyEngine,
@@ -163,15 +149,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     if args.verbose {
         print_model(&path, &model, threads);
     }
-    let engine = match args.device {
-        Device::Cpu => AnyEngine::Cpu(Box::new(Engine::new(model))),
-        Device::Cuda => AnyEngine::Cuda(Box::new(Engine::new(load_cuda(
-            model,
-            args.gpu,
-            args.deterministic,
-            args.verbose,
-        )?))),
-    };
+    let engine = place(model, args.device(), args.verbose)?.into_engine();
     Ok(Loaded {
         engine,
         tokenizer,
@@ -206,48 +184,57 @@ pub fn print_model(path: &Path, model: &Model, threads: usize) {
     );
 }
 
-/// Uploads the weights to GPU `gpu` with a progress bar; a machine without a GPU gets a clear error.
-pub fn load_cuda(model: Model, gpu: usize, deterministic: bool, verbose: bool) -> Result<CudaModel> {
+/// Puts the model on `device`; on a GPU with a progress bar for the upload, and a clear error on a
+/// machine without one.
+pub fn place(model: Model, device: Device, verbose: bool) -> Result<DeviceModel> {
+    let Device::Cuda { .. } = device else {
+        return Ok(DeviceModel::place(model, device, |_, _| {})?);
+    };
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("uploading weights {bar:30} {bytes}/{total_bytes}")
             .expect("a valid progress template"),
     );
-    let cuda = CudaModel::load(model, gpu, deterministic, |done, total| {
+    let placed = DeviceModel::place(model, device, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })
     .context("--device cuda")?;
     bar.finish_and_clear();
-    if verbose {
-        let m = &cuda.memory;
-        eprintln!(
-            "gpu: {} ({}), {:.1} GB; weights {:.1} MB quantized{} + {:.1} MB f16 for the GEMM route{} + {:.2} MB norms",
-            cuda.gpu.name,
-            cuda.gpu.arch,
-            cuda.gpu.total_mem as f64 / 1e9,
-            m.weights_quantized as f64 / 1e6,
-            if m.tied_output_int8 > 0 {
-                format!(
-                    " + {:.1} MB integer-route copy of the tied output head",
-                    m.tied_output_int8 as f64 / 1e6
-                )
-            } else {
-                String::new()
-            },
-            m.weights_f16 as f64 / 1e6,
-            if cuda.deterministic {
-                " (none: deterministic)"
-            } else {
-                ""
-            },
-            m.norms as f64 / 1e6
-        );
-        for choice in cuda.decode_choices() {
-            eprintln!("gpu: decode kernel {choice}");
-        }
+    if let (true, DeviceModel::Cuda(cuda)) = (verbose, &placed) {
+        print_gpu(cuda);
     }
-    Ok(cuda)
+    Ok(placed)
+}
+
+/// The GPU and what the weights take on it, for `--verbose`.
+fn print_gpu(cuda: &CudaModel) {
+    let m = &cuda.memory;
+    eprintln!(
+        "gpu: {} ({}), {:.1} GB; weights {:.1} MB quantized{} + {:.1} MB f16 for the GEMM route{} + {:.2} MB norms",
+        cuda.gpu.name,
+        cuda.gpu.arch,
+        cuda.gpu.total_mem as f64 / 1e9,
+        m.weights_quantized as f64 / 1e6,
+        if m.tied_output_int8 > 0 {
+            format!(
+                " + {:.1} MB integer-route copy of the tied output head",
+                m.tied_output_int8 as f64 / 1e6
+            )
+        } else {
+            String::new()
+        },
+        m.weights_f16 as f64 / 1e6,
+        if cuda.deterministic {
+            " (none: deterministic)"
+        } else {
+            ""
+        },
+        m.norms as f64 / 1e6
+    );
+    for choice in cuda.decode_choices() {
+        eprintln!("gpu: decode kernel {choice}");
+    }
 }
 
 /// What the generic command bodies need besides the engine.

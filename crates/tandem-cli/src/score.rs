@@ -8,7 +8,8 @@ use clap::Args;
 use serde_json::json;
 use tandem_engine::score::ScoreOptions;
 
-use crate::generate::{load, on_engine, ModelArgs};
+use crate::generate::{load, ModelArgs};
+use tandem_runtime::on_engine;
 
 #[derive(Args)]
 pub struct ScoreArgs {

@@ -7,12 +7,13 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_cuda::CudaModel;
-use tandem_engine::serve::{ServingConfig, ServingEngine};
-use tandem_model::{Backend, Model, ServingBackend};
+use tandem_engine::serve::ServingConfig;
+use tandem_model::{Model, ServingBackend};
+use tandem_runtime::{on_model, Device, DeviceModel};
 use tandem_server::{AppState, ServerConfig};
 use tandem_tokenizer::{ChatTemplate, Tokenizer};
 
-use crate::generate::{load_cuda, print_cuda_memory, print_model, Device};
+use crate::generate::{place, print_cuda_memory, print_model, DeviceArg};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -79,8 +80,8 @@ pub struct ServeArgs {
     max_connections: usize,
     /// Where the model runs. On the GPU every sequence's KV cache is allocated whole (the full
     /// context) when its request is admitted, and counts against --kv-budget as such.
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
-    device: Device,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
     /// Which GPU, with `--device cuda`.
     #[arg(long, default_value_t = 0)]
     gpu: usize,
@@ -165,10 +166,11 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     // the scheduler takes (each picks its own cuBLAS kernels), the one-row decode route, and decode
     // batches: 2-8 rows each take the route measured for them at load, larger ones cuBLAS, whose
     // kernels for nearby row counts are shared.
-    let (rows, batches) = match (args.no_warmup, args.device) {
+    let device = args.device.device(args.gpu, args.deterministic);
+    let (rows, batches) = match (args.no_warmup, device) {
         (true, _) => (vec![], vec![]),
         (false, Device::Cpu) => (vec![1], vec![]),
-        (false, Device::Cuda) => (
+        (false, Device::Cuda { .. }) => (
             vec![1, args.prefill_chunk_busy, args.prefill_chunk],
             WARM_UP_BATCHES.to_vec(),
         ),
@@ -179,23 +181,29 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         n_ctx,
         verbose: args.verbose,
     };
-    let (engine, device) = match args.device {
-        Device::Cpu => {
-            let engine = ServingEngine::start_with(move || warm.run(model), serving)?;
-            (engine, format!("{threads} CPU threads"))
-        }
-        Device::Cuda => {
-            let gpu = GpuServe {
-                ordinal: args.gpu,
-                deterministic: args.deterministic,
-                verbose: args.verbose,
-                n_ctx,
-                kv_budget: args.kv_budget,
-            };
-            // The CUDA context belongs to the thread that made it: the engine's.
-            let engine = ServingEngine::start_with(move || warm.run(load_gpu(model, &gpu)?), serving)?;
-            let mode = if args.deterministic { ", deterministic" } else { "" };
-            (engine, format!("GPU {}{mode}", args.gpu))
+    let gpu = GpuServe {
+        verbose: args.verbose,
+        n_ctx,
+        kv_budget: args.kv_budget,
+    };
+    // The engine thread places the model: a GPU's context belongs to the thread that made it.
+    let engine = tandem_runtime::start_serving(
+        device,
+        move || {
+            let placed = place(model, device, gpu.verbose)?;
+            if let DeviceModel::Cuda(cuda) = &placed {
+                check_gpu(cuda, &gpu)?;
+            }
+            warm.run(&placed)?;
+            Ok::<_, anyhow::Error>(placed)
+        },
+        serving,
+    )?;
+    let device = match device {
+        Device::Cpu => format!("{threads} CPU threads"),
+        Device::Cuda { gpu, deterministic } => {
+            let mode = if deterministic { ", deterministic" } else { "" };
+            format!("GPU {gpu}{mode}")
         }
     };
     let model_name = match crate::registry::find(&args.model) {
@@ -251,12 +259,17 @@ struct WarmUp {
 }
 
 impl WarmUp {
-    fn run<B: Backend>(&self, model: B) -> Result<B> {
+    fn run(&self, model: &DeviceModel) -> Result<()> {
         if self.rows.is_empty() && self.batches.is_empty() {
-            return Ok(model);
+            return Ok(());
         }
-        let took = tandem_engine::serve::warm_up(&model, &self.rows, &self.batches, self.n_ctx)
-            .context("warming up the model")?;
+        let took = on_model!(model, |m| tandem_engine::serve::warm_up(
+            m,
+            &self.rows,
+            &self.batches,
+            self.n_ctx
+        ))
+        .context("warming up the model")?;
         if self.verbose {
             eprintln!(
                 "warm-up: chunks of {:?} rows, decode batches of {:?} in {:.0} ms",
@@ -265,22 +278,19 @@ impl WarmUp {
                 took.as_secs_f64() * 1e3
             );
         }
-        Ok(model)
+        Ok(())
     }
 }
 
-/// What the engine thread needs to open the GPU.
+/// What the engine thread needs to check the GPU.
 struct GpuServe {
-    ordinal: usize,
-    deterministic: bool,
     verbose: bool,
     n_ctx: usize,
     kv_budget: usize,
 }
 
-/// On the engine thread: the weights to the GPU, then a check that the KV budget holds a sequence.
-fn load_gpu(model: Model, opts: &GpuServe) -> Result<CudaModel> {
-    let cuda = load_cuda(model, opts.ordinal, opts.deterministic, opts.verbose)?;
+/// On the engine thread, the weights on the GPU: a check that the KV budget holds a sequence.
+fn check_gpu(cuda: &CudaModel, opts: &GpuServe) -> Result<()> {
     let per_sequence = cuda.kv_sizing(opts.n_ctx).bytes_at(opts.n_ctx);
     let mb = |b: usize| b as f64 / 1e6;
     if per_sequence > opts.kv_budget {
@@ -293,7 +303,7 @@ fn load_gpu(model: Model, opts: &GpuServe) -> Result<CudaModel> {
         );
     }
     if opts.verbose {
-        print_cuda_memory(&cuda, 0);
+        print_cuda_memory(cuda, 0);
         eprintln!(
             "kv: {:.1} MB per sequence on the GPU (the whole context of {}); the budget of {:.1} MB holds {} at once",
             mb(per_sequence),
@@ -312,7 +322,7 @@ fn load_gpu(model: Model, opts: &GpuServe) -> Result<CudaModel> {
             );
         }
     }
-    Ok(cuda)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_cuda::launch::{dequant_f16, gemm_into, matvec_into, type_suffix, MatvecFamily};
-use tandem_cuda::{CudaModel, Gpu};
+use tandem_cuda::Gpu;
 use tandem_engine::score::ScoreOptions;
 use tandem_engine::{sampling, Engine};
 use tandem_gguf::GgmlType;
@@ -511,7 +511,7 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
     let cpu_model = Model::load(&path, threads).with_context(|| format!("loading {}", path.display()))?;
     let n_vocab = cpu_model.config.n_vocab;
     let mut cpu = Engine::new(cpu_model);
-    let gpu_model = CudaModel::load(Model::load(&path, threads)?, args.gpu, false, |_, _| {})?;
+    let gpu_model = tandem_runtime::load_cuda(Model::load(&path, threads)?, args.gpu, false, |_, _| {})?;
     let mut gpu = Engine::new(gpu_model);
     let n_ctx = args.prompt + args.gen + 1;
     let prompt = prompt_ids(args.prompt, n_vocab, 7);
@@ -629,7 +629,7 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
     // would keep whatever its timing picked, split-K variants included: still chunk-invariant, but a
     // hash that moves between runs.)
     drop(gpu);
-    let det_model = CudaModel::load(Model::load(&path, threads)?, args.gpu, true, |_, _| {})?;
+    let det_model = tandem_runtime::load_cuda(Model::load(&path, threads)?, args.gpu, true, |_, _| {})?;
     let mut det = Engine::new(det_model);
     let mut hashes = Vec::new();
     for &chunk in &args.chunks {

@@ -1,0 +1,154 @@
+//! Where a model runs: the device choice, made here once for every command and test that loads a model.
+//!
+//! A model file is first read into the CPU [`Model`] (its tokenizer, template and shape come from the
+//! same mapping). [`DeviceModel::place`] then keeps it on the CPU or uploads it to a GPU
+//! ([`load_cuda`], the one place a [`CudaModel`] is made). [`AnyEngine`] with [`on_engine!`] drives an
+//! [`Engine`] on either; [`start_serving`] starts the serving engine on either.
+//!
+//! The crate sits above the engine and the backends (`tandem-engine` does not know `tandem-cuda`):
+//! model, engine, cuda → runtime → cli.
+
+use tandem_cuda::{CudaError, CudaModel};
+use tandem_engine::serve::{ServingConfig, ServingEngine};
+use tandem_engine::Engine;
+use tandem_model::Model;
+
+/// Where a model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU backend (the model's own thread pool).
+    Cpu,
+    /// GPU `gpu` through the CUDA backend. `deterministic`: the matvec route for every matmul, so
+    /// logits are bit-identical across chunk sizes and batches (the CPU always is), with kernels fixed
+    /// by weight type rather than by timings taken at load.
+    Cuda { gpu: usize, deterministic: bool },
+}
+
+/// Uploads `model`'s weights to GPU `gpu`, calling `progress(done, total)` (bytes) as it goes; the
+/// CUDA model keeps `model` as its CPU oracle. A machine without a GPU gets `CudaError::Unavailable`.
+/// The one place a `CudaModel` is made.
+pub fn load_cuda(
+    model: Model,
+    gpu: usize,
+    deterministic: bool,
+    progress: impl FnMut(usize, usize),
+) -> Result<CudaModel, CudaError> {
+    CudaModel::load(model, gpu, deterministic, progress)
+}
+
+/// A model on its device.
+pub enum DeviceModel {
+    Cpu(Box<Model>),
+    Cuda(Box<CudaModel>),
+}
+
+impl DeviceModel {
+    /// Puts `model` on `device`: as it is on the CPU, its weights uploaded on CUDA (`progress` is
+    /// called only there). A GPU's context belongs to the thread that places the model on it.
+    pub fn place(model: Model, device: Device, progress: impl FnMut(usize, usize)) -> Result<Self, CudaError> {
+        Ok(match device {
+            Device::Cpu => DeviceModel::Cpu(Box::new(model)),
+            Device::Cuda { gpu, deterministic } => {
+                DeviceModel::Cuda(Box::new(load_cuda(model, gpu, deterministic, progress)?))
+            }
+        })
+    }
+
+    /// The model as loaded from its file (the CUDA model keeps it as its CPU oracle).
+    pub fn cpu_model(&self) -> &Model {
+        match self {
+            DeviceModel::Cpu(m) => m,
+            DeviceModel::Cuda(m) => &m.cpu,
+        }
+    }
+
+    /// An engine over the model, with fresh scratch.
+    pub fn into_engine(self) -> AnyEngine {
+        match self {
+            DeviceModel::Cpu(m) => AnyEngine::Cpu(Box::new(Engine::new(*m))),
+            DeviceModel::Cuda(m) => AnyEngine::Cuda(Box::new(Engine::new(*m))),
+        }
+    }
+}
+
+/// An engine on whichever device its model was placed.
+pub enum AnyEngine {
+    Cpu(Box<Engine>),
+    Cuda(Box<Engine<CudaModel>>),
+}
+
+impl AnyEngine {
+    /// The model as loaded from its file (the CUDA model keeps it as its CPU oracle).
+    pub fn cpu_model(&self) -> &Model {
+        match self {
+            AnyEngine::Cpu(e) => &e.model,
+            AnyEngine::Cuda(e) => &e.model.cpu,
+        }
+    }
+}
+
+/// Runs `$body` with `$e` bound to the `&mut Engine<_>` inside an `&mut AnyEngine`, whichever backend
+/// it runs on (`$body` is compiled once per backend, so it may call generic code).
+#[macro_export]
+macro_rules! on_engine {
+    ($engine:expr, |$e:ident| $body:expr) => {
+        match $engine {
+            $crate::AnyEngine::Cpu($e) => {
+                let $e = &mut **$e;
+                $body
+            }
+            $crate::AnyEngine::Cuda($e) => {
+                let $e = &mut **$e;
+                $body
+            }
+        }
+    };
+}
+
+/// Runs `$body` with `$m` bound to the backend (`&Model` or `&CudaModel`) inside a `&DeviceModel`.
+#[macro_export]
+macro_rules! on_model {
+    ($model:expr, |$m:ident| $body:expr) => {
+        match $model {
+            $crate::DeviceModel::Cpu($m) => {
+                let $m = &**$m;
+                $body
+            }
+            $crate::DeviceModel::Cuda($m) => {
+                let $m = &**$m;
+                $body
+            }
+        }
+    };
+}
+
+/// Starts the serving engine for `device`. Its loop thread runs `load`, which places the model
+/// (`DeviceModel::place` with this `device`: a GPU's context belongs to the thread that made it) and
+/// may check or warm it up; a load error comes back here.
+///
+/// # Panics
+/// On the loop thread, before serving, if `load` placed the model on another kind of device than
+/// `device` (a caller's bug: the loop's backend type is chosen before the model exists).
+pub fn start_serving<E: Send + 'static>(
+    device: Device,
+    load: impl FnOnce() -> Result<DeviceModel, E> + Send + 'static,
+    config: ServingConfig,
+) -> Result<ServingEngine, E> {
+    const MISPLACED: &str = "start_serving: the model was placed on another device than asked";
+    match device {
+        Device::Cpu => ServingEngine::start_with(
+            move || match load()? {
+                DeviceModel::Cpu(m) => Ok(*m),
+                DeviceModel::Cuda(_) => panic!("{MISPLACED}"),
+            },
+            config,
+        ),
+        Device::Cuda { .. } => ServingEngine::start_with(
+            move || match load()? {
+                DeviceModel::Cuda(m) => Ok(*m),
+                DeviceModel::Cpu(_) => panic!("{MISPLACED}"),
+            },
+            config,
+        ),
+    }
+}
