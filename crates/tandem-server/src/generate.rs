@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::errors::ApiError;
 use crate::metrics::Metrics;
-use crate::stream::StopMatcher;
+use crate::stop::StopMatcher;
 use crate::AppState;
 
 /// What a route asks for, once its parameters are checked.

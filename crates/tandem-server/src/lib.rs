@@ -40,6 +40,7 @@ mod llamacpp;
 pub mod metrics;
 mod openai;
 mod params;
+mod stop;
 pub mod stream;
 
 use std::future::Future;
@@ -60,7 +61,8 @@ use tokio::task::JoinSet;
 pub use config::ServerConfig;
 pub use errors::ApiError;
 pub use metrics::Metrics;
-pub use stream::{StopMatcher, PROMPT_HEADER};
+pub use stop::StopMatcher;
+pub use stream::PROMPT_HEADER;
 
 /// Everything a request handler needs; shared by all of them.
 pub struct AppState {
