@@ -14,7 +14,8 @@ use tandem_gguf::GgufFile;
 use tandem_model::config::Activation;
 use tandem_model::weights::{Matrix, Norm, Weights};
 use tandem_model::{
-    AttendRows, Backend, KvSizing, Model, ModelConfig, ModelError, Rows, SequenceKv, ServingBackend, Workspace,
+    graph, AttendRows, Backend, KvSizing, Logits, Model, ModelConfig, ModelError, Rows, SequenceKv, ServingBackend,
+    Span, Workspace,
 };
 use tandem_tokenizer::Tokenizer;
 
@@ -34,6 +35,9 @@ impl Backend for Whole {
     }
     fn new_kv(&self, n_ctx: usize) -> Result<SequenceKv, ModelError> {
         self.0.new_kv(n_ctx)
+    }
+    fn run(&self, scratch: &mut Workspace, spans: &mut [Span<SequenceKv>]) -> Result<Vec<Logits>, ModelError> {
+        graph::forward(self, scratch, spans)
     }
     fn embed(&self, tokens: &[u32]) -> Result<Rows, ModelError> {
         self.0.embed(tokens)

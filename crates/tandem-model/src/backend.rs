@@ -1,16 +1,36 @@
 //! What the layer graph asks of a backend. The graph (`graph.rs`) is written once against this trait;
 //! the CPU (`cpu.rs`) and CUDA (`tandem-cuda`) backends implement it, each choosing its kernels by the
 //! shape of the call (one row: matvec; many rows: GEMM).
+//!
+//! The types a pass shares with the graph (`Span`, the row bundles) and the defaults of the trait's
+//! composite steps live here, below the graph, which re-exports the defaults for backends falling back
+//! to them.
 
 use std::ops::Range;
 
 use tandem_backend::cpu::ops::RopeParams;
 
 use crate::config::{Activation, ModelConfig};
-use crate::graph::{self, Span};
+use crate::kv::SequenceKv;
 use crate::logits::Logits;
 use crate::weights::{Matrix, Norm, Weights};
 use crate::ModelError;
+
+/// Which rows of a sequence's chunk produce logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    None,
+    Last,
+    All,
+}
+
+/// One sequence's share of a batch: its cache, its new tokens (at positions `kv.len()..`), and which
+/// logits it wants.
+pub struct Span<'a, K = SequenceKv> {
+    pub kv: &'a mut K,
+    pub tokens: &'a [u32],
+    pub logits: LogitRows,
+}
 
 /// A sequence's KV cache as the graph sees it: how far it is filled and how far it may grow.
 pub trait SequenceCache {
@@ -49,14 +69,11 @@ pub trait Backend {
     fn weights(&self) -> &Weights;
     /// A fresh KV cache for one sequence of up to `n_ctx` positions.
     fn new_kv(&self, n_ctx: usize) -> Result<Self::Kv, ModelError>;
-    /// One forward pass: the layer graph, unless the backend has a faster way to the same result for
-    /// some shapes (the CUDA backend replays captured graphs for decode steps).
+    /// One forward pass: the layer graph (`graph::forward`), unless the backend has a faster way to
+    /// the same result for some shapes (the CUDA backend replays captured graphs for decode steps).
     fn run(&self, scratch: &mut Self::Scratch, spans: &mut [Span<Self::Kv>]) -> Result<Vec<Logits>, ModelError>
     where
-        Self: Sized,
-    {
-        graph::forward(self, scratch, spans)
-    }
+        Self: Sized;
 
     /// Rows of the token embedding table for `tokens`, scaled for Gemma.
     fn embed(&self, tokens: &[u32]) -> Result<Self::Act, ModelError>;
@@ -132,7 +149,7 @@ pub trait Backend {
     where
         Self: Sized,
     {
-        graph::rope_then_attend_each(self, scratch, layer, spans, span_rows, qkv, positions, rope)
+        rope_then_attend_each(self, scratch, layer, spans, span_rows, qkv, positions, rope)
     }
     /// The attention block's projections of its pre-normed input `x` (`m`: q, k and v), then
     /// `rope_store_and_attend` over them into `out`. A backend may make the three products in one
@@ -155,7 +172,7 @@ pub trait Backend {
     where
         Self: Sized,
     {
-        graph::project_then_attend(
+        project_then_attend(
             self, scratch, layer, spans, span_rows, x, m, out, head_norms, positions, rope,
         )
     }
@@ -170,7 +187,7 @@ pub trait Backend {
         act: Activation,
         reader: &Matrix,
     ) -> Result<Self::Act, ModelError> {
-        let [mut g, u] = graph::exactly(self.matmuls(&[gate, up], x)?)?;
+        let [mut g, u] = exactly(self.matmuls(&[gate, up], x)?)?;
         self.gated(&mut g, &u, act, reader)?;
         Ok(g)
     }
@@ -233,6 +250,74 @@ pub struct AttendRows<'a, A> {
     pub k: &'a A,
     pub v: &'a A,
     pub out: &'a mut A,
+}
+
+/// `Backend::project_and_attend`'s default: `matmuls` for q, k and v, then `rope_store_and_attend`.
+#[allow(clippy::too_many_arguments)]
+pub fn project_then_attend<B: Backend>(
+    b: &B,
+    scratch: &mut B::Scratch,
+    layer: usize,
+    spans: &mut [Span<B::Kv>],
+    span_rows: &[Range<usize>],
+    x: B::Act,
+    m: [&Matrix; 3],
+    out: &mut B::Act,
+    head_norms: Option<HeadNorms<'_>>,
+    positions: &[usize],
+    rope: &RopeParams,
+) -> Result<(), ModelError> {
+    let [mut q, mut k, v] = exactly(b.matmuls(&m, &x)?)?;
+    drop(x);
+    let qkv = QkvRows {
+        q: &mut q,
+        k: &mut k,
+        v: &v,
+        out,
+        head_norms,
+    };
+    b.rope_store_and_attend(scratch, layer, spans, span_rows, qkv, positions, rope)
+}
+
+/// `Backend::rope_store_and_attend`'s default: the head norms and RoPE on every row of q and k, then
+/// each span's `store_and_attend`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_then_attend_each<B: Backend>(
+    b: &B,
+    scratch: &mut B::Scratch,
+    layer: usize,
+    spans: &mut [Span<B::Kv>],
+    span_rows: &[Range<usize>],
+    qkv: QkvRows<'_, B::Act>,
+    positions: &[usize],
+    rope: &RopeParams,
+) -> Result<(), ModelError> {
+    if let Some(n) = qkv.head_norms {
+        norm_heads(b, qkv.q, qkv.k, n)?;
+    }
+    b.rope_qk(qkv.q, qkv.k, positions, rope)?;
+    for (span, rows) in spans.iter_mut().zip(span_rows) {
+        let io = AttendRows {
+            q: &*qkv.q,
+            k: &*qkv.k,
+            v: qkv.v,
+            out: &mut *qkv.out,
+        };
+        b.store_and_attend(scratch, layer, span.kv, io, rows.clone(), &positions[rows.clone()])?;
+    }
+    Ok(())
+}
+
+/// QK-norm on every head of q and of k (`Backend::rms_norm`, one head a group).
+pub fn norm_heads<B: Backend>(b: &B, q: &mut B::Act, k: &mut B::Act, n: HeadNorms<'_>) -> Result<(), ModelError> {
+    b.rms_norm(q, n.head_dim, n.q)?;
+    b.rms_norm(k, n.head_dim, n.k)
+}
+
+/// The `N` products a backend's `matmuls` returned for `N` matrices.
+pub fn exactly<A, const N: usize>(v: Vec<A>) -> Result<[A; N], ModelError> {
+    v.try_into()
+        .map_err(|v: Vec<A>| ModelError::Kernel(format!("a backend returned {} products for {N} matrices", v.len())))
 }
 
 #[cfg(test)]

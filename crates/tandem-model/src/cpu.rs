@@ -6,10 +6,11 @@ use std::ops::Range;
 use tandem_backend::cpu::attention::{attend, attend_decode_rows, AttentionShape, DecodeRow};
 use tandem_backend::cpu::ops::{self, rope_angles, rope_row, RopeParams};
 
-use crate::backend::{AttendRows, Backend, QkvRows, SequenceCache};
+use crate::backend::{AttendRows, Backend, QkvRows, SequenceCache, Span};
 use crate::config::{Activation, ModelConfig};
-use crate::graph::{self, Span};
+use crate::graph;
 use crate::kv::{SequenceKv, StagingBuffers};
+use crate::logits::Logits;
 use crate::weights::{Matrix, Norm, Weights};
 use crate::{Model, ModelError};
 
@@ -88,6 +89,11 @@ impl Backend for Model {
 
     fn new_kv(&self, n_ctx: usize) -> Result<SequenceKv, ModelError> {
         Ok(self.new_sequence(n_ctx))
+    }
+
+    /// The layer graph, op by op.
+    fn run(&self, ws: &mut Workspace, spans: &mut [Span<SequenceKv>]) -> Result<Vec<Logits>, ModelError> {
+        graph::forward(self, ws, spans)
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Rows, ModelError> {

@@ -9,29 +9,13 @@
 
 use std::ops::Range;
 
-use tandem_backend::cpu::ops::RopeParams;
-
-use crate::backend::{AttendRows, Backend, HeadNorms, QkvRows, SequenceCache};
-use crate::kv::SequenceKv;
+use crate::backend::{Backend, HeadNorms, LogitRows, SequenceCache, Span};
 use crate::logits::Logits;
-use crate::weights::Matrix;
 use crate::ModelError;
 
-/// Which rows of a sequence's chunk produce logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogitRows {
-    None,
-    Last,
-    All,
-}
-
-/// One sequence's share of a batch: its cache, its new tokens (at positions `kv.len()..`), and which
-/// logits it wants.
-pub struct Span<'a, K = SequenceKv> {
-    pub kv: &'a mut K,
-    pub tokens: &'a [u32],
-    pub logits: LogitRows,
-}
+// The defaults of `Backend`'s composite steps live beside the trait; a backend overriding one may fall
+// back to them here, beside the graph.
+pub use crate::backend::{exactly, norm_heads, project_then_attend, rope_then_attend_each};
 
 /// Runs the layer graph over every span's tokens; returns, per span, the logits of the rows it asked
 /// for (`rows × n_vocab`, row-major). What `Backend::run` does when the graph is launched op by op.
@@ -128,74 +112,6 @@ pub fn forward<B: Backend>(
 /// row each, in span order. A backend may attend those rows together, each against its own cache.
 pub fn is_decode_batch(span_rows: &[Range<usize>]) -> bool {
     span_rows.len() > 1 && span_rows.iter().enumerate().all(|(i, r)| *r == (i..i + 1))
-}
-
-/// `Backend::project_and_attend`'s default: `matmuls` for q, k and v, then `rope_store_and_attend`.
-#[allow(clippy::too_many_arguments)]
-pub fn project_then_attend<B: Backend>(
-    b: &B,
-    scratch: &mut B::Scratch,
-    layer: usize,
-    spans: &mut [Span<B::Kv>],
-    span_rows: &[Range<usize>],
-    x: B::Act,
-    m: [&Matrix; 3],
-    out: &mut B::Act,
-    head_norms: Option<HeadNorms<'_>>,
-    positions: &[usize],
-    rope: &RopeParams,
-) -> Result<(), ModelError> {
-    let [mut q, mut k, v] = exactly(b.matmuls(&m, &x)?)?;
-    drop(x);
-    let qkv = QkvRows {
-        q: &mut q,
-        k: &mut k,
-        v: &v,
-        out,
-        head_norms,
-    };
-    b.rope_store_and_attend(scratch, layer, spans, span_rows, qkv, positions, rope)
-}
-
-/// `Backend::rope_store_and_attend`'s default: the head norms and RoPE on every row of q and k, then
-/// each span's `store_and_attend`.
-#[allow(clippy::too_many_arguments)]
-pub fn rope_then_attend_each<B: Backend>(
-    b: &B,
-    scratch: &mut B::Scratch,
-    layer: usize,
-    spans: &mut [Span<B::Kv>],
-    span_rows: &[Range<usize>],
-    qkv: QkvRows<'_, B::Act>,
-    positions: &[usize],
-    rope: &RopeParams,
-) -> Result<(), ModelError> {
-    if let Some(n) = qkv.head_norms {
-        norm_heads(b, qkv.q, qkv.k, n)?;
-    }
-    b.rope_qk(qkv.q, qkv.k, positions, rope)?;
-    for (span, rows) in spans.iter_mut().zip(span_rows) {
-        let io = AttendRows {
-            q: &*qkv.q,
-            k: &*qkv.k,
-            v: qkv.v,
-            out: &mut *qkv.out,
-        };
-        b.store_and_attend(scratch, layer, span.kv, io, rows.clone(), &positions[rows.clone()])?;
-    }
-    Ok(())
-}
-
-/// QK-norm on every head of q and of k (`Backend::rms_norm`, one head a group).
-pub fn norm_heads<B: Backend>(b: &B, q: &mut B::Act, k: &mut B::Act, n: HeadNorms<'_>) -> Result<(), ModelError> {
-    b.rms_norm(q, n.head_dim, n.q)?;
-    b.rms_norm(k, n.head_dim, n.k)
-}
-
-/// The `N` products a backend's `matmuls` returned for `N` matrices.
-pub fn exactly<A, const N: usize>(v: Vec<A>) -> Result<[A; N], ModelError> {
-    v.try_into()
-        .map_err(|v: Vec<A>| ModelError::Kernel(format!("a backend returned {} products for {N} matrices", v.len())))
 }
 
 #[cfg(test)]

@@ -24,10 +24,9 @@ use std::sync::Arc;
 use tandem_backend::cpu::pool::ThreadPool;
 use tandem_gguf::GgufFile;
 
-pub use backend::{AttendRows, Backend, SequenceCache};
+pub use backend::{AttendRows, Backend, LogitRows, SequenceCache, Span};
 pub use config::{Arch, ModelConfig};
 pub use cpu::{Rows, Workspace};
-pub use graph::{LogitRows, Span};
 pub use kv::{KvPool, SequenceKv};
 pub use logits::{LentLogits, Logits};
 pub use serving::{KvCheckpoint, KvSizing, ServingBackend, ServingCache};
