@@ -1,4 +1,4 @@
-//! Where a model runs: the device choice, made here once for every command and test that loads a model.
+//! Where a model runs: the device choice, made here once for every command that loads a model.
 //!
 //! A model file is first read into the CPU [`Model`] (its tokenizer, template and shape come from the
 //! same mapping). [`DeviceModel::place`] then keeps it on the CPU or uploads it to a GPU
