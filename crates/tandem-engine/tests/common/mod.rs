@@ -24,9 +24,9 @@ pub fn model_path(file: &str) -> PathBuf {
 }
 
 pub fn golden() -> Value {
-    let path = std::env::var_os("TANDEM_GOLDEN").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/golden-visible.json")
-    });
+    let path = std::env::var_os("TANDEM_GOLDEN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/golden-visible.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).expect("golden json")
 }

@@ -68,9 +68,9 @@ pub fn smol() -> &'static Model {
 pub fn golden() -> &'static Value {
     static G: OnceLock<Value> = OnceLock::new();
     G.get_or_init(|| {
-        let path = std::env::var_os("TANDEM_GOLDEN").map(PathBuf::from).unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/golden-visible.json")
-        });
+        let path = std::env::var_os("TANDEM_GOLDEN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/golden-visible.json"));
         let text = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("golden file {} unreadable ({e}); set TANDEM_GOLDEN", path.display()));
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("golden file {}: {e}", path.display()))
