@@ -178,7 +178,7 @@ pub fn tile_attention_into(gpu: &Gpu, s: &TileShape, b: TileBuffers<'_>) -> Resu
     // head.
     let (name, grid) = match &b.fresh {
         Some(_) => {
-            let name = match decode_heads(s) {
+            let name = match decode_heads(gpu, s) {
                 1 => format!("attend_rope_d{}", s.head_dim),
                 nh => format!("attend_rope_h{nh}_d{}", s.head_dim),
             };
@@ -250,17 +250,10 @@ pub(crate) fn keep_quantized(out: &GpuAct, quant: Option<ActQuant>, a: Option<De
     }
 }
 
-/// A number from the environment, read once into `cell` (the attention routes run for every layer of
-/// every step), for the overrides that exist to measure a route's choice.
-fn by_hand(cell: &'static std::sync::OnceLock<Option<usize>>, var: &str) -> Option<usize> {
-    *cell.get_or_init(|| std::env::var(var).ok().and_then(|v| v.parse().ok()))
-}
-
 /// `routes::decode_attention_heads`, or `TANDEM_CUDA_DECODE_HEADS` (where the kernel has that form for
 /// the shape), which exists to measure the choice.
-pub(crate) fn decode_heads(s: &TileShape) -> usize {
-    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    match by_hand(&CELL, "TANDEM_CUDA_DECODE_HEADS") {
+pub(crate) fn decode_heads(gpu: &Gpu, s: &TileShape) -> usize {
+    match gpu.options.lab.decode_heads {
         Some(nh) if routes::decode_attention_heads_fit(s.n_head, s.n_kv_head, s.head_dim, nh) => nh,
         _ => routes::decode_attention_heads(s.n_head, s.n_kv_head, s.head_dim),
     }
@@ -271,8 +264,7 @@ pub(crate) fn decode_heads(s: &TileShape) -> usize {
 /// at the tiles the grid spans; a large number gives a block per tile), which exists to measure the
 /// choice.
 pub(crate) fn decode_splits(gpu: &Gpu, s: &TileShape) -> usize {
-    static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    match by_hand(&CELL, "TANDEM_CUDA_DECODE_SPLITS") {
+    match gpu.options.lab.decode_splits {
         Some(n) => n.clamp(1, s.tile_cap.max(1)),
         None => {
             let heads = s.n_head * s.t.max(1);
@@ -475,8 +467,7 @@ impl CudaModel {
     /// `TANDEM_CUDA_GROUP_TILES` (1: always a block per KV head; a large number: never), which exists
     /// to measure the threshold.
     fn attention_group_tiles(&self, t: usize, n_head: usize) -> usize {
-        static CELL: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-        match by_hand(&CELL, "TANDEM_CUDA_GROUP_TILES") {
+        match self.gpu.options.lab.group_tiles {
             Some(tiles) if t > 1 => tiles,
             _ => routes::attention_group_tiles(t, n_head, self.gpu.sm_count as usize),
         }

@@ -137,7 +137,7 @@ pub fn decode_rows_attention_into(gpu: &Gpu, s: &TileShape, b: DecodeRowsBuffers
         ints(t, "rows")?,
         ints(n_rot, "n_rot")?,
     );
-    let name = match decode_heads(s) {
+    let name = match decode_heads(gpu, s) {
         1 => format!("attend_rope_rows_d{}", s.head_dim),
         nh => format!("attend_rope_rows_h{nh}_d{}", s.head_dim),
     };

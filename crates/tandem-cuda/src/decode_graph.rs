@@ -397,7 +397,8 @@ impl CudaModel {
         )?;
         self.mode.set(Mode::Capture);
         // Kernels launched during the capture get programmatic edges from the kernel before (sm_90+).
-        self.gpu.set_programmatic_capture(programmatic::wanted(self.gpu.major));
+        self.gpu
+            .set_programmatic_capture(programmatic::wanted(self.gpu.major, self.gpu.options.pdl));
         let recorded = graph::forward(self, scratch, spans);
         self.gpu.set_programmatic_capture(false);
         self.mode.set(Mode::Normal);

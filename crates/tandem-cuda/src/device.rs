@@ -14,6 +14,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::kv::KvLedger;
 use crate::nvrtc;
+use crate::options::CudaOptions;
 use crate::programmatic;
 use crate::trace;
 use crate::CudaError;
@@ -35,8 +36,8 @@ pub struct Gpu {
     /// Set while a decode graph is captured with programmatic edges (`programmatic`).
     programmatic_capture: AtomicBool,
     modules: Vec<Arc<CudaModule>>,
-    /// Where the kernel timeline goes (`TANDEM_CUDA_TRACE`; the kernels record it only then).
-    trace: Option<PathBuf>,
+    /// The switches this device was opened with, for the kernels and passes that ask.
+    pub options: CudaOptions,
 }
 
 pub(crate) fn driver<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
@@ -58,8 +59,9 @@ pub(crate) fn allow_dynamic_shared(name: &str, f: &CudaFunction, bytes: usize) -
 }
 
 impl Gpu {
-    /// Opens GPU `ordinal`, compiling (or loading from the disk cache) every kernel for its arch.
-    pub fn new(ordinal: usize) -> Result<Gpu, CudaError> {
+    /// Opens GPU `ordinal`, compiling (or loading from the disk cache) every kernel for its arch
+    /// (traced when `options.lab.trace` says so).
+    pub fn new(ordinal: usize, options: CudaOptions) -> Result<Gpu, CudaError> {
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(CudaError::Unavailable(
                 "no NVIDIA driver: libcuda.so was not found (is this a machine with an NVIDIA GPU?)".into(),
@@ -100,7 +102,7 @@ impl Gpu {
         .max(1) as u32;
         let mut functions = HashMap::new();
         let mut modules = Vec::new();
-        let trace = trace::wanted();
+        let trace = options.lab.trace.as_ref();
         for file in nvrtc::ALL {
             let bin = nvrtc::cubin(&file, &file.target(&arch), trace.is_some())?;
             let module = driver(&format!("load {}", file.name), ctx.load_module(Ptx::from_binary(bin)))?;
@@ -123,14 +125,14 @@ impl Gpu {
             functions,
             programmatic_capture: AtomicBool::new(false),
             modules,
-            trace,
+            options,
         })
     }
 
-    /// Writes the kernel timeline where `TANDEM_CUDA_TRACE` says, when it is set: the path and the
+    /// Writes the kernel timeline where `options.lab.trace` says, when it is set: the path and the
     /// number of launches recorded.
     pub fn write_trace(&self) -> Option<Result<(PathBuf, usize), CudaError>> {
-        let path = self.trace.as_ref()?;
+        let path = self.options.lab.trace.as_ref()?;
         Some(trace::dump(&self.modules, &self.stream, path).map(|n| (path.clone(), n)))
     }
 
@@ -381,7 +383,7 @@ mod tests {
     #[test]
     fn no_gpu_is_a_clear_error_not_a_panic() {
         // On CI (no driver) this must be `Unavailable`; on a GPU machine it opens the device.
-        match Gpu::new(0) {
+        match Gpu::new(0, CudaOptions::default()) {
             Ok(g) => assert!(!g.name.is_empty()),
             Err(CudaError::Unavailable(why)) => assert!(!why.is_empty()),
             Err(e) => panic!("unexpected error kind: {e}"),

@@ -65,15 +65,15 @@ pub fn has_kernel(suffix: &str) -> bool {
 
 /// Whether decode batches take this route where it fits (`TANDEM_CUDA_DQMMA=0`: cuBLAS instead, to
 /// measure it against them).
-pub fn enabled() -> bool {
-    std::env::var("TANDEM_CUDA_DQMMA").map_or(true, |v| v != "0")
+pub fn enabled(gpu: &Gpu) -> bool {
+    gpu.options.dqmma
 }
 
 /// Whether decode batches of matrices of `rows` rows (one launch) of type `suffix` whose one-row
 /// kernel is `kernel` can take this route: the integer route's layout (which the kernel reads), a
 /// type with a kernel, whole blocks, and the route not turned off.
-pub(crate) fn takes(kernel: &DecodeKernel, suffix: &str, rows: &[usize], cols: usize) -> bool {
-    matches!(kernel, DecodeKernel::Int8 { .. }) && has_kernel(suffix) && fits(rows, cols) && enabled()
+pub(crate) fn takes(gpu: &Gpu, kernel: &DecodeKernel, suffix: &str, rows: &[usize], cols: usize) -> bool {
+    matches!(kernel, DecodeKernel::Int8 { .. }) && has_kernel(suffix) && fits(rows, cols) && enabled(gpu)
 }
 
 /// Whether matrices of these row counts and `cols` columns fit the kernel: whole blocks of rows,

@@ -200,8 +200,8 @@ pub(crate) const STAGED_BATCH_SIZES: [usize; 3] = [2, 4, 8];
 
 /// Whether staged batch kernels may be used (`TANDEM_CUDA_STAGED_BATCH=0`: the unstaged batched
 /// kernels instead, to measure one against the other; same bits).
-pub fn staged_batch_enabled() -> bool {
-    std::env::var("TANDEM_CUDA_STAGED_BATCH").map_or(true, |v| v != "0")
+pub fn staged_batch_enabled(gpu: &Gpu) -> bool {
+    gpu.options.staged_batch
 }
 
 /// The staged batch kernel size (NB) that takes `t` activation rows of `cols` times a matrix of type
@@ -389,7 +389,7 @@ pub fn mmvq_group_into(
     t: usize,
     cols: usize,
 ) -> Result<(), CudaError> {
-    mmvq_group_into_with(gpu, suffix, variant, targets, a, t, cols, MmvqKernels::all())
+    mmvq_group_into_with(gpu, suffix, variant, targets, a, t, cols, MmvqKernels::all(gpu))
 }
 
 /// Which kernels `mmvq_group_into_with` may take besides the plain (unstaged) ones; all give the same
@@ -403,11 +403,11 @@ pub struct MmvqKernels {
 }
 
 impl MmvqKernels {
-    /// What a model's products take.
-    pub fn all() -> Self {
+    /// What a model's products take on `gpu`.
+    pub fn all(gpu: &Gpu) -> Self {
         MmvqKernels {
             tensor_cores: true,
-            staged_batch: staged_batch_enabled(),
+            staged_batch: staged_batch_enabled(gpu),
         }
     }
 }

@@ -319,7 +319,7 @@ mod tests {
     /// Runs only where a GPU is; elsewhere `Gpu::new` must say why not.
     #[test]
     fn checkpoint_and_restore_on_the_device() {
-        let gpu = match Gpu::new(0) {
+        let gpu = match Gpu::new(0, crate::options::CudaOptions::default()) {
             Ok(gpu) => gpu,
             Err(CudaError::Unavailable(why)) => {
                 eprintln!("no GPU, device copies not exercised: {why}");

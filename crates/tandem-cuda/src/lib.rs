@@ -38,6 +38,7 @@ pub mod launch;
 mod matmul;
 pub mod model;
 pub mod nvrtc;
+pub mod options;
 pub mod pool;
 mod profile;
 mod programmatic;
@@ -53,6 +54,7 @@ pub use cudarc::driver::CudaSlice;
 pub use device::Gpu;
 pub use kv::GpuSequenceKv;
 pub use model::CudaModel;
+pub use options::{CudaOptions, LabOptions};
 pub use upload::GpuMemory;
 
 #[derive(Debug, thiserror::Error)]

@@ -101,10 +101,6 @@ pub(crate) struct PassClock {
 }
 
 impl PassClock {
-    pub(crate) fn enabled() -> bool {
-        std::env::var("TANDEM_CUDA_PASS_TIMES").as_deref() == Ok("1")
-    }
-
     fn mark(gpu: &Gpu) -> Result<(Instant, CudaEvent), CudaError> {
         Ok((Instant::now(), OpProfile::event(gpu)?))
     }
@@ -151,28 +147,13 @@ pub(crate) struct ProfilerWindow {
 }
 
 impl ProfilerWindow {
-    const VAR: &'static str = "TANDEM_CUDA_PROFILE_REPLAYS";
-
-    /// The window the environment asks for, `None` when unset, or an error naming the variable.
-    pub(crate) fn from_env() -> Result<Option<Self>, CudaError> {
-        let Ok(spec) = std::env::var(Self::VAR) else {
-            return Ok(None);
-        };
-        let (from, to) = Self::parse(&spec).ok_or_else(|| CudaError::Driver {
-            what: Self::VAR.into(),
-            err: format!("{spec:?}: expected FROM-TO, replay numbers from 1 with FROM <= TO"),
-        })?;
-        Ok(Some(ProfilerWindow {
+    /// The window of replays FROM to TO (`LabOptions::profile_replays`).
+    pub(crate) fn new(from: u64, to: u64) -> Self {
+        ProfilerWindow {
             from,
             to,
             replays: std::cell::Cell::new(0),
-        }))
-    }
-
-    fn parse(spec: &str) -> Option<(u64, u64)> {
-        let (a, b) = spec.trim().split_once('-')?;
-        let (from, to) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-        (1 <= from && from <= to).then_some((from, to))
+        }
     }
 
     /// Counts a replay about to launch; the first of the window starts the profiler.
@@ -193,19 +174,5 @@ impl ProfilerWindow {
             driver("cuProfilerStop", unsafe { sys::cuProfilerStop() }.result())?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ProfilerWindow;
-
-    #[test]
-    fn a_profiler_window_is_two_replay_numbers_from_one() {
-        assert_eq!(ProfilerWindow::parse("20-22"), Some((20, 22)));
-        assert_eq!(ProfilerWindow::parse(" 5 - 5 "), Some((5, 5)));
-        for bad in ["", "7", "0-3", "9-3", "a-b", "3-", "-3", "1-2-3"] {
-            assert_eq!(ProfilerWindow::parse(bad), None, "{bad:?}");
-        }
     }
 }

@@ -20,9 +20,10 @@ use cudarc::driver::sys::{
 
 use crate::CudaError;
 
-/// Whether decode graphs get programmatic edges on a GPU of compute capability `major`.
-pub(crate) fn wanted(major: i32) -> bool {
-    major >= 9 && std::env::var("TANDEM_CUDA_PDL").map_or(true, |v| v != "0")
+/// Whether decode graphs get programmatic edges on a GPU of compute capability `major`, with the
+/// switch (`CudaOptions::pdl`) at `on`.
+pub(crate) fn wanted(major: i32, on: bool) -> bool {
+    major >= 9 && on
 }
 
 fn check(what: &str, r: CUresult) -> Result<(), CudaError> {

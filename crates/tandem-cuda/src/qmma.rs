@@ -29,15 +29,15 @@ pub fn has_kernel(suffix: &str) -> bool {
 
 /// Whether decode batches take this route where it fits (`TANDEM_CUDA_QMMA=0`: the batched matvec
 /// and cuBLAS instead, to measure it against them).
-pub fn enabled() -> bool {
-    std::env::var("TANDEM_CUDA_QMMA").map_or(true, |v| v != "0")
+pub fn enabled(gpu: &Gpu) -> bool {
+    gpu.options.qmma
 }
 
 /// Whether decode batches of a matrix of `rows` rows of type `suffix` whose one-row kernel is
 /// `kernel` can take this route (up to `routes::BATCH_TUNED_MAX_ROWS` rows): the integer route's layout, a
 /// type with a kernel, whole groups of rows, and the route not turned off.
-pub(crate) fn takes(kernel: &DecodeKernel, suffix: &str, rows: usize) -> bool {
-    matches!(kernel, DecodeKernel::Int8 { .. }) && has_kernel(suffix) && fits(&[rows]) && enabled()
+pub(crate) fn takes(gpu: &Gpu, kernel: &DecodeKernel, suffix: &str, rows: usize) -> bool {
+    matches!(kernel, DecodeKernel::Int8 { .. }) && has_kernel(suffix) && fits(&[rows]) && enabled(gpu)
 }
 
 /// Whether matrices of these row counts fit the kernel (whole groups of `GROUP_ROWS`).

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaModule, CudaStream};
@@ -22,13 +22,6 @@ use crate::CudaError;
 /// Records in each module's ring (`TRACE_CAP` in common.cuh), and words per record.
 const TRACE_CAP: usize = 1 << 17;
 const WORDS: usize = 6;
-
-/// Where the timeline goes, when it is asked for.
-pub(crate) fn wanted() -> Option<PathBuf> {
-    std::env::var_os("TANDEM_CUDA_TRACE")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-}
 
 /// One launch as its block (0, 0, 0) saw it.
 #[derive(Clone, Debug, PartialEq)]

@@ -67,7 +67,7 @@ impl L2Flush {
 }
 
 pub(crate) fn l2_flush_buffer(gpu: &Gpu) -> Result<L2Flush, CudaError> {
-    let on = std::env::var("TANDEM_CUDA_TUNE_FLUSH").map_or(true, |v| v != "0");
+    let on = gpu.options.lab.tune_flush;
     Ok(L2Flush {
         buf: on.then(|| gpu.alloc_out::<u8>(L2_FLUSH_BYTES)).transpose()?,
         sink: gpu.alloc::<u32>(1)?,
@@ -148,12 +148,12 @@ fn tuning_input(gpu: &Gpu, cols: usize) -> Result<CudaSlice<f32>, CudaError> {
 /// `TANDEM_CUDA_MMVQ=label,...` (labels as `--verbose` prints them, e.g. `u2r1s1p`) keeps only those
 /// for the shapes where one of them fits, so a run can time the decode step with a variant the
 /// load-time timing (which sees each kernel alone) would not pick.
-fn offered(suffix: &str, rows: &[usize], cols: usize, deterministic: bool) -> Vec<MmvqVariant> {
+fn offered(gpu: &Gpu, suffix: &str, rows: &[usize], cols: usize, deterministic: bool) -> Vec<MmvqVariant> {
     let fitting: Vec<MmvqVariant> = variants(suffix)
         .into_iter()
         .filter(|v| v.fits(rows, cols) && (!deterministic || v.split == 1))
         .collect();
-    let Ok(wanted) = std::env::var("TANDEM_CUDA_MMVQ") else {
+    let Some(wanted) = &gpu.options.lab.mmvq else {
         return fitting;
     };
     let kept: Vec<MmvqVariant> = fitting
@@ -209,7 +209,7 @@ pub(crate) fn tune_decode(
     }
     if let Some((fmt, wq)) = int8 {
         let mut a = gpu.alloc_out::<u8>(fmt.bytes(1, cols))?;
-        for variant in offered(suffix, &[rows], cols, deterministic) {
+        for variant in offered(gpu, suffix, &[rows], cols, deterministic) {
             let secs = time_launches(gpu, &mut flush, &mut || {
                 quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
                 mmvq_into(gpu, suffix, variant, wq, &a, 1, rows, cols, &mut out)
@@ -268,7 +268,7 @@ fn batch_routes(
     members: &[Timed<'_>],
     cols: usize,
 ) -> Result<BatchRoutes, CudaError> {
-    let quant_mma = members.iter().all(|m| qmma::takes(&kernel, suffix, m.rows));
+    let quant_mma = members.iter().all(|m| qmma::takes(gpu, &kernel, suffix, m.rows));
     let f16: Option<Vec<&CudaView<'_, u16>>> = members.iter().map(|m| m.w16).collect();
     if f16.is_none() && !quant_mma {
         return Ok(BatchRoutes::MATVEC);
@@ -276,7 +276,7 @@ fn batch_routes(
     let mut routes = [(MatmulRoute::Matvec, None); routes::BATCH_TUNED_MAX_ROWS + 1];
     let rows: Vec<usize> = members.iter().map(|m| m.rows).collect();
     // The dequantizing tensor-core kernel, where it takes the members: its scratch for the timings.
-    let mut dequant = match dqmma::takes(&kernel, suffix, &rows, cols) {
+    let mut dequant = match dqmma::takes(gpu, &kernel, suffix, &rows, cols) {
         true => Some(DqmmaScratch::new(gpu, rows.iter().sum())?),
         false => None,
     };
@@ -303,7 +303,7 @@ fn batch_routes(
                     })
                 };
                 let mut best = (one_launch(Some(variant))?, MatmulRoute::Matvec, None);
-                for other in batch_variants(suffix, variant, &rows, cols) {
+                for other in batch_variants(gpu, suffix, variant, &rows, cols) {
                     let secs = one_launch(Some(other))?;
                     if secs < best.0 {
                         best = (secs, MatmulRoute::Matvec, Some(other));
@@ -456,10 +456,10 @@ fn time_dqmma(
 /// so a batch row keeps the bits it has alone, each batched kernel once (a staged and an unstaged
 /// one-row variant of one unroll and rows share their batched kernels). A batch's work per weight
 /// grows with its rows, so the loads in flight that suit one row (`chosen`) may not suit it.
-fn batch_variants(suffix: &str, chosen: MmvqVariant, rows: &[usize], cols: usize) -> Vec<MmvqVariant> {
+fn batch_variants(gpu: &Gpu, suffix: &str, chosen: MmvqVariant, rows: &[usize], cols: usize) -> Vec<MmvqVariant> {
     let mut seen = vec![(chosen.unroll, chosen.rows)];
     let mut out = Vec::new();
-    for v in offered(suffix, rows, cols, false) {
+    for v in offered(gpu, suffix, rows, cols, false) {
         if v.split == chosen.split && !seen.contains(&(v.unroll, v.rows)) {
             seen.push((v.unroll, v.rows));
             out.push(v);
@@ -525,7 +525,7 @@ pub(crate) fn tune_group(
     })?;
     let mut best = (alone, None);
     let rows: Vec<usize> = members.iter().map(|m| m.rows).collect();
-    for variant in offered(suffix, &rows, cols, deterministic) {
+    for variant in offered(gpu, suffix, &rows, cols, deterministic) {
         let secs = time_launches(gpu, &mut flush, &mut || {
             quantize_act_into(gpu, fmt, &x, 1, cols, &mut a)?;
             let mut targets = members

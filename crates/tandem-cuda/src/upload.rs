@@ -18,6 +18,7 @@ use crate::dqmma::DqmmaScratch;
 use crate::int8::{self, int8_format};
 use crate::launch::{dequant_f16, type_suffix};
 use crate::model::{CudaModel, Mode, ARENA_INTS};
+use crate::options::CudaOptions;
 use crate::profile::{OpProfile, PassClock, ProfilerWindow};
 use crate::routes;
 use crate::tune::{tune_decode, tune_group, tune_group_batches, DecodeKernel, GroupMember, Tuning};
@@ -206,9 +207,10 @@ impl CudaModel {
         cpu: Model,
         ordinal: usize,
         deterministic: bool,
+        options: CudaOptions,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self, CudaError> {
-        let gpu = Gpu::new(ordinal)?;
+        let gpu = Gpu::new(ordinal, options)?;
         let hd = cpu.config.head_dim;
         if !routes::head_dim_supported(hd) {
             return Err(CudaError::UnsupportedHeadDim(hd));
@@ -229,7 +231,7 @@ impl CudaModel {
         let dqmma_rows = 3 * mats.iter().map(|m| m.rows).max().unwrap_or(0);
         let mut done = 0;
         let mut memory = GpuMemory::default();
-        let int8_enabled = std::env::var("TANDEM_CUDA_INT8").map_or(true, |v| v != "0");
+        let int8_enabled = gpu.options.int8;
         // Matrices that may join a grouped integer launch keep their repacked layout until the
         // groups are decided.
         let group_candidates: HashSet<&str> = w
@@ -407,28 +409,25 @@ impl CudaModel {
         norm_readers.insert(w.output_norm.name.clone(), vec![w.output.name.clone()]);
         let arena = gpu.alloc::<i32>(ARENA_INTS)?;
         let arrivals = gpu.alloc::<i32>(cpu.config.n_head)?;
-        let skipped_kernels = skipped_kernels(std::env::var("TANDEM_CUDA_SKIP").ok().as_deref())?;
+        let lab = &gpu.options.lab;
+        let skipped_kernels = lab.skip.clone();
         if !skipped_kernels.is_empty() {
             eprintln!("TANDEM_CUDA_SKIP: leaving out {skipped_kernels:?}; a timing experiment, the logits are wrong");
         }
-        let profile = (std::env::var("TANDEM_CUDA_PROFILE").as_deref() == Ok("1")).then(OpProfile::default);
-        let stacked_split_max_rows = match std::env::var("TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS") {
-            Ok(v) => v.parse().map_err(|_| CudaError::Driver {
-                what: "TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS".into(),
-                err: format!("{v:?} is not a row count"),
-            })?,
-            Err(_) => routes::STACKED_SPLIT_MAX_ROWS,
-        };
+        let profile = lab.profile.then(OpProfile::default);
+        let stacked_split_max_rows = lab.stacked_split_max_rows;
+        let pass_clock = lab.pass_times.then(PassClock::default);
+        let profiler_window = lab.profile_replays.map(|(from, to)| ProfilerWindow::new(from, to));
+        let (graphs, batch_graphs) = (gpu.options.graphs, gpu.options.batch_graphs);
+        let (ahead_enabled, fused_qkv_store) = (gpu.options.ahead, gpu.options.fused_qkv_store);
         let dqmma_scratch = RefCell::new(DqmmaScratch::new(&gpu, dqmma_rows)?);
         gpu.synchronize()?;
         Ok(CudaModel {
             cpu,
             gpu,
             deterministic,
-            graphs_enabled: Cell::new(
-                profile.is_none() && std::env::var("TANDEM_CUDA_GRAPHS").map_or(true, |v| v != "0"),
-            ),
-            batch_graphs_enabled: Cell::new(std::env::var("TANDEM_CUDA_BATCH_GRAPHS").map_or(true, |v| v != "0")),
+            graphs_enabled: Cell::new(profile.is_none() && graphs),
+            batch_graphs_enabled: Cell::new(batch_graphs),
             matrices,
             norms,
             norm_readers,
@@ -445,7 +444,7 @@ impl CudaModel {
             graphs: RefCell::new(Vec::new()),
             ahead: RefCell::new(None),
             pinned_logits: Default::default(),
-            ahead_enabled: std::env::var("TANDEM_CUDA_AHEAD").map_or(true, |v| v != "0"),
+            ahead_enabled,
             ahead_taken: Cell::new(0),
             batch_replays: Cell::new(0),
             token_slot: Cell::new(None),
@@ -453,12 +452,12 @@ impl CudaModel {
             retired_arrivals: RefCell::new(Vec::new()),
             warmed: RefCell::new(VecDeque::new()),
             profile,
-            pass_clock: PassClock::enabled().then(PassClock::default),
-            profiler_window: ProfilerWindow::from_env()?,
+            pass_clock,
+            profiler_window,
             skipped_kernels,
             stacked_split_max_rows,
             dqmma_scratch,
-            fused_qkv_store: std::env::var("TANDEM_CUDA_FUSED_QKV_STORE").map_or(true, |v| v != "0"),
+            fused_qkv_store,
         })
     }
 }
@@ -578,27 +577,6 @@ fn adjacent_span(runs: impl IntoIterator<Item = Option<(usize, Range<usize>)>>) 
     shared.map(|(_, span)| span)
 }
 
-/// The kernels `TANDEM_CUDA_SKIP` may leave out: the row kernels between a decode step's matvecs.
-pub const SKIPPABLE_KERNELS: [&str; 4] = ["add_norm_to", "gated_quant", "rope_kv_store", "attend_tiles"];
-
-/// `TANDEM_CUDA_SKIP`'s comma-separated list, each name one of `SKIPPABLE_KERNELS`.
-fn skipped_kernels(list: Option<&str>) -> Result<Vec<String>, CudaError> {
-    let names: Vec<String> = list
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
-        .map(str::to_string)
-        .collect();
-    match names.iter().find(|k| !SKIPPABLE_KERNELS.contains(&k.as_str())) {
-        Some(unknown) => Err(CudaError::Driver {
-            what: "TANDEM_CUDA_SKIP".into(),
-            err: format!("no kernel {unknown:?} to leave out (one of {SKIPPABLE_KERNELS:?})"),
-        }),
-        None => Ok(names),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,17 +595,6 @@ mod tests {
             None,
             "a member not stacked"
         );
-    }
-
-    #[test]
-    fn skipped_kernels_are_known_names() {
-        assert!(skipped_kernels(None).unwrap().is_empty());
-        assert_eq!(
-            skipped_kernels(Some("add_norm_to, attend_tiles,")).unwrap(),
-            vec!["add_norm_to".to_string(), "attend_tiles".to_string()]
-        );
-        let err = skipped_kernels(Some("add_norm")).unwrap_err().to_string();
-        assert!(err.contains("add_norm") && err.contains("attend_tiles"), "{err}");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! The crate sits above the engine and the backends (`tandem-engine` does not know `tandem-cuda`):
 //! model, engine, cuda → runtime → cli.
 
-use tandem_cuda::{CudaError, CudaModel};
+use tandem_cuda::{CudaError, CudaModel, CudaOptions};
 use tandem_engine::serve::{ServingConfig, ServingEngine};
 use tandem_engine::Engine;
 use tandem_model::Model;
@@ -25,15 +25,16 @@ pub enum Device {
 }
 
 /// Uploads `model`'s weights to GPU `gpu`, calling `progress(done, total)` (bytes) as it goes; the
-/// CUDA model keeps `model` as its CPU oracle. A machine without a GPU gets `CudaError::Unavailable`.
-/// The one place a `CudaModel` is made.
+/// CUDA model keeps `model` as its CPU oracle. The backend's switches (`CudaOptions`) are read from the
+/// environment once, here. A machine without a GPU gets `CudaError::Unavailable`. The one place a
+/// `CudaModel` is made.
 pub fn load_cuda(
     model: Model,
     gpu: usize,
     deterministic: bool,
     progress: impl FnMut(usize, usize),
 ) -> Result<CudaModel, CudaError> {
-    CudaModel::load(model, gpu, deterministic, progress)
+    CudaModel::load(model, gpu, deterministic, CudaOptions::from_env()?, progress)
 }
 
 /// A model on its device.

@@ -168,7 +168,7 @@ pub(super) fn int8_checks(
                     let mut plain = poisoned(t * rows)?;
                     let unstaged = MmvqKernels {
                         staged_batch: false,
-                        ..MmvqKernels::all()
+                        ..MmvqKernels::all(gpu)
                     };
                     let mut targets = [MmvqTarget {
                         w: &wq,
@@ -253,7 +253,7 @@ pub(super) fn mmq_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Resu
                     }];
                     let kernels = MmvqKernels {
                         tensor_cores,
-                        ..MmvqKernels::all()
+                        ..MmvqKernels::all(gpu)
                     };
                     mmvq_group_into_with(gpu, suffix, variant, &mut targets, &a, t, cols, kernels)?;
                     outs.push(gpu.download(&out)?);

@@ -28,7 +28,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_cuda::launch::{dequant_f16, gemm_into, matvec_into, type_suffix, MatvecFamily};
-use tandem_cuda::Gpu;
+use tandem_cuda::{CudaOptions, Gpu};
 use tandem_engine::score::ScoreOptions;
 use tandem_engine::{sampling, Engine};
 use tandem_gguf::GgmlType;
@@ -143,7 +143,7 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let gpu = Gpu::new(args.gpu)?;
+    let gpu = Gpu::new(args.gpu, CudaOptions::from_env()?)?;
     if !args.no_kernel_checks {
         kernel_checks(&gpu, args.seed, &mut table)?;
     }
