@@ -1,61 +1,42 @@
 //! Tandem's CUDA backend: the same layer graph as the CPU (`tandem_model::graph`), run on an NVIDIA GPU.
 //!
-//! - `nvrtc`: kernel sources (`kernels/*.cu`), compiled at run time for the detected architecture and
-//!   cached on disk by source hash and arch.
-//! - `device`: the context, stream, cuBLAS handle and loaded kernels; every CUDA call is checked.
-//! - `routes`: which kernel a call takes, by shape (GPU-free, unit-tested); `flash`: prefill
-//!   attention on the tensor cores, scores kept on chip, and its per-chunk tile plan.
-//! - `kv`: per-sequence f16 caches on the device under the CPU's `RingPlacement` metadata, their
-//!   checkpoints and byte ledger, and the serving engine's `ServingBackend` for `CudaModel`.
-//! - `launch`: kernel launchers (matvec families, dequantization, cuBLAS GEMM); `tune`: the
-//!   load-time timing that picks each shape's decode kernel and each decode batch size's route;
-//!   `int8`: the integer decode route (int8 activations, `dp4a` matvecs); `qmma`: decode batches on
-//!   the tensor cores, the quantized weights read once for every row.
-//! - `model`: the `Backend` implementation; `rows`: norms, RoPE and gating; `attend`: KV store and
-//!   the tile attention kernel (RoPE fused into the store for decode steps); `ffn`: gate and up side
-//!   by side in f16 on the GEMM route; `upload`: weights onto the device and the decode kernel
-//!   chosen per shape; `pool`: recycled device buffers;
-//!   `decode_graph`: decode steps captured once as CUDA graphs and replayed; `programmatic`: their
-//!   kernel-to-kernel edges made programmatic while capturing (sm_90+), so launches overlap.
+//! The modules form a one-way stack, lowest first:
+//! - `options`: every `TANDEM_CUDA_*` switch, read once; `routes`: which kernel a call takes, by
+//!   shape (GPU-free, unit-tested).
+//! - `runtime`: the device (context, stream, cuBLAS, kernels compiled by NVRTC and cached on disk),
+//!   launch geometry and the float launchers, buffer pools, the KV byte ledger, profiling and tracing.
+//! - `matmul`: the integer decode route, tensor-core decode batches (`qmma`, `dqmma`), the load-time
+//!   timing that picks each shape's kernel and route, and the weights on the device.
+//! - `attention`: the tile kernel and its KV store, batched decode rows, flash attention for prefill;
+//!   `ops`: norms, RoPE and gating.
+//! - `cache`: what the model keeps between passes: per-sequence KV caches, the decode-graph cache's
+//!   types, page-locked logits.
+//! - `model`: `CudaModel`, its `Backend` and `ServingBackend`, its loading, and its side of every op
+//!   (in the pass's mode: launched, captured into a decode graph, or dry).
+//! - `bench`: microbenchmarks for `tandem gpu-check`.
 //!
 //! The CUDA libraries are loaded at run time (`cudarc` with dynamic loading), so this crate builds and
 //! its GPU-free parts test on machines with no CUDA at all; on such a machine `Gpu::new` returns
 //! `CudaError::Unavailable` with the reason.
 
-pub mod attend;
-pub mod attend_rows;
-mod decode_graph;
-pub mod device;
-pub mod dqmma;
-pub mod ffn;
-pub mod flash;
-pub mod handover;
-mod host_logits;
-pub mod int8;
-pub mod kv;
-pub mod latency;
-pub mod launch;
-mod matmul;
+pub mod attention;
+pub mod bench;
+pub(crate) mod cache;
+#[cfg(test)]
+mod kernel_tables;
+pub mod matmul;
 pub mod model;
-pub mod nvrtc;
+pub mod ops;
 pub mod options;
-pub mod pool;
-mod profile;
-mod programmatic;
-mod project;
-pub mod qmma;
 pub mod routes;
-pub mod rows;
-mod trace;
-pub mod tune;
-mod upload;
+pub mod runtime;
 
+pub use cache::kv::GpuSequenceKv;
 pub use cudarc::driver::CudaSlice;
-pub use device::Gpu;
-pub use kv::GpuSequenceKv;
+pub use matmul::weights::GpuMemory;
 pub use model::CudaModel;
 pub use options::{CudaOptions, LabOptions};
-pub use upload::GpuMemory;
+pub use runtime::device::Gpu;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {

@@ -58,7 +58,7 @@
 
 use tandem_model::kv::{ChunkRoute, RingPlacement};
 
-use crate::int8::{ActQuant, MmvqVariant};
+use crate::matmul::kinds::{ActQuant, MmvqVariant};
 
 /// Rows up to which a chunk takes the tile attention kernel rather than the flash kernel
 /// (`attention_route`; a decode batch of any size takes its batched form, one row a sequence).
@@ -66,7 +66,7 @@ pub const MATVEC_MAX_ROWS: usize = 8;
 /// Rows up to which each matrix's batch route is measured at load (`BatchRoutes`): one n-tile of the
 /// `qmma` kernel's mma and the largest staged batch kernel. Past it every matrix with an f16 copy
 /// takes cuBLAS: at 16 rows cuBLAS was faster than qmma with two n-tiles on every 8B shape (gate and
-/// up 60 against 67 µs, docs/gpu-runs/2026-12-02-graphs, call c1).
+/// up 60 against 67 µs).
 pub const BATCH_TUNED_MAX_ROWS: usize = 8;
 /// Rows up to which a matrix's decode batches past `BATCH_TUNED_MAX_ROWS` may take the dequantizing
 /// tensor-core kernel (`dqmma::MAX_ROWS`), as measured at load for each bucket of `WIDE_ROWS`.
@@ -168,8 +168,7 @@ pub fn wide_bucket(t: usize) -> Option<usize> {
 
 /// A matrix's route for each batch of 2 to `BATCH_TUNED_MAX_ROWS` rows, as measured at load: which
 /// kernel wins moved with the shape and the rows on the 8B Q4_K_M (cuBLAS from 3 rows on its Q6_K
-/// down projection, from 4 on its Q6_K v, the tensor-core `qmma` on Q4_K from 2; graphs session,
-/// call c3), so a fixed row count per route left time on several shapes. On the matvec route, also
+/// down projection, from 4 on its Q6_K v, the tensor-core `qmma` on Q4_K from 2), so a fixed row count per route left time on several shapes. On the matvec route, also
 /// the integer variant a batch of that size takes where it differs from the one-row kernel's
 /// (`matvec_variant`): one of the same split, so each row keeps its lone bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,7 +302,7 @@ pub fn gate_up_in_one_gemm(t: usize, stacked: bool) -> bool {
 /// Rows up to which matrices reading one input on the GEMM route (q, k and v) take one GEMM over
 /// their stacked f16 copies, its products then cut apart by `split_columns`, rather than a GEMM each.
 /// The stacked GEMM fills the GPU where k's and v's 1024 rows alone do not, but the split moves every
-/// product once more. H200, Llama-3-8B shapes (`gpu-check --bench-gemm`, stack session call e2): at
+/// product once more. H200, Llama-3-8B shapes (`gpu-check --bench-gemm`): at
 /// 512 rows three GEMMs 58.1 µs, the stacked one 43.9 and with the split 51.9 (1.12x; pp512 and
 /// pp4096 at 512-row micro-batches 1.01x end to end); at 1024 rows 0.95x, at 2048 0.90x, at 4096
 /// 0.86x. `TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS` overrides it (0: off).
@@ -415,7 +414,7 @@ mod tests {
     #[test]
     fn the_tile_size_matches_the_attention_kernel() {
         // The launch gives a block ATT_THREADS threads and the host's tile spans assume its tiles.
-        let body = crate::nvrtc::TILES.body;
+        let body = crate::runtime::nvrtc::TILES.body;
         for line in [
             format!("#define ATT_TILE {ATT_TILE}"),
             format!("#define ATT_THREADS {ATT_THREADS}"),
@@ -579,7 +578,6 @@ mod tests {
         // Only the dequantizing kernel or cuBLAS take those buckets.
         let odd = BatchRoutes::MATVEC.with_wide([MatmulRoute::QuantMma, MatmulRoute::Matvec, dq]);
         assert_eq!(odd.describe(), "2-8 matvec, 9-32 cuBLAS, 33-64 dqmma");
-        assert_eq!(DQMMA_MAX_ROWS, crate::dqmma::MAX_ROWS);
     }
 
     #[test]

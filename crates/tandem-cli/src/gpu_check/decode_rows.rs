@@ -8,13 +8,13 @@
 use anyhow::Result;
 use half::f16;
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
-use tandem_cuda::attend::{tile_attention_into, FreshRow, KvCache, TileBuffers, TileShape};
-use tandem_cuda::attend_rows::{
+use tandem_cuda::attention::rows::{
     buffer_table, decode_rows_attention_into, table_addresses, DecodeRowsBuffers, ROW_INTS,
 };
-use tandem_cuda::int8::ActQuant;
+use tandem_cuda::attention::tile::{tile_attention_into, FreshRow, KvCache, TileBuffers, TileShape};
+use tandem_cuda::matmul::kinds::ActQuant;
+use tandem_cuda::ops::rows::quant_flag;
 use tandem_cuda::routes::{attention_merge, tile_span};
-use tandem_cuda::rows::quant_flag;
 use tandem_cuda::{CudaSlice, Gpu};
 
 use super::{Rng, Row};

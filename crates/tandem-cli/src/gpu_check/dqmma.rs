@@ -1,12 +1,12 @@
-//! Decode batches past qmma's rows (`tandem_cuda::dqmma`): the Q4_K kernel against an f64 reference
+//! Decode batches past qmma's rows (`tandem_cuda::matmul::dqmma`): the Q4_K kernel against an f64 reference
 //! over the exactly dequantized weights and the f16 activations it reads, outputs poisoned first, at
 //! every tile count, with and without a K split, launched twice (same bits); and a timing of the 8B
 //! decode shapes against cuBLAS over the f16 copy (and qmma, where it takes the rows).
 
 use anyhow::{Context, Result};
-use tandem_cuda::dqmma::{dqmma_group_into, grid, kernel, DqmmaScratch};
-use tandem_cuda::int8::{int8_format, quantize_act_into, repack, MmvqTarget};
-use tandem_cuda::launch::{dequant_f16, to_f16_into, type_suffix};
+use tandem_cuda::matmul::dqmma::{dqmma_group_into, grid, kernel, DqmmaScratch};
+use tandem_cuda::matmul::int8::{int8_format, quantize_act_into, repack, MmvqTarget};
+use tandem_cuda::runtime::launch::{dequant_f16, to_f16_into, type_suffix};
 use tandem_cuda::Gpu;
 use tandem_gguf::GgmlType;
 
@@ -168,7 +168,7 @@ pub(super) fn dqmma_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
                 "dqmma {us:.1} us ({regs} regs, {g:?}, {:.2} TB/s)",
                 read / us / 1e6
             ));
-            if t <= tandem_cuda::qmma::MAX_ROWS {
+            if t <= tandem_cuda::matmul::qmma::MAX_ROWS {
                 let mut a = gpu.alloc::<u8>(fmt.bytes(t, cols))?;
                 quantize_act_into(gpu, fmt, &x_dev, t, cols, &mut a)?;
                 let us = time_qmma_rotated(gpu, suffix, &copies, &a, [t, rows, cols], &mut out)?;

@@ -1,4 +1,4 @@
-//! The prefill attention kernel (`tandem_cuda::flash`) against an f64 softmax on the host: fresh
+//! The prefill attention kernel (`tandem_cuda::attention::flash`) against an f64 softmax on the host: fresh
 //! random queries, keys and values, every compiled variant, grouped KV heads, windows, chunks that
 //! start after a prefix and end mid-tile; the output poisoned with NaN first. With `--bench-kernels`,
 //! the variants for 128-wide heads are timed on the Llama-3-8B shape.
@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use half::f16;
-use tandem_cuda::flash::{chosen, flash_attention_into, key_range, plan, FlashShape, FlashVariant, KeyRange, VARIANTS};
+use tandem_cuda::attention::flash::{
+    chosen, flash_attention_into, key_range, plan, FlashShape, FlashVariant, KeyRange, VARIANTS,
+};
 use tandem_cuda::{CudaSlice, Gpu};
 
 use super::{rel_err, Rng, Row};

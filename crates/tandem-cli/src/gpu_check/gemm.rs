@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use tandem_cuda::launch::{gemm_f16_into, gemm_f16_out, split_columns_into};
+use tandem_cuda::runtime::launch::{gemm_f16_into, gemm_f16_out, split_columns_into};
 use tandem_cuda::Gpu;
 
 use super::{rel_err, Rng, Row};

@@ -7,12 +7,13 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use tandem_backend::cpu::act_quant::{quantize_row_q8, quantize_row_q8k};
 use tandem_backend::Isa;
-use tandem_cuda::int8::{
+use tandem_cuda::matmul::int8::{
     int8_format, mmq_takes, mmvq_group_into, mmvq_group_into_with, mmvq_into, quantize_act_into, repack,
-    repacked_source, ActQuant, MmvqKernels, MmvqTarget,
+    repacked_source, MmvqKernels, MmvqTarget,
 };
-use tandem_cuda::launch::type_suffix;
-use tandem_cuda::tune::time_cold_and_hot;
+use tandem_cuda::matmul::kinds::ActQuant;
+use tandem_cuda::matmul::tune::time_cold_and_hot;
+use tandem_cuda::runtime::launch::type_suffix;
 use tandem_cuda::Gpu;
 use tandem_gguf::GgmlType;
 
@@ -96,7 +97,7 @@ pub(super) fn int8_checks(
     let bits_equal =
         |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
     let poisoned = |n: usize| gpu.upload(&vec![f32::NAN; n]);
-    let variants = tandem_cuda::int8::variants(suffix);
+    let variants = tandem_cuda::matmul::int8::variants(suffix);
     let (mut tall_equal, mut staged_equal) = (true, true);
     // Staged kernels loop over row groups when the matrix has more of them than the resident warps:
     // the matrix stacked TALL_COPIES times must give its rows each time.
@@ -227,7 +228,7 @@ pub(super) fn mmq_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Resu
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
         let fmt = int8_format(ty).context("an integer type")?;
         let suffix = type_suffix(ty).context("type has kernels")?;
-        let variant = tandem_cuda::int8::variants(suffix)
+        let variant = tandem_cuda::matmul::int8::variants(suffix)
             .into_iter()
             .find(|v| v.split == 1 && !v.staged)
             .context("a split-1 variant")?;
@@ -309,7 +310,7 @@ pub(super) fn int8_bench(
     let mut out = gpu.alloc::<f32>(rows)?;
     quantize_act_into(gpu, fmt, x, 1, cols, &mut a)?;
     let iters = 40;
-    for variant in tandem_cuda::int8::variants(suffix)
+    for variant in tandem_cuda::matmul::int8::variants(suffix)
         .into_iter()
         .filter(|v| v.fits(&[rows], cols))
     {
@@ -376,7 +377,7 @@ pub(super) fn l2_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
         let suffix = type_suffix(ty).context("type has kernels")?;
         let w = super::tiled_weights(gpu, &mut rng, ty, rows, cols, 1)?.remove(0);
         let w = repack(gpu, ty, &w, rows, cols)?.unwrap_or(w);
-        let variant = tandem_cuda::int8::variants(suffix)
+        let variant = tandem_cuda::matmul::int8::variants(suffix)
             .into_iter()
             .find(|v| v.label() == label && v.fits(&[rows], cols))
             .with_context(|| format!("variant {label} for {ty} {rows}x{cols}"))?;

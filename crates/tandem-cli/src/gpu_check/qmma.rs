@@ -1,4 +1,4 @@
-//! Decode batches on the tensor cores (`tandem_cuda::qmma`): the Q4_K kernel against an f64 reference
+//! Decode batches on the tensor cores (`tandem_cuda::matmul::qmma`): the Q4_K kernel against an f64 reference
 //! over the same dequantized weights and quantized activations, outputs poisoned first; a grouped
 //! launch against each matrix alone; and a timing of the 8B decode shapes against the routes a batch
 //! takes otherwise (the batched `dp4a` matvec, cuBLAS over the f16 copy).
@@ -6,12 +6,13 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use tandem_cuda::int8::{
+use tandem_cuda::matmul::int8::{
     int8_format, mmvq_group_into, mmvq_group_into_with, quantize_act_into, repack, staged_batch, variants, MmvqKernels,
-    MmvqTarget, MmvqVariant,
+    MmvqTarget,
 };
-use tandem_cuda::launch::{dequant_f16, gemm_f16_into, to_f16_into, type_suffix};
-use tandem_cuda::qmma::{has_kernel, kernel, qmma_group_into, MAX_ROWS};
+use tandem_cuda::matmul::kinds::MmvqVariant;
+use tandem_cuda::matmul::qmma::{has_kernel, kernel, qmma_group_into, MAX_ROWS};
+use tandem_cuda::runtime::launch::{dequant_f16, gemm_f16_into, to_f16_into, type_suffix};
 use tandem_cuda::{CudaSlice, Gpu};
 use tandem_gguf::GgmlType;
 

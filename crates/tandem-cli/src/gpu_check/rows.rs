@@ -6,9 +6,9 @@
 
 use anyhow::Result;
 use half::f16;
-use tandem_cuda::ffn::gated_pair_into;
-use tandem_cuda::int8::ActQuant;
-use tandem_cuda::rows::{add_norm_rows_into, add_norm_to_into};
+use tandem_cuda::matmul::kinds::ActQuant;
+use tandem_cuda::ops::ffn::gated_pair_into;
+use tandem_cuda::ops::rows::{add_norm_rows_into, add_norm_to_into};
 use tandem_cuda::Gpu;
 use tandem_model::config::Activation;
 

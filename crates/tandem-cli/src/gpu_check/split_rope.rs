@@ -3,9 +3,9 @@
 
 use anyhow::Result;
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
-use tandem_cuda::attend::{kv_store_into, split_rope_kv_store_into, RopeStoreShape, SplitRopeStoreBuffers};
-use tandem_cuda::launch::split_columns_into;
-use tandem_cuda::rows::rope_into;
+use tandem_cuda::attention::tile::{kv_store_into, split_rope_kv_store_into, RopeStoreShape, SplitRopeStoreBuffers};
+use tandem_cuda::ops::rows::rope_into;
+use tandem_cuda::runtime::launch::split_columns_into;
 use tandem_cuda::Gpu;
 
 use super::{Rng, Row};

@@ -1,4 +1,4 @@
-//! The decode attention kernel (`tandem_cuda::attend`, one kernel per head size) against an f64
+//! The decode attention kernel (`tandem_cuda::attention::tile`, one kernel per head size) against an f64
 //! softmax on the host: fresh random queries, keys and values; every head size; grouped KV heads;
 //! contexts of several tiles; windows; a ring buffer that has wrapped. Rows no query may read are NaN
 //! (a key read past its mask shows up in the output), and so is the output before the launch. Each
@@ -9,12 +9,12 @@
 use anyhow::Result;
 use half::f16;
 use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
-use tandem_cuda::attend::{
+use tandem_cuda::attention::tile::{
     rope_kv_store_into, tile_attention_into, FreshRow, KvCache, RopeStoreBuffers, RopeStoreShape, TileBuffers,
     TileShape,
 };
+use tandem_cuda::ops::rows::rms_norm_into;
 use tandem_cuda::routes::{first_key, tile_span};
-use tandem_cuda::rows::rms_norm_into;
 use tandem_cuda::Gpu;
 
 use super::flash::attend_f64;

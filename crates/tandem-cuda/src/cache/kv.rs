@@ -1,0 +1,291 @@
+//! Per-sequence KV caches on the GPU: f16 K and V per layer, placed by the same `RingPlacement`
+//! metadata as the CPU cache (global layers grow to the context, sliding-window layers are rings of
+//! `window` rows). Storage is allocated for the whole capacity when the sequence is made.
+//!
+//! For serving, caches and their checkpoints count their device bytes in the GPU's `KvLedger`, the
+//! counterpart of the CPU's block pool: `--kv-budget` caps them the same way. A checkpoint copies the
+//! sliding-window rings device to device; a restore copies them back into the same buffers, so a decode
+//! graph captured for the sequence (which holds their addresses) stays valid.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use tandem_model::kv::RingPlacement;
+use tandem_model::{KvCheckpoint, KvSizing, ModelConfig, ModelError, SequenceCache, ServingCache};
+
+use crate::attention::rows::buffer_table;
+use crate::runtime::checked::driver;
+use crate::runtime::device::Gpu;
+use crate::runtime::ledger::KvGrant;
+use crate::CudaError;
+
+pub struct GpuLayerCache {
+    pub placement: RingPlacement,
+    pub window: Option<usize>,
+    pub k: CudaSlice<u16>,
+    pub v: CudaSlice<u16>,
+}
+
+pub struct GpuSequenceKv {
+    /// Unique per sequence: captured decode graphs are keyed by it (they hold its buffers' addresses).
+    pub id: u64,
+    pub layers: Vec<GpuLayerCache>,
+    pub n_ctx: usize,
+    pub kv_width: usize,
+    /// Every layer's K and V buffer addresses (K then V, layer by layer), in device memory: a batched
+    /// decode step's attention kernel finds each row's caches through them (`attend_rope_rows_*`).
+    pub buffers: CudaSlice<u64>,
+    grant: KvGrant,
+}
+
+impl GpuSequenceKv {
+    pub fn new(gpu: &Gpu, config: &ModelConfig, n_ctx: usize, ring_slack: usize) -> Result<Self, CudaError> {
+        let w = config.kv_width();
+        // The serving engine reserves exactly these bytes for a request: one formula for both.
+        let sizing = KvSizing::new(config, n_ctx, ring_slack, None);
+        let grant = gpu.kv_ledger.grant(sizing.bytes_at(n_ctx))?;
+        let mut layers = Vec::with_capacity(config.layers.len());
+        for (spec, &capacity) in config.layers.iter().zip(&sizing.layer_rows) {
+            layers.push(GpuLayerCache {
+                placement: RingPlacement::new(capacity),
+                window: spec.window,
+                k: gpu.alloc::<u16>(capacity * w)?,
+                v: gpu.alloc::<u16>(capacity * w)?,
+            });
+        }
+        // The buffers never move (a restore copies into them), so their addresses are written once.
+        let buffers = buffer_table(gpu, layers.iter().map(|l| (&l.k, &l.v)))?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Ok(GpuSequenceKv {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            layers,
+            n_ctx,
+            kv_width: w,
+            buffers,
+            grant,
+        })
+    }
+
+    /// Device bytes held by K and V of every layer.
+    pub fn bytes(&self) -> usize {
+        self.grant.bytes
+    }
+}
+
+impl SequenceCache for GpuSequenceKv {
+    fn len(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.placement.end())
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn bytes_allocated(&self) -> usize {
+        self.bytes()
+    }
+
+    /// Device caches are allocated whole when the sequence is made.
+    fn bytes_at_capacity(&self) -> usize {
+        self.bytes()
+    }
+}
+
+/// Device copies of a sequence's sliding-window layers at one position.
+pub struct GpuCheckpoint {
+    pub pos: usize,
+    rings: Vec<RingCopy>,
+    grant: KvGrant,
+}
+
+struct RingCopy {
+    layer: usize,
+    placement: RingPlacement,
+    k: CudaSlice<u16>,
+    v: CudaSlice<u16>,
+}
+
+impl KvCheckpoint for GpuCheckpoint {
+    fn pos(&self) -> usize {
+        self.pos
+    }
+
+    fn bytes(&self) -> usize {
+        self.grant.bytes
+    }
+}
+
+impl GpuSequenceKv {
+    /// Copies `cp`'s rings back into this sequence's buffers.
+    fn copy_back(&mut self, cp: &GpuCheckpoint) -> Result<(), CudaError> {
+        for ring in &cp.rings {
+            let layer = &mut self.layers[ring.layer];
+            let stream = Arc::clone(layer.k.stream());
+            driver("cuMemcpyDtoD (restore K)", stream.memcpy_dtod(&ring.k, &mut layer.k))?;
+            driver("cuMemcpyDtoD (restore V)", stream.memcpy_dtod(&ring.v, &mut layer.v))?;
+            layer.placement = ring.placement;
+        }
+        Ok(())
+    }
+}
+
+impl ServingCache for GpuSequenceKv {
+    type Checkpoint = GpuCheckpoint;
+
+    fn truncate(&mut self, pos: usize) -> bool {
+        if !self.layers.iter().all(|l| l.placement.can_truncate(pos, l.window)) {
+            return false;
+        }
+        // The whole capacity stays allocated: only the placement moves back.
+        self.layers.iter_mut().for_each(|l| l.placement.truncate(pos));
+        true
+    }
+
+    fn checkpoint(&self) -> Result<GpuCheckpoint, ModelError> {
+        let rings: Vec<(usize, &GpuLayerCache)> = self
+            .layers
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.window.is_some())
+            .collect();
+        let bytes = rings.iter().map(|(_, l)| l.k.num_bytes() + l.v.num_bytes()).sum();
+        let grant = self.grant.ledger.grant(bytes)?;
+        let mut copies = Vec::with_capacity(rings.len());
+        for (layer, l) in rings {
+            copies.push(RingCopy {
+                layer,
+                placement: l.placement,
+                k: driver("cuMemcpyDtoD (checkpoint K)", l.k.try_clone())?,
+                v: driver("cuMemcpyDtoD (checkpoint V)", l.v.try_clone())?,
+            });
+        }
+        Ok(GpuCheckpoint {
+            pos: self.len(),
+            rings: copies,
+            grant,
+        })
+    }
+
+    fn checkpoint_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| l.window.is_some())
+            .map(|l| l.k.num_bytes() + l.v.num_bytes())
+            .sum()
+    }
+
+    /// As on the CPU, except that the rings are copied back into the same buffers (a captured decode
+    /// graph holds their addresses), and a device copy failing midway leaves the sequence empty.
+    fn restore(&mut self, cp: &GpuCheckpoint, pos: usize) -> bool {
+        let fits = pos <= cp.pos
+            && self.layers.iter().enumerate().all(|(i, l)| {
+                match cp.rings.iter().find(|r| r.layer == i) {
+                    // Same buffer sizes: a checkpoint of this sequence (the copy needs no bounds of its own).
+                    Some(r) => {
+                        r.k.len() == l.k.len() && r.v.len() == l.v.len() && r.placement.can_truncate(pos, l.window)
+                    }
+                    None => l.window.is_none() && l.placement.can_truncate(pos, None),
+                }
+            });
+        if !fits {
+            return false;
+        }
+        if self.copy_back(cp).is_err() {
+            for l in &mut self.layers {
+                l.placement = RingPlacement::new(l.placement.capacity);
+            }
+            return false;
+        }
+        self.layers.iter_mut().for_each(|l| l.placement.truncate(pos));
+        true
+    }
+
+    /// Device caches are allocated whole: they never grow.
+    fn bytes_reaching(&self, _len: usize) -> usize {
+        self.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+    use tandem_model::config::{Activation, Arch, LayerSpec};
+
+    /// A ring of 4 rows and a global layer, one KV head of 32.
+    fn small_config() -> ModelConfig {
+        let rope = RopeParams {
+            style: RopeStyle::Neox,
+            n_rot: 32,
+            freq_base: 10_000.0,
+            freq_scale: 1.0,
+        };
+        ModelConfig {
+            arch: Arch::Gemma3,
+            n_vocab: 512,
+            d_model: 64,
+            n_head: 2,
+            n_kv_head: 1,
+            head_dim: 32,
+            d_ff: 128,
+            eps: 1e-6,
+            context_length: 16,
+            layers: vec![LayerSpec { window: Some(4), rope }, LayerSpec { window: None, rope }],
+            attn_scale: 0.18,
+            embed_scale: None,
+            activation: Activation::GeluTanh,
+            qk_norm: true,
+            post_norms: true,
+        }
+    }
+
+    /// Runs only where a GPU is; elsewhere `Gpu::new` must say why not.
+    #[test]
+    fn checkpoint_and_restore_on_the_device() {
+        let gpu = match Gpu::new(0, crate::options::CudaOptions::default()) {
+            Ok(gpu) => gpu,
+            Err(CudaError::Unavailable(why)) => {
+                eprintln!("no GPU, device copies not exercised: {why}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let config = small_config();
+        // The ring holds its window of 4 plus the slack; the context lets it wrap.
+        let n_ctx = 4 + tandem_model::kv::RING_SLACK + 40;
+        let mut kv = GpuSequenceKv::new(&gpu, &config, n_ctx, tandem_model::kv::RING_SLACK).unwrap();
+        let ring_rows = 4 + tandem_model::kv::RING_SLACK;
+        let at = ring_rows + 2;
+        let fill = |kv: &mut GpuSequenceKv, value: u16, rows: usize| {
+            for l in &mut kv.layers {
+                let n = l.k.len();
+                gpu.stream.memcpy_htod(&vec![value; n], &mut l.k).unwrap();
+                gpu.stream.memcpy_htod(&vec![value + 1; n], &mut l.v).unwrap();
+                l.placement = l.placement.append(rows).1;
+            }
+        };
+        fill(&mut kv, 10, at);
+        let ring_at_cp = kv.layers[0].placement;
+        assert!(ring_at_cp.is_wrapped());
+        let cp = kv.checkpoint().unwrap();
+        assert_eq!((cp.pos, cp.bytes()), (at, 2 * ring_rows * 32 * 2));
+        assert_eq!(gpu.kv_ledger.in_use(), kv.bytes() + cp.bytes());
+        fill(&mut kv, 20, 3);
+        assert!(!kv.truncate(6), "the ring moved past what position 6 needs");
+        assert!(!kv.restore(&cp, at + 1), "a checkpoint serves no position past its own");
+        assert!(kv.restore(&cp, at));
+        assert_eq!(kv.len(), at);
+        assert_eq!(kv.layers[0].placement, ring_at_cp);
+        assert_eq!(kv.layers[1].placement.end(), at);
+        let ring_k = gpu.download(&kv.layers[0].k).unwrap();
+        let ring_v = gpu.download(&kv.layers[0].v).unwrap();
+        assert!(ring_k.iter().all(|&x| x == 10) && ring_v.iter().all(|&x| x == 11));
+        assert!(kv.truncate(at - 5), "a restored cache cuts back like any other");
+        // No room in the budget: the checkpoint is refused, not allocated past it.
+        gpu.kv_ledger.set_budget(Some(gpu.kv_ledger.in_use()));
+        assert!(matches!(kv.checkpoint(), Err(ModelError::KvFull { .. })));
+        drop(cp);
+        assert_eq!(gpu.kv_ledger.in_use(), kv.bytes());
+    }
+}

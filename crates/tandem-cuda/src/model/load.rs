@@ -1,0 +1,460 @@
+//! Loading a model onto the GPU: every matrix uploaded once, an f16 copy made for the GEMM route
+//! (unless deterministic; F16 weights serve as their own), and the decode kernel of each matrix shape
+//! chosen by timing the candidates (`tune::tune_decode`, and `tune::tune_group` for matrices that
+//! read one input); the integer route's weights are repacked here when it wins.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::Range;
+use std::rc::Rc;
+
+use cudarc::driver::{CudaSlice, CudaView};
+use tandem_gguf::GgmlType;
+use tandem_model::weights::Matrix;
+use tandem_model::Model;
+
+use crate::matmul::dqmma::DqmmaScratch;
+use crate::matmul::int8::{self, int8_format};
+use crate::matmul::kinds::DecodeKernel;
+use crate::matmul::tune::{tune_decode, tune_group, tune_group_batches, GroupMember, Tuning};
+use crate::matmul::weights::F16Weights;
+use crate::matmul::weights::GpuMatrix;
+use crate::matmul::weights::GpuMemory;
+use crate::matmul::weights::WeightBytes;
+use crate::model::{CudaModel, Mode, ARENA_INTS};
+use crate::options::CudaOptions;
+use crate::routes;
+use crate::runtime::checked::driver;
+use crate::runtime::device::Gpu;
+use crate::runtime::launch::{dequant_f16, type_suffix};
+use crate::runtime::profile::{OpProfile, PassClock, ProfilerWindow};
+use crate::CudaError;
+
+/// A matrix uploaded and timed, its layouts not yet settled: a group member keeps both the ggml and
+/// the integer-route layout until its group's launch is decided.
+struct Pending {
+    suffix: &'static str,
+    original: CudaSlice<u8>,
+    /// `Some(None)`: `original` itself holds the integer-route layout (once `settle` moved it there).
+    repacked: Option<Option<CudaSlice<u8>>>,
+    f16: Option<F16Weights>,
+    tuning: Tuning,
+    /// The token embedding table (its ggml rows stay for the embedding kernel).
+    embeds: bool,
+    /// Those rows, once `settle` has put the integer-route layout in `original`.
+    embed_rows: Option<CudaSlice<u8>>,
+}
+
+impl Pending {
+    /// The weights the integer kernel reads, when this type has one.
+    fn int8_layout(&self) -> Option<&CudaSlice<u8>> {
+        self.repacked.as_ref().map(|r| r.as_ref().unwrap_or(&self.original))
+    }
+
+    /// Keeps only the layout the chosen kernel reads.
+    fn settle(mut self) -> Self {
+        match self.tuning.kernel {
+            DecodeKernel::Int8 { .. } => {
+                if let Some(Some(r)) = self.repacked.take() {
+                    let rows = std::mem::replace(&mut self.original, r);
+                    if self.embeds {
+                        self.embed_rows = Some(rows);
+                    }
+                }
+                self.repacked = Some(None);
+            }
+            DecodeKernel::Float(_) => self.repacked = None,
+        }
+        self
+    }
+}
+
+/// The runs of a group that may share one integer launch: members of one weight type with an
+/// integer kernel and one width, at least two of them (Q4_K_M's q and k share a launch while its
+/// Q6_K v goes alone), in graph order.
+fn int8_runs<'m>(group: &[&'m Matrix], int8_enabled: bool) -> Vec<Vec<&'m Matrix>> {
+    let shapes: Vec<(GgmlType, usize)> = group.iter().map(|m| (m.ty, m.cols)).collect();
+    run_indices(&shapes, int8_enabled)
+        .into_iter()
+        .map(|run| run.into_iter().map(|i| group[i]).collect())
+        .collect()
+}
+
+/// `int8_runs` over (type, width) pairs: the indices of each run.
+fn run_indices(shapes: &[(GgmlType, usize)], int8_enabled: bool) -> Vec<Vec<usize>> {
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    for (i, &(ty, cols)) in shapes.iter().enumerate() {
+        if !int8_enabled || int8_format(ty).is_none() {
+            continue;
+        }
+        match runs.iter_mut().find(|r| shapes[r[0]] == (ty, cols)) {
+            Some(r) => r.push(i),
+            None => runs.push(vec![i]),
+        }
+    }
+    runs.retain(|r| r.len() >= 2 && r.len() <= 3);
+    runs
+}
+
+impl CudaModel {
+    /// Uploads `cpu`'s weights to GPU `ordinal`; `progress(done, total)` follows the bytes.
+    pub fn load(
+        cpu: Model,
+        ordinal: usize,
+        deterministic: bool,
+        options: CudaOptions,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Self, CudaError> {
+        let gpu = Gpu::new(ordinal, options)?;
+        let hd = cpu.config.head_dim;
+        if !routes::head_dim_supported(hd) {
+            return Err(CudaError::UnsupportedHeadDim(hd));
+        }
+        let w = &cpu.weights;
+        let mats = w.matrices();
+        for m in &mats {
+            if type_suffix(m.ty).is_none() || m.cols % 32 != 0 {
+                return Err(CudaError::UnsupportedType {
+                    name: m.name.clone(),
+                    ty: m.ty,
+                });
+            }
+        }
+        let total: usize = mats.iter().map(|m| m.bytes(&cpu.file).len()).sum();
+        // The dequantizing batch kernel's K-split partials (`dqmma.rs`): room for a launch of up to
+        // three matrices of the largest's rows (a few MB, whatever the model).
+        let dqmma_rows = 3 * mats.iter().map(|m| m.rows).max().unwrap_or(0);
+        let mut done = 0;
+        let mut memory = GpuMemory::default();
+        let int8_enabled = gpu.options.int8;
+        // Matrices that may join a grouped integer launch keep their repacked layout until the
+        // groups are decided.
+        let group_candidates: HashSet<&str> = w
+            .input_groups()
+            .into_iter()
+            .flat_map(|g| int8_runs(&g, int8_enabled))
+            .flatten()
+            .map(|m| m.name.as_str())
+            .collect();
+        let mut pending: HashMap<String, Pending> = HashMap::new();
+        let mut tuned: HashMap<(&str, usize, usize, bool), Tuning> = HashMap::new();
+        for m in mats {
+            let bytes = m.bytes(&cpu.file);
+            let suffix = type_suffix(m.ty).expect("checked above");
+            let original = gpu.upload(bytes)?;
+            memory.weights_quantized += bytes.len();
+            // The embedding table only needs its f16 copy when it is also the output projection.
+            let multiplies = m.name != w.token_embd.name || w.output.name == w.token_embd.name;
+            let f16 = match (multiplies && !deterministic, m.ty) {
+                (false, _) => None,
+                (true, GgmlType::F16) => Some(F16Weights::Original),
+                (true, _) => {
+                    memory.weights_f16 += m.rows * m.cols * 2;
+                    Some(F16Weights::Copy(dequant_f16(&gpu, suffix, &original, m.rows, m.cols)?))
+                }
+            };
+            // The embedding kernels read the ggml layout: a table that is only an embedding never takes
+            // the integer route; one that is also the output projection (Gemma) keeps its rows for the
+            // embedding and gets a repacked copy for the head's matvec (one more copy of the table:
+            // 1.2 GB for the 27B, where the head read its 2.8 GB f16 copy through cuBLAS every token).
+            let embeds = m.name == w.token_embd.name;
+            let int8_fmt = int8_format(m.ty).filter(|_| int8_enabled && multiplies);
+            // The choice depends on whether the integer kernel was on offer.
+            let key = (suffix, m.rows, m.cols, int8_fmt.is_some());
+            // The integer-route layout is made only where it may be read: to time this shape, because
+            // its timing chose the integer kernel, or for a group's launch.
+            let needs_int8_layout = int8_fmt.is_some()
+                && match tuned.get(&key) {
+                    None => true,
+                    Some(t) => {
+                        matches!(t.kernel, DecodeKernel::Int8 { .. }) || group_candidates.contains(m.name.as_str())
+                    }
+                };
+            let repacked = if needs_int8_layout {
+                Some(int8::repack(&gpu, m.ty, &original, m.rows, m.cols)?)
+            } else {
+                None
+            };
+            let tuning = match tuned.get(&key) {
+                Some(&t) => t,
+                None => {
+                    let int8 = int8_fmt.zip(repacked.as_ref().map(|r| r.as_ref().unwrap_or(&original)));
+                    let w16 = f16.as_ref().map(|f| f.view(original.as_view())).transpose()?;
+                    let t = tune_decode(
+                        &gpu,
+                        suffix,
+                        &original,
+                        int8,
+                        w16.as_ref(),
+                        m.rows,
+                        m.cols,
+                        deterministic,
+                    )?;
+                    tuned.insert(key, t);
+                    t
+                }
+            };
+            let p = Pending {
+                suffix,
+                original,
+                repacked,
+                f16,
+                tuning,
+                embeds,
+                embed_rows: None,
+            };
+            let p = if group_candidates.contains(m.name.as_str()) {
+                p
+            } else {
+                p.settle()
+            };
+            pending.insert(m.name.clone(), p);
+            done += bytes.len();
+            progress(done, total);
+        }
+        // Groups of matrices reading one input: one integer launch for all of them where that was
+        // measured faster than their own kernels.
+        let mut grouped = HashMap::new();
+        for group in w.input_groups() {
+            for run in int8_runs(&group, int8_enabled) {
+                if run.iter().any(|m| pending[&m.name].tuning.cublas) {
+                    continue;
+                }
+                let key: (Vec<usize>, usize, &str) = (
+                    run.iter().map(|m| m.rows).collect(),
+                    run[0].cols,
+                    pending[&run[0].name].suffix,
+                );
+                let (choice, batch) = match grouped.get(&key) {
+                    Some(&c) => c,
+                    None => {
+                        let members = run
+                            .iter()
+                            .map(|m| {
+                                let p = &pending[&m.name];
+                                Ok(GroupMember {
+                                    rows: m.rows,
+                                    kernel: p.tuning.kernel,
+                                    original: &p.original,
+                                    int8: p.int8_layout(),
+                                    f16: p.f16.as_ref().map(|f| f.view(p.original.as_view())).transpose()?,
+                                })
+                            })
+                            .collect::<Result<Vec<_>, CudaError>>()?;
+                        let fmt = int8_format(run[0].ty).expect("runs are integer-capable");
+                        let c = tune_group(&gpu, key.2, fmt, &members, key.1, deterministic)?;
+                        // The members' one kernel, chosen for the group or each member's own.
+                        let shared = c.or_else(|| {
+                            let k = members[0].kernel;
+                            members.iter().all(|m| m.kernel == k).then_some(k)
+                        });
+                        let batch = match shared {
+                            Some(DecodeKernel::Int8 { variant, .. }) if !deterministic => {
+                                Some(tune_group_batches(&gpu, key.2, fmt, variant, &members, key.1)?)
+                            }
+                            _ => None,
+                        };
+                        grouped.insert(key, (c, batch));
+                        (c, batch)
+                    }
+                };
+                for m in &run {
+                    let tuning = &mut pending.get_mut(&m.name).expect("pending").tuning;
+                    if let Some(kernel) = choice {
+                        tuning.kernel = kernel;
+                    }
+                    if let Some(batch) = batch {
+                        tuning.batch = batch;
+                    }
+                }
+            }
+        }
+        let mut matrices = HashMap::new();
+        for (name, p) in pending {
+            let p = p.settle();
+            if p.embed_rows.is_some() {
+                memory.tied_output_int8 += p.original.len();
+            }
+            let quantized = WeightBytes::Own(p.repacked.flatten().unwrap_or(p.original));
+            matrices.insert(
+                name,
+                GpuMatrix {
+                    suffix: p.suffix,
+                    quantized,
+                    f16: p.f16,
+                    decode: p.tuning.kernel,
+                    decode_cublas: p.tuning.cublas,
+                    batch: p.tuning.batch,
+                    embed_rows: p.embed_rows,
+                },
+            );
+        }
+        stack_input_groups(&gpu, w, &mut matrices)?;
+        let mut norms = HashMap::new();
+        for n in w.norms() {
+            norms.insert(n.name.clone(), gpu.upload(&n.data)?);
+            memory.norms += n.data.len() * 4;
+        }
+        let mut norm_readers = HashMap::new();
+        for l in &w.layers {
+            let names = |ms: &[&Matrix]| ms.iter().map(|m| m.name.clone()).collect::<Vec<_>>();
+            norm_readers.insert(l.attn_norm.name.clone(), names(&l.qkv()));
+            norm_readers.insert(l.ffn_norm.name.clone(), names(&l.gate_up()));
+        }
+        norm_readers.insert(w.output_norm.name.clone(), vec![w.output.name.clone()]);
+        let arena = gpu.alloc::<i32>(ARENA_INTS)?;
+        let arrivals = gpu.alloc::<i32>(cpu.config.n_head)?;
+        let lab = &gpu.options.lab;
+        let skipped_kernels = lab.skip.clone();
+        if !skipped_kernels.is_empty() {
+            eprintln!("TANDEM_CUDA_SKIP: leaving out {skipped_kernels:?}; a timing experiment, the logits are wrong");
+        }
+        let profile = lab.profile.then(OpProfile::default);
+        let stacked_split_max_rows = lab.stacked_split_max_rows;
+        let pass_clock = lab.pass_times.then(PassClock::default);
+        let profiler_window = lab.profile_replays.map(|(from, to)| ProfilerWindow::new(from, to));
+        let (graphs, batch_graphs) = (gpu.options.graphs, gpu.options.batch_graphs);
+        let (ahead_enabled, fused_qkv_store) = (gpu.options.ahead, gpu.options.fused_qkv_store);
+        let dqmma_scratch = RefCell::new(DqmmaScratch::new(&gpu, dqmma_rows)?);
+        gpu.synchronize()?;
+        Ok(CudaModel {
+            cpu,
+            gpu,
+            deterministic,
+            graphs_enabled: Cell::new(profile.is_none() && graphs),
+            batch_graphs_enabled: Cell::new(batch_graphs),
+            matrices,
+            norms,
+            norm_readers,
+            memory,
+            uploads: RefCell::new(Vec::new()),
+            plans: RefCell::new(Vec::new()),
+            mode: Cell::new(Mode::Normal),
+            arena,
+            staging: RefCell::new(Vec::new()),
+            f32_pool: Rc::default(),
+            u16_pool: Rc::default(),
+            u8_pool: Rc::default(),
+            captured_out: RefCell::new(None),
+            graphs: RefCell::new(Vec::new()),
+            ahead: RefCell::new(None),
+            pinned_logits: Default::default(),
+            ahead_enabled,
+            ahead_taken: Cell::new(0),
+            batch_replays: Cell::new(0),
+            token_slot: Cell::new(None),
+            arrivals: RefCell::new(arrivals),
+            retired_arrivals: RefCell::new(Vec::new()),
+            warmed: RefCell::new(VecDeque::new()),
+            profile,
+            pass_clock,
+            profiler_window,
+            skipped_kernels,
+            stacked_split_max_rows,
+            dqmma_scratch,
+            fused_qkv_store,
+        })
+    }
+}
+
+/// Moves the f16 operands of each group of matrices reading one input (a layer's q, k and v; its
+/// gate and up) into one allocation, in the group's order, so that one GEMM can make all their
+/// products (`matmul.rs`, `ffn.rs`): the dequantized copies of a quantized file, or an F16 file's
+/// weights themselves (their matvecs then read their part of the allocation). The same memory as
+/// before (one group's worth more while it moves).
+fn stack_input_groups(
+    gpu: &Gpu,
+    w: &tandem_model::weights::Weights,
+    matrices: &mut HashMap<String, GpuMatrix>,
+) -> Result<(), CudaError> {
+    for group in w.input_groups() {
+        if group.iter().any(|m| m.cols != group[0].cols) {
+            continue;
+        }
+        let members: Option<Vec<&GpuMatrix>> = group.iter().map(|m| matrices.get(&m.name)).collect();
+        let Some(members) = members else { continue };
+        if let Some(copies) = members
+            .iter()
+            .map(|g| match &g.f16 {
+                Some(F16Weights::Copy(w16)) => Some(w16.as_view()),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+        {
+            let (all, ranges) = concatenate(gpu, &group, &copies)?;
+            let all = Rc::new(all);
+            for (m, range) in group.iter().zip(ranges) {
+                if let Some(g) = matrices.get_mut(&m.name) {
+                    // The separate copy is freed here, once the stream has copied it.
+                    g.f16 = Some(F16Weights::Stacked(Rc::clone(&all), range));
+                }
+            }
+        } else if let Some(own) = members
+            .iter()
+            .map(|g| match (&g.f16, &g.quantized) {
+                (Some(F16Weights::Original), WeightBytes::Own(bytes)) => Some(bytes.as_view()),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+        {
+            let (all, ranges) = concatenate(gpu, &group, &own)?;
+            let all = Rc::new(all);
+            for (m, range) in group.iter().zip(ranges) {
+                if let Some(g) = matrices.get_mut(&m.name) {
+                    g.quantized = WeightBytes::Part(Rc::clone(&all), range);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `parts` (one a member of `group`) copied one after another into a new allocation, and the range
+/// each took there.
+fn concatenate<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    group: &[&Matrix],
+    parts: &[CudaView<'_, T>],
+) -> Result<(CudaSlice<T>, Vec<Range<usize>>), CudaError> {
+    let total = parts.iter().map(|c| c.len()).sum();
+    let mut all = gpu.alloc_out::<T>(total)?;
+    let mut ranges = Vec::with_capacity(parts.len());
+    let mut at = 0;
+    for (m, part) in group.iter().zip(parts) {
+        let range = at..at + part.len();
+        driver(
+            &format!("cuMemcpyDtoD (stack {})", m.name),
+            gpu.stream.memcpy_dtod(part, &mut all.slice_mut(range.clone())),
+        )?;
+        at = range.end;
+        ranges.push(range);
+    }
+    Ok((all, ranges))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_join_members_of_one_integer_type_and_width() {
+        use GgmlType::*;
+        // Q4_K_M's attention: q and k Q4_K share a launch, v (Q6_K) goes alone.
+        assert_eq!(
+            run_indices(&[(Q4_K, 4096), (Q4_K, 4096), (Q6_K, 4096)], true),
+            vec![vec![0, 1]]
+        );
+        // Q8_0: all three; gate and up.
+        assert_eq!(run_indices(&[(Q8_0, 4096); 3], true), vec![vec![0, 1, 2]]);
+        assert_eq!(run_indices(&[(Q4_K, 4096), (Q4_K, 4096)], true), vec![vec![0, 1]]);
+        // Types without an integer kernel, other widths, or the route switched off: no run.
+        assert!(run_indices(&[(F16, 4096); 3], true).is_empty());
+        assert!(run_indices(&[(Q4_K, 4096), (Q4_K, 2048)], true).is_empty());
+        assert!(run_indices(&[(Q4_K, 4096); 2], false).is_empty());
+        // Members need not be adjacent.
+        assert_eq!(
+            run_indices(&[(Q4_K, 4096), (Q6_K, 4096), (Q4_K, 4096)], true),
+            vec![vec![0, 2]]
+        );
+    }
+}
