@@ -25,9 +25,9 @@ pub(crate) mod cache;
 #[cfg(test)]
 mod kernel_tables;
 pub mod matmul;
-pub mod model;
+pub(crate) mod model;
 pub mod ops;
-pub mod options;
+pub(crate) mod options;
 pub mod routes;
 pub mod runtime;
 

@@ -23,8 +23,6 @@ fn no_norm_output() -> ModelError {
     ModelError::Kernel("add_norm_to made no normed output".into())
 }
 
-/// Scratch of the CUDA backend: buffers live in the model's pools, so nothing is kept here.
-
 impl Backend for CudaModel {
     type Act = GpuAct;
     type Kv = GpuSequenceKv;

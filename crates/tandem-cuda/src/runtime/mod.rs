@@ -4,12 +4,12 @@
 //! programmatic graph edges (`programmatic`) and the timing and tracing tools (`profile`, `trace`).
 
 pub(crate) mod checked;
-pub mod device;
+pub(crate) mod device;
 pub(crate) mod grid;
 pub mod launch;
-pub mod ledger;
-pub mod nvrtc;
-pub mod pool;
+pub(crate) mod ledger;
+pub(crate) mod nvrtc;
+pub(crate) mod pool;
 pub(crate) mod profile;
 pub(crate) mod programmatic;
 pub(crate) mod trace;
