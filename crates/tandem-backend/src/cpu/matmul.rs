@@ -101,8 +101,8 @@ pub fn matmul(pool: &ThreadPool, w: &WeightMatrix, x: &[f32], t: usize, out: &mu
 
 #[cfg(target_arch = "x86_64")]
 /// Smallest batch that goes to the AVX-512 GEMM (smaller ones take the row kernels, which decode each
-/// weight block once for up to four activation rows). Measured on 2 threads with those kernels (the
-/// staged session, decode batches, A B B A): at 6 / 7 / 8 sequences the row kernels ran 1.42x /
+/// weight block once for up to four activation rows). Measured on 2 threads with those kernels
+/// (decode batches, A B B A): at 6 / 7 / 8 sequences the row kernels ran 1.42x /
 /// 1.30x / 1.19x the GEMM on Gemma 3 270M and 1.45x / 1.29x / 1.22x on SmolLM2 Q4_1; at 10 the two
 /// tied (Gemma 236-239 against 238-240 tok/s), at 12 the GEMM won (271-275 against 237). When the row
 /// kernels took one activation row a pass, the GEMM won from 6 rows.

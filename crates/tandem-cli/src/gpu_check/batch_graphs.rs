@@ -118,9 +118,8 @@ const MARGIN: f32 = 0.1;
 /// The largest relative difference (L2 over a row) allowed between a batched row and the same row
 /// decoded alone. The routes differ in kernel (the batched matvec, qmma or cuBLAS over the f16 copy
 /// against the one-row matvec) and so in rounding, not in what they compute; through 32 layers of
-/// random weights that reads 2.1-2.5e-2 on the synthetic 8B Q4_K_M and 5.8e-3 on gemma3-270m
-/// (docs/gpu-runs/2026-12-02-pipe, call x7), as the lone GPU does against the CPU (2.6e-2 on the
-/// 8B). A wrong product reads near 1.
+/// random weights that reads 2.1-2.5e-2 on the synthetic 8B Q4_K_M and 5.8e-3 on gemma3-270m, as
+/// the lone GPU does against the CPU (2.6e-2 on the 8B). A wrong product reads near 1.
 const BATCH_REL_BOUND: f64 = 0.1;
 
 /// One row for each batch size: `batch` sequences decoded together (the routes the load-time timing

@@ -294,7 +294,8 @@ fn check_fresh(gpu: &Gpu, rng: &mut Rng, c: &Case, rope: RopeParams, table: &mut
     let norm_equal = same(&normed_fused.0, &plain.0) && normed_fused.1 == plain.1 && normed_fused.2 == plain.2;
     // Rotated, with and without QK-norm: output and stored row bit-equal to the chunked route's
     // kernels (`rms_norm`, `rope_kv_store`, then the cached kernel), which form the same values in
-    // launches of their own (where the compiler may contract other products: the deep session's bug).
+    // launches of their own (where the compiler may contract other products: it once rotated q and K
+    // to other bits in the fused kernel than in `rope` and `rope_kv_store`, hence `rope_rotate`).
     // With QK-norm the chain starts from q and K already through `rms_norm` (`normed_first`).
     let chain_equal = |(out, kc, vc): (&[f32], &[u16], &[u16]), q: &[f32], f: &Fresh<'_>| -> Result<bool> {
         let chained = chained_route(gpu, c, q, f, (&k, &v))?;

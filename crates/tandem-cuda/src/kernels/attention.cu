@@ -273,11 +273,11 @@ struct FirstTile {
 };
 
 // Issues the loads of the block's first tile before the kernel's wait, so they overlap the kernel
-// before (tg128 on the 8B: +1.4% at 4,096 keys, +2.9% at 7,168; docs/gpu-runs/2026-12-01-early). Its rows are
-// those of earlier steps, written by this layer's fused kernel in an earlier graph replay or by a
-// direct launch, all finished before this step's graph began; the kernel before in the step (the
-// q, K, V projections) writes none of them. The step's own row, which this kernel stores, is taken
-// from shared memory instead of from these loads (`decode_tiles`).
+// before (tg128 on the 8B: +1.4% at 4,096 keys, +2.9% at 7,168; bench/records/2026-12-01-early/f1).
+// Its rows are those of earlier steps, written by this layer's fused kernel in an earlier graph
+// replay or by a direct launch, all finished before this step's graph began; the kernel before in
+// the step (the q, K, V projections) writes none of them. The step's own row, which this kernel
+// stores, is taken from shared memory instead of from these loads (`decode_tiles`).
 template <int D>
 __device__ __forceinline__ void load_first_tile(FirstTile<D>& ft, const DecodeShare& sh, const Placement& pl,
                                                 int window, const u16* __restrict__ kc, const u16* __restrict__ vc,
@@ -378,15 +378,15 @@ __device__ __forceinline__ void decode_tiles(const float* __restrict__ q, const 
 // writes those of all the KV head's query heads, from one load of the tile's K and V, and the other
 // blocks exit. A chunk of many queries then loads each tile once per KV head instead of once per
 // query head (deterministic pp512 at depth 4,096 on the 8B: 1,611 tok/s against 1,138); one decode
-// query gained nothing from it (docs/gpu-runs/2026-12-01-depth), so the fused decode kernel never
-// groups. Each head's partial is the same either way. The partials go into `partial` ([(q * n_head + h) * tile_cap + tile] * (head_dim + 2)), then counts
-// them in, per (query, group of `group` consecutive heads), in `arrivals` (zero between launches): a
-// group is complete after n_tiles * group heads, and the block completing it merges each of its heads
-// into `dst` and quantizes them as `quant` says into `a` (n_t rows): RN_Q8K, one Q8_K block per group
-// (`group` * head_dim = 256), or RN_Q8, Q8 blocks of 32 within each head, or 0. A block's heads may
-// meet several groups, or part of one (12 heads over 4 KV heads in groups of 4). The kernels
-// (`ATTEND_TILES` below) read their placement (`read_placement`), wait for the kernel before, then run
-// this body for their head size.
+// query gained nothing from it, so the fused decode kernel never groups. Each head's partial is the
+// same either way. The partials go into `partial` ([(q * n_head + h) * tile_cap + tile] *
+// (head_dim + 2)), then counts them in, per (query, group of `group` consecutive heads), in
+// `arrivals` (zero between launches): a group is complete after n_tiles * group heads, and the
+// block completing it merges each of its heads into `dst` and quantizes them as `quant` says into
+// `a` (n_t rows): RN_Q8K, one Q8_K block per group (`group` * head_dim = 256), or RN_Q8, Q8 blocks
+// of 32 within each head, or 0. A block's heads may meet several groups, or part of one (12 heads
+// over 4 KV heads in groups of 4). The kernels (`ATTEND_TILES` below) read their placement
+// (`read_placement`), wait for the kernel before, then run this body for their head size.
 template <int D>
 __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, const u16* __restrict__ kc,
                                                   const u16* __restrict__ vc, int capacity, int kv_width,
@@ -451,10 +451,9 @@ __device__ __forceinline__ void attend_tiles_body(const float* __restrict__ q, c
 // share s of `splits` of the live tiles (`decode_tiles`), so a deep context runs in one wave of blocks
 // that each stream several tiles, where a block per tile and head took several waves of short blocks,
 // each paying its setup, q's rotation, its publication and its arrival (a 4,096-key step of the 8B:
-// 1,088 blocks, 4.1 waves, 32 µs a layer; docs/gpu-runs/2026-12-01-deep). With `splits` at least the
-// live tiles and NH = 1 it is a block per tile and head, as before. The records are those of a block
-// per tile and head, so the merge (the group's last block to count its tiles in) and the output are
-// too.
+// 1,088 blocks, 4.1 waves, 32 µs a layer). With `splits` at least the live tiles and NH = 1 it is
+// a block per tile and head, as before. The records are those of a block per tile and head, so the
+// merge (the group's last block to count its tiles in) and the output are too.
 template <int D, int NH>
 __device__ __forceinline__ void attend_decode_body(const float* __restrict__ q, const u16* __restrict__ kc,
                                                    const u16* __restrict__ vc, int capacity, int kv_width,
@@ -508,8 +507,7 @@ __device__ __forceinline__ void attend_decode_body(const float* __restrict__ q, 
 // many shares: block (x, y) heads y / NH * NH .., share x * NH + y % NH. Each tile's K and V are then
 // loaded and converted once for NH heads (tg128 at 4,096 keys on the 8B: 427 tok/s with two heads a
 // block against 413 with one), while a short context keeps a block a head (two heads a block from the
-// first tile: 524 against 532 at depth 0; docs/gpu-runs/2026-12-01-deep, call e4). The records are
-// the same either way.
+// first tile: 524 against 532 at depth 0). The records are the same either way.
 template <int D, int NH>
 __device__ __forceinline__ void attend_decode(const float* __restrict__ q, const u16* __restrict__ kc,
                                               const u16* __restrict__ vc, int capacity, int kv_width,
@@ -619,6 +617,6 @@ ATTEND_TILES(128, 2)
 ATTEND_TILES(256, 1)
 // ATTEND_ROPE_HEADS(head size, query heads a block in a deep context), two blocks a multiprocessor:
 // `routes::decode_attention_heads`. (Four heads a block measured no faster than two at 4,096 keys on
-// the 8B, 419 against 427 tok/s, and slower at depth 0; call e4.)
+// the 8B, 419 against 427 tok/s, and slower at depth 0.)
 ATTEND_ROPE_HEADS(64, 2)
 ATTEND_ROPE_HEADS(128, 2)

@@ -287,8 +287,8 @@ __device__ __forceinline__ float2 rope_angle(int pos, int p, int n_rot, float ba
 
 // Written out as fused multiply-adds: left to the compiler, which product of a difference or sum is
 // fused is chosen per kernel, so two kernels could rotate the same pair to different bits (the fused
-// attention kernel did once one of its variants was added; docs/gpu-runs/2026-12-01-deep). This is the
-// form the compiler had chosen in `rope_kv_store` and the fused kernel.
+// attention kernel did once one of its variants was added). This is the form the compiler had
+// chosen in `rope_kv_store` and the fused kernel.
 __device__ __forceinline__ float2 rope_rotate(float x0, float x1, float2 cs) {
     return make_float2(fmaf(x0, cs.x, -__fmul_rn(x1, cs.y)), fmaf(x0, cs.y, __fmul_rn(x1, cs.x)));
 }

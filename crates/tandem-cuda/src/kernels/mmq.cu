@@ -15,9 +15,9 @@
 
 // A chunk's activations for one super-block, staged in shared memory once a block (the four warps
 // read the same 16 rows): the profile of these kernels reading them from global memory had the L1 at
-// 96-97% of its throughput (docs/gpu-runs/2026-11-30-bulk, call k9). Per row: the 256 quants in a
-// 288-byte slot (the 32 bytes of padding put a warp's 8-byte fragment reads of eight rows in distinct
-// banks), the 16 sums of 16 in an 80-byte slot, then the 16 rows' scales.
+// 96-97% of its throughput. Per row: the 256 quants in a 288-byte slot (the 32 bytes of padding put
+// a warp's 8-byte fragment reads of eight rows in distinct banks), the 16 sums of 16 in an 80-byte
+// slot, then the 16 rows' scales.
 #define MMQ_QS_STRIDE 288
 #define MMQ_SUM_STRIDE 80
 #define MMQ_STAGE_BYTES (16 * MMQ_QS_STRIDE + 16 * MMQ_SUM_STRIDE + 64)
@@ -289,8 +289,8 @@ extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict_
 }
 
 // Four blocks a multiprocessor: staging took the kernel from 128 registers to 150 (three blocks); the
-// bound brings back 128 with no local memory (call s1 of docs/gpu-runs/2026-11-30-stage: same bits,
-// deterministic pp512 +0.2%, at the edge of the spread).
+// bound brings back 128 with no local memory (same bits, deterministic pp512 +0.2%, at the edge of
+// the spread: bench/records/2026-11-30-stage/s1-results.txt).
 extern "C" __global__ void __launch_bounds__(128, 4) mmq_q6_k(const u8* __restrict__ W, const u8* __restrict__ A,
                                                            float* __restrict__ Y, int rows, int cols, int n_t) {
     WAIT_PRIOR_GRID();

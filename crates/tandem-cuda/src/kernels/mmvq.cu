@@ -583,8 +583,7 @@ __device__ __forceinline__ void mmvq_unstaged(const u8* __restrict__ W0, const u
 // starts late. Each warp issues its first group's first step of weight loads before the copy: the
 // copy waits on the previous kernel's output (in L2) and the weights come from memory, so the two
 // latencies overlap instead of adding up. A row's sums are the S = 1 kernel's: same bits. (A version
-// that also kept the next step's loads in flight across rows was slower on the 8B shapes:
-// docs/gpu-runs/2026-11-30-decode.)
+// that also kept the next step's loads in flight across rows was slower on every 8B shape.)
 //
 // NB = 1: one activation row, four warps a block (`mmvqp_*`). NB = 2, 4, 8: a decode batch of up to
 // NB rows, eight warps a block sharing the copy (`mmvqpb<NB>_*`). Read from global memory, a batch's

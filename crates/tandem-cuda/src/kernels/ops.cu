@@ -73,10 +73,10 @@ __device__ __forceinline__ void norm_out_q8k(int flags, u8* __restrict__ a, int 
 // j % RN_THREADS's; a thread sums its elements in ascending order, then the block's fixed tree
 // (`block_total`). RN_THREADS threads a row: a decode step has one row, so a block is all the
 // kernel's work, and its cost is the block's instructions, not its bandwidth. At 1024 threads and
-// one element a thread a pass, 32 warps spent 530 instructions each on an 8B row (Nsight Compute,
-// docs/gpu-runs/2026-11-30-attn); 16 warps of float4s do the row with a fraction of that (eight
-// were slower: the Q8_K pass then takes two blocks a warp). Every loop stops at the block's last
-// pass, so a shorter row pays for no slot it does not fill.
+// one element a thread a pass, 32 warps spent 530 instructions each on an 8B row (Nsight Compute);
+// 16 warps of float4s do the row with a fraction of that (eight were slower: the Q8_K pass then
+// takes two blocks a warp). Every loop stops at the block's last pass, so a shorter row pays for no
+// slot it does not fill.
 #define RN_THREADS 512
 #define RN_VECS 4
 #define RN_IN_REGS (4 * RN_VECS)

@@ -15,8 +15,8 @@
 // Warp w takes super-blocks w, w + 4, ... of the rows (the K split keeps blocks on every
 // multiprocessor for matrices of few rows, like o and down), and the four warps' sums are added in a
 // fixed order. A warp takes BT tiles of 8 batch rows (the mma's n): rows 8 BT y .. + 8 BT of grid row
-// y (one tile is instantiated: two, for 9-16 rows, ran slower than cuBLAS over the f16 copy,
-// docs/gpu-runs/2026-12-02-graphs, call c1). Fragments (PTX ISA, mma .s8): lane = 4 g + i; A weight rows g and g + 8, B batch row g; C weight
+// y (one tile is instantiated: two, for 9-16 rows, ran slower than cuBLAS over the f16 copy).
+// Fragments (PTX ISA, mma .s8): lane = 4 g + i; A weight rows g and g + 8, B batch row g; C weight
 // rows g and g + 8 times batch rows 2 i and 2 i + 1, output e = 2 h + w. The weights sit on A so that
 // the batch's loads land in B's registers as they are (8 or 4 bytes of one row), and the weights'
 // registers, which are unpacked anyway, are formed in A's order: no register moves before an mma.

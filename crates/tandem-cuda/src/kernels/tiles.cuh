@@ -21,11 +21,11 @@
 // instructions a warp, 9 µs a decode step's layer on the H200).
 //
 // Eight warps of 16 keys, two lanes a key: at a short context a decode step has one block per KV
-// head, so a block's time is one warp's dependent chain per query head. With four warps of 32 keys, a lane ran a 128-term dot per key and
-// the weighted sums of 16 keys, about 750 instructions issued every 9 cycles (Nsight Compute,
-// docs/gpu-runs/2026-11-30-host); here a lane's share of both is half. Sixteen warps of eight keys
-// were slower in the graph (docs/gpu-runs/2026-11-30-fold: 7.6 µs a layer against 7.0; tg128 -1.2%
-// where eight warps gained 0.8-1.7%).
+// head, so a block's time is one warp's dependent chain per query head. With four warps of 32 keys,
+// a lane ran a 128-term dot per key and the weighted sums of 16 keys, about 750 instructions issued
+// every 9 cycles (Nsight Compute); here a lane's share of both is half. Sixteen warps of eight keys
+// were slower in the graph (7.6 µs a layer against 7.0 on the H200; tg128 -1.2% where eight warps
+// gained 0.8-1.7%).
 #define ATT_THREADS 256
 #define ATT_WARPS (ATT_THREADS / 32)
 #define ATT_KEYS (ATT_TILE / ATT_WARPS)
@@ -227,9 +227,9 @@ __device__ __forceinline__ void tile_record(const TileLanes<D>& tl, const float 
 // Partials written by other blocks of the grid are read with __ldcg, from L2, never from a stale L1
 // line. The loads of MERGE_AHEAD tiles go out together before their merges: a merge that loaded each
 // tile after the one before took two L2 round trips a tile, about 1 µs, which made a decode step at
-// 4,096 keys (32 tiles) 30 µs a layer slower than at 128 (docs/gpu-runs/2026-12-01-depth). The merges
-// themselves run in the same order, and every dimension's sums are those of one tile at a time, however
-// the dimensions are shared among warps. The dimensions go to `o`, and to `staged` (shared memory,
+// 4,096 keys (32 tiles) 30 µs a layer slower than at 128. The merges themselves run in the same
+// order, and every dimension's sums are those of one tile at a time, however the dimensions are
+// shared among warps. The dimensions go to `o`, and to `staged` (shared memory,
 // for a Q8_K block) when given; `q8_blk` >= 0 quantizes them as Q8 block `q8_blk` of row `t` of `a`
 // (n_t rows of `cols`).
 template <int D>
