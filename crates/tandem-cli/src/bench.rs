@@ -102,7 +102,11 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         AnyEngine::Cuda(e) => format!(
             "{}{}",
             e.model.gpu.name,
-            if e.model.deterministic { ", deterministic" } else { "" }
+            if e.model.routes.deterministic {
+                ", deterministic"
+            } else {
+                ""
+            }
         ),
     };
     match args.output_format {

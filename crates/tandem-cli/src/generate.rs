@@ -209,7 +209,7 @@ pub fn place(model: Model, device: Device, verbose: bool) -> Result<DeviceModel>
 
 /// The GPU and what the weights take on it, for `--verbose`.
 fn print_gpu(cuda: &CudaModel) {
-    let m = &cuda.memory;
+    let m = &cuda.weights.memory;
     eprintln!(
         "gpu: {} ({}), {:.1} GB; weights {:.1} MB quantized{} + {:.1} MB f16 for the GEMM route{} + {:.2} MB norms",
         cuda.gpu.name,
@@ -225,7 +225,7 @@ fn print_gpu(cuda: &CudaModel) {
             String::new()
         },
         m.weights_f16 as f64 / 1e6,
-        if cuda.deterministic {
+        if cuda.routes.deterministic {
             " (none: deterministic)"
         } else {
             ""
@@ -263,7 +263,7 @@ fn print_gpu_memory(engine: &AnyEngine, kv_bytes: usize) {
 
 pub fn print_cuda_memory(cuda: &CudaModel, kv_bytes: usize) {
     if let Ok((free, total)) = cuda.gpu.mem_info() {
-        let m = &cuda.memory;
+        let m = &cuda.weights.memory;
         let used = total - free;
         let weights = m.weights_quantized + m.tied_output_int8 + m.weights_f16 + m.norms;
         let other = used.saturating_sub(weights + kv_bytes);

@@ -31,9 +31,10 @@ pub(crate) mod options;
 pub mod routes;
 pub mod runtime;
 
+pub use cache::graphs::GraphCache;
 pub use cache::kv::GpuSequenceKv;
 pub use cudarc::driver::CudaSlice;
-pub use matmul::weights::GpuMemory;
+pub use matmul::weights::{DeviceWeights, GpuMemory};
 pub use model::CudaModel;
 pub use options::{CudaOptions, LabOptions};
 pub use runtime::device::Gpu;

@@ -60,6 +60,19 @@ use tandem_model::kv::{ChunkRoute, RingPlacement};
 
 use crate::matmul::kinds::{ActQuant, MmvqVariant};
 
+/// The route settings a model keeps from its load (`CudaModel::routes`).
+#[derive(Clone, Copy, Debug)]
+pub struct RouteSettings {
+    /// Every matmul on the matvec route: bit-identical logits across chunkings and batches.
+    pub deterministic: bool,
+    /// Rows up to which q, k and v take one stacked GEMM and a split (`STACKED_SPLIT_MAX_ROWS`
+    /// unless `TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS` says otherwise; 0 turns it off).
+    pub stacked_split_max_rows: usize,
+    /// Whether prefill chunks on the stacked q/k/v GEMM cut, rotate and store its product in one
+    /// launch (`project.rs`; `TANDEM_CUDA_FUSED_QKV_STORE=0` turns it off, to compare).
+    pub fused_qkv_store: bool,
+}
+
 /// Rows up to which a chunk takes the tile attention kernel rather than the flash kernel
 /// (`attention_route`; a decode batch of any size takes its batched form, one row a sequence).
 pub const MATVEC_MAX_ROWS: usize = 8;

@@ -46,8 +46,8 @@ fn start_batch(
 
 /// The logits of every step of the three phases, each step's rows in sequence order.
 fn run(gpu: &mut Engine<CudaModel>, prompt: &[u32], batch: usize, graphs: bool) -> Result<Vec<Vec<f32>>> {
-    gpu.model.graphs_enabled.set(graphs);
-    gpu.model.batch_graphs_enabled.set(graphs);
+    gpu.model.graphs.enabled.set(graphs);
+    gpu.model.graphs.batch_enabled.set(graphs);
     let (mut kvs, mut next) = start_batch(gpu, prompt, batch, FIRST_PROMPT + 3 * STEPS + 1)?;
     let mut seen = Vec::new();
     let mut keep = |logits: &[Logits], next: &mut [u32]| {
@@ -80,10 +80,10 @@ pub(super) fn batch_graph_rows(
 ) -> Result<()> {
     for &batch in batches {
         let direct = run(gpu, prompt, batch, false)?;
-        let replays_before = gpu.model.batch_replays.get();
+        let replays_before = gpu.model.graphs.batch_replays.get();
         let graphs = run(gpu, prompt, batch, true)?;
-        let replays = gpu.model.batch_replays.get() - replays_before;
-        let used = gpu.model.graphs_enabled.get() && gpu.model.batch_graphs_enabled.get();
+        let replays = gpu.model.graphs.batch_replays.get() - replays_before;
+        let used = gpu.model.graphs.enabled.get() && gpu.model.graphs.batch_enabled.get();
         let same = direct.len() == graphs.len()
             && direct
                 .iter()
@@ -103,8 +103,8 @@ pub(super) fn batch_graph_rows(
             pass: same && used && replays >= want,
         });
     }
-    gpu.model.graphs_enabled.set(true);
-    gpu.model.batch_graphs_enabled.set(true);
+    gpu.model.graphs.enabled.set(true);
+    gpu.model.graphs.batch_enabled.set(true);
     Ok(())
 }
 

@@ -566,10 +566,10 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
 
     // Decode steps replayed from a captured CUDA graph give the bits of direct launches.
     let steps = 24.min(args.gen);
-    let ahead_before = gpu.model.ahead_taken.get();
+    let ahead_before = gpu.model.graphs.ahead_taken.get();
     let mut runs = Vec::new();
     for graphs in [false, true] {
-        gpu.model.graphs_enabled.set(graphs);
+        gpu.model.graphs.enabled.set(graphs);
         let mut kv = gpu.try_new_sequence(n_ctx)?;
         let mut logits = gpu.prefill(&mut kv, &prompt[..prompt.len().min(600)], 512)?;
         let mut rows = Vec::new();
@@ -581,10 +581,10 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
         }
         runs.push((rows, t0.elapsed().as_secs_f64() / steps as f64));
     }
-    let graphs_used = gpu.model.graphs_enabled.get();
+    let graphs_used = gpu.model.graphs.enabled.get();
     // From the fourth replayed step on (capture, one replay, then one made ahead), unless turned off.
-    let ahead = gpu.model.ahead_taken.get() - ahead_before;
-    let ahead_ok = !graphs_used || !gpu.model.ahead_enabled || steps < 4 || ahead > 0;
+    let ahead = gpu.model.graphs.ahead_taken.get() - ahead_before;
+    let ahead_ok = !graphs_used || !gpu.model.graphs.ahead_enabled || steps < 4 || ahead > 0;
     let same = runs[0]
         .0
         .iter()

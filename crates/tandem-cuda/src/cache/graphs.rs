@@ -14,6 +14,7 @@
 //! sequences of that count. Launched directly, such a step spent about 3 ms a step enqueueing its
 //! kernels, more than the GPU's work for a few sequences.
 
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -26,6 +27,27 @@ use crate::cache::kv::GpuSequenceKv;
 use crate::routes;
 use crate::runtime::grid::i32_of;
 use crate::runtime::pool::DevBuf;
+
+/// A model's decode graphs (`CudaModel::graphs`): the cache, the dry pass made ahead, their
+/// switches and the counters checks read.
+pub struct GraphCache {
+    /// Decode steps through captured CUDA graphs (`TANDEM_CUDA_GRAPHS=0` turns this off).
+    pub enabled: Cell<bool>,
+    /// Batched decode steps through them too (`TANDEM_CUDA_BATCH_GRAPHS=0` turns only this off; a
+    /// failed batched capture too).
+    pub batch_enabled: Cell<bool>,
+    pub(crate) captured_out: RefCell<Option<DevBuf<f32>>>,
+    pub(crate) cache: RefCell<Vec<DecodeGraph>>,
+    /// The next decode step's dry pass, made while the GPU ran this one (`decode_graph.rs`);
+    /// `TANDEM_CUDA_AHEAD=0` turns it off.
+    pub(crate) ahead: RefCell<Option<Ahead>>,
+    pub ahead_enabled: bool,
+    /// Replayed steps that took their parameters from a dry pass made ahead (for checks).
+    pub ahead_taken: Cell<u64>,
+    /// Batched decode steps replayed from a graph (for checks).
+    pub batch_replays: Cell<u64>,
+    pub(crate) warmed: RefCell<VecDeque<GraphKey>>,
+}
 
 /// Graphs kept at once (one per sequence being decoded, one per batch shape; the one replayed longest
 /// ago goes first).

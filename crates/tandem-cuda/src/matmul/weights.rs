@@ -1,6 +1,7 @@
 //! Weights on the device: each matrix's quantized bytes, its f16 copy for the GEMM route, the
 //! decode kernel chosen for its shape, and the stacked operands of matrices reading one input.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::rc::Rc;
 
@@ -108,6 +109,16 @@ fn f16_of_bytes(bytes: CudaView<'_, u8>) -> Result<CudaView<'_, u16>, CudaError>
         what: "f16 weights".into(),
         err: "buffer too small for its f16 view".into(),
     })
+}
+
+/// The model's weights on the device (`CudaModel::weights`), made by `CudaModel::load`.
+pub struct DeviceWeights {
+    pub(crate) matrices: HashMap<String, GpuMatrix>,
+    pub(crate) norms: HashMap<String, CudaSlice<f32>>,
+    /// Pre-norm name to the matrices reading its output (the first one's kernel says how to quantize
+    /// it; when all take the GEMM route, only their f16 operand is made).
+    pub(crate) norm_readers: HashMap<String, Vec<String>>,
+    pub memory: GpuMemory,
 }
 
 /// Device memory by purpose, for `--verbose`.

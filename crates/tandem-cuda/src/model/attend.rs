@@ -83,7 +83,9 @@ impl CudaModel {
         let t = rows.len();
         // Prefill chunks (never captured, so only in direct launches) take the tensor cores when their
         // keys are contiguous in this buffer.
-        if self.mode.get() == Mode::Normal && routes::attention_route(t, self.deterministic) == AttentionRoute::Flash {
+        if self.pass.mode.get() == Mode::Normal
+            && routes::attention_route(t, self.routes.deterministic) == AttentionRoute::Flash
+        {
             if let Some(keys) = key_range(positions, window, source) {
                 return self.profiled("attend (flash)", || {
                     self.attend_flash(io.q, io.out, rows, kc, vc, keys, positions, window)
@@ -174,9 +176,9 @@ impl CudaModel {
         let c = &self.cpu.config;
         let qw = c.q_width();
         let (group, quant) = routes::attention_merge(want, qw, c.head_dim);
-        let may_allocate = self.mode.get() == Mode::Normal;
+        let may_allocate = self.pass.mode.get() == Mode::Normal;
         let a = match quant {
-            Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(t, qw), may_allocate)?),
+            Some(fmt) => Some(self.buffers.u8_pool.take(&self.gpu, fmt.bytes(t, qw), may_allocate)?),
             None => None,
         };
         Ok((group, quant, a))
@@ -200,9 +202,9 @@ impl CudaModel {
     /// merging block resets its own). Grown outside captures only: a decode step's count is set by
     /// the direct step before its graph is captured.
     pub(crate) fn arrivals(&self, n: usize) -> Result<RefMut<'_, CudaSlice<i32>>, CudaError> {
-        let mut a = self.arrivals.borrow_mut();
+        let mut a = self.buffers.arrivals.borrow_mut();
         if a.len() < n {
-            if self.mode.get() == Mode::Capture {
+            if self.pass.mode.get() == Mode::Capture {
                 return Err(CudaError::Driver {
                     what: "attention arrival counters".into(),
                     err: format!("{n} needed while capturing a graph, {} allocated", a.len()),
@@ -211,7 +213,7 @@ impl CudaModel {
             // Graphs captured earlier keep the old counters' address: they stay allocated (and zero
             // between launches) for those graphs' replays, never freed for reuse by other buffers.
             let old = std::mem::replace(&mut *a, self.gpu.alloc::<i32>(n)?);
-            self.retired_arrivals.borrow_mut().push(old);
+            self.buffers.retired_arrivals.borrow_mut().push(old);
         }
         Ok(a)
     }
@@ -283,7 +285,7 @@ impl CudaModel {
         }
         // The routes below take each span's caches as kernel arguments: a batched graph holding them
         // would write another batch's rows into these sequences' caches.
-        if spans.len() > 1 && self.mode.get() != Mode::Normal {
+        if spans.len() > 1 && self.pass.mode.get() != Mode::Normal {
             return Err(ModelError::Kernel(
                 "a batched decode graph needs every row on the batched attention kernel".into(),
             ));

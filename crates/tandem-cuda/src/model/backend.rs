@@ -56,15 +56,15 @@ impl Backend for CudaModel {
             }
             // A pass starts here: uploads from the previous pass are not reused. Not while capturing: a
             // buffer freed during capture would become part of the graph (and fail the capture).
-            if self.mode.get() != Mode::Capture {
-                self.uploads.borrow_mut().clear();
-                self.plans.borrow_mut().clear();
+            if self.pass.mode.get() != Mode::Capture {
+                self.pass.uploads.borrow_mut().clear();
+                self.pass.plans.borrow_mut().clear();
             }
             let g = self.matrix(table)?;
             let ids: Vec<usize> = tokens.iter().map(|&t| t as usize).collect();
             let ids = self.param(&ids, "token id")?;
             if let Param::Arena(r) = &ids {
-                self.token_slot.set(Some(r.start));
+                self.pass.token_slot.set(Some(r.start));
             }
             let mut out = self.act(tokens.len(), c.d_model)?;
             if self.dry() {
@@ -210,14 +210,14 @@ impl Backend for CudaModel {
     /// Several spans' logits (a batched decode step: tens of megabytes for the 8B's vocabulary) come
     /// back in one page-locked buffer, each span lent its rows; one span's, as `to_host` gives them.
     fn logits_to_host(&self, x: GpuAct, rows: &[usize]) -> Result<Vec<Logits>, ModelError> {
-        if rows.len() < 2 || self.mode.get() != Mode::Normal {
+        if rows.len() < 2 || self.pass.mode.get() != Mode::Normal {
             return split_logits(self.to_host(x)?, rows);
         }
-        if let Some(clock) = &self.pass_clock {
+        if let Some(clock) = &self.diagnostics.pass_clock {
             clock.enqueued(&self.gpu)?;
         }
         let logits = self.lend_logit_rows(x.buf()?, rows)?;
-        if let Some(p) = &self.profile {
+        if let Some(p) = &self.diagnostics.profile {
             p.collect()?;
         }
         Ok(logits)
@@ -243,20 +243,20 @@ impl Backend for CudaModel {
     }
 
     fn to_host(&self, x: GpuAct) -> Result<Vec<f32>, ModelError> {
-        match self.mode.get() {
+        match self.pass.mode.get() {
             Mode::Normal => {
-                if let Some(clock) = &self.pass_clock {
+                if let Some(clock) = &self.diagnostics.pass_clock {
                     clock.enqueued(&self.gpu)?;
                 }
                 let host = self.gpu.download(x.buf()?)?;
-                if let Some(p) = &self.profile {
+                if let Some(p) = &self.diagnostics.profile {
                     p.collect()?;
                 }
                 Ok(host)
             }
             // The graph's output: read after the graph runs.
             Mode::Capture => {
-                *self.captured_out.borrow_mut() = x.buf;
+                *self.graphs.captured_out.borrow_mut() = x.buf;
                 Ok(Vec::new())
             }
             Mode::Dry => Ok(Vec::new()),

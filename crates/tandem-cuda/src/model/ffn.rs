@@ -26,9 +26,12 @@ impl CudaModel {
         let paired = !self.dry()
             && gate.rows == up.rows
             && gate.rows.is_multiple_of(PAIR_VECTOR)
-            && [gate, up]
-                .iter()
-                .all(|m| self.matrices.get(&m.name).is_some_and(|g| self.takes_gemm(g, t)))
+            && [gate, up].iter().all(|m| {
+                self.weights
+                    .matrices
+                    .get(&m.name)
+                    .is_some_and(|g| self.takes_gemm(g, t))
+            })
             && self.f16_input(&reader.name, t);
         if !paired {
             let [mut g, u] = graph::exactly(self.matmuls(&[gate, up], x)?)?;
@@ -37,8 +40,8 @@ impl CudaModel {
         }
         let (gg, ug) = (self.matrix(gate)?, self.matrix(up)?);
         let width = gate.rows;
-        let may_allocate = self.mode.get() == Mode::Normal;
-        let mut pair = self.u16_pool.take(&self.gpu, t * 2 * width, may_allocate)?;
+        let may_allocate = self.pass.mode.get() == Mode::Normal;
+        let mut pair = self.buffers.u16_pool.take(&self.gpu, t * 2 * width, may_allocate)?;
         let x16 = self.f16_operand(x)?;
         // Both halves of one stacked copy: one GEMM can make both products.
         let stacked = stacked_operand(&[gg, ug]);
@@ -66,7 +69,7 @@ impl CudaModel {
             },
         )?;
         *x.f16.borrow_mut() = Some(x16);
-        let mut h = self.u16_pool.take(&self.gpu, t * width, may_allocate)?;
+        let mut h = self.buffers.u16_pool.take(&self.gpu, t * width, may_allocate)?;
         self.profiled("gated (f16 pair)", || {
             gated_pair_into(&self.gpu, &pair, t, width, act, &mut h)
         })?;

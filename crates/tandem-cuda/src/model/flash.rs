@@ -25,7 +25,7 @@ impl CudaModel {
         keys: KeyRange,
         v: FlashVariant,
     ) -> Result<Rc<CudaSlice<i32>>, CudaError> {
-        let found = self.plans.borrow().iter().find_map(|((p, w, k, kv), plan)| {
+        let found = self.pass.plans.borrow().iter().find_map(|((p, w, k, kv), plan)| {
             (p == positions && *w == window && *k == keys && *kv == v).then(|| Rc::clone(plan))
         });
         if let Some(p) = found {
@@ -35,7 +35,8 @@ impl CudaModel {
             self.gpu
                 .upload(&plan(positions, window, keys, (v.query_tile(), v.key_tile)))?,
         );
-        self.plans
+        self.pass
+            .plans
             .borrow_mut()
             .push(((positions.to_vec(), window, keys, v), Rc::clone(&p)));
         Ok(p)

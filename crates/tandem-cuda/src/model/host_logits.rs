@@ -16,18 +16,18 @@ impl CudaModel {
     /// The graph's logits of the step just launched, copied into a page-locked buffer from the pool
     /// once the GPU is done, and lent out.
     pub(crate) fn lend_logits(&self, out: &CudaSlice<f32>) -> Result<Logits, CudaError> {
-        let mut host = self.pinned_logits.take(out.len())?;
+        let mut host = self.buffers.pinned_logits.take(out.len())?;
         let n = match host.download(&self.gpu, out) {
             Ok(n) => n,
             Err(e) => {
-                self.pinned_logits.give_back(host);
+                self.buffers.pinned_logits.give_back(host);
                 return Err(e);
             }
         };
         Ok(Logits::lent(Box::new(LentHost {
             host: Some(host),
             n,
-            pool: self.pinned_logits.clone(),
+            pool: self.buffers.pinned_logits.clone(),
         })))
     }
 }
@@ -38,14 +38,14 @@ impl CudaModel {
     pub(crate) fn lend_logit_rows(&self, out: &CudaSlice<f32>, rows: &[usize]) -> Result<Vec<Logits>, CudaError> {
         let total: usize = rows.iter().sum();
         let n_vocab = out.len().checked_div(total).unwrap_or(0);
-        let mut host = self.pinned_logits.take(out.len())?;
+        let mut host = self.buffers.pinned_logits.take(out.len())?;
         if let Err(e) = host.download(&self.gpu, out) {
-            self.pinned_logits.give_back(host);
+            self.buffers.pinned_logits.give_back(host);
             return Err(e);
         }
         let shared = Arc::new(SharedHost {
             host: Some(host),
-            pool: self.pinned_logits.clone(),
+            pool: self.buffers.pinned_logits.clone(),
         });
         let mut start = 0;
         Ok(rows

@@ -13,21 +13,24 @@ use tandem_gguf::GgmlType;
 use tandem_model::weights::Matrix;
 use tandem_model::Model;
 
+use crate::cache::graphs::GraphCache;
 use crate::matmul::dqmma::DqmmaScratch;
 use crate::matmul::int8::{self, int8_format};
 use crate::matmul::kinds::DecodeKernel;
 use crate::matmul::tune::{tune_decode, tune_group, tune_group_batches, GroupMember, Tuning};
+use crate::matmul::weights::DeviceWeights;
 use crate::matmul::weights::F16Weights;
 use crate::matmul::weights::GpuMatrix;
 use crate::matmul::weights::GpuMemory;
 use crate::matmul::weights::WeightBytes;
-use crate::model::{CudaModel, Mode, ARENA_INTS};
+use crate::model::{Buffers, CudaModel, Mode, PassState, ARENA_INTS};
 use crate::options::CudaOptions;
 use crate::routes;
+use crate::routes::RouteSettings;
 use crate::runtime::checked::driver;
 use crate::runtime::device::Gpu;
 use crate::runtime::launch::{dequant_f16, type_suffix};
-use crate::runtime::profile::{OpProfile, PassClock, ProfilerWindow};
+use crate::runtime::profile::{Diagnostics, OpProfile, PassClock, ProfilerWindow};
 use crate::CudaError;
 
 /// A matrix uploaded and timed, its layouts not yet settled: a group member keeps both the ggml and
@@ -320,39 +323,51 @@ impl CudaModel {
         Ok(CudaModel {
             cpu,
             gpu,
-            deterministic,
-            graphs_enabled: Cell::new(profile.is_none() && graphs),
-            batch_graphs_enabled: Cell::new(batch_graphs),
-            matrices,
-            norms,
-            norm_readers,
-            memory,
-            uploads: RefCell::new(Vec::new()),
-            plans: RefCell::new(Vec::new()),
-            mode: Cell::new(Mode::Normal),
-            arena,
-            staging: RefCell::new(Vec::new()),
-            f32_pool: Rc::default(),
-            u16_pool: Rc::default(),
-            u8_pool: Rc::default(),
-            captured_out: RefCell::new(None),
-            graphs: RefCell::new(Vec::new()),
-            ahead: RefCell::new(None),
-            pinned_logits: Default::default(),
-            ahead_enabled,
-            ahead_taken: Cell::new(0),
-            batch_replays: Cell::new(0),
-            token_slot: Cell::new(None),
-            arrivals: RefCell::new(arrivals),
-            retired_arrivals: RefCell::new(Vec::new()),
-            warmed: RefCell::new(VecDeque::new()),
-            profile,
-            pass_clock,
-            profiler_window,
-            skipped_kernels,
-            stacked_split_max_rows,
-            dqmma_scratch,
-            fused_qkv_store,
+            routes: RouteSettings {
+                deterministic,
+                stacked_split_max_rows,
+                fused_qkv_store,
+            },
+            weights: DeviceWeights {
+                matrices,
+                norms,
+                norm_readers,
+                memory,
+            },
+            pass: PassState {
+                uploads: RefCell::new(Vec::new()),
+                plans: RefCell::new(Vec::new()),
+                mode: Cell::new(Mode::Normal),
+                arena,
+                staging: RefCell::new(Vec::new()),
+                token_slot: Cell::new(None),
+            },
+            buffers: Buffers {
+                f32_pool: Rc::default(),
+                u16_pool: Rc::default(),
+                u8_pool: Rc::default(),
+                arrivals: RefCell::new(arrivals),
+                retired_arrivals: RefCell::new(Vec::new()),
+                dqmma_scratch,
+                pinned_logits: Default::default(),
+            },
+            graphs: GraphCache {
+                enabled: Cell::new(profile.is_none() && graphs),
+                batch_enabled: Cell::new(batch_graphs),
+                captured_out: RefCell::new(None),
+                cache: RefCell::new(Vec::new()),
+                ahead: RefCell::new(None),
+                ahead_enabled,
+                ahead_taken: Cell::new(0),
+                batch_replays: Cell::new(0),
+                warmed: RefCell::new(VecDeque::new()),
+            },
+            diagnostics: Diagnostics {
+                profile,
+                pass_clock,
+                profiler_window,
+                skipped_kernels,
+            },
         })
     }
 }

@@ -56,7 +56,10 @@ impl CudaModel {
             return Ok(x16);
         }
         let n = x.rows * x.width;
-        let mut x16 = self.u16_pool.take(&self.gpu, n, self.mode.get() == Mode::Normal)?;
+        let mut x16 = self
+            .buffers
+            .u16_pool
+            .take(&self.gpu, n, self.pass.mode.get() == Mode::Normal)?;
         to_f16_into(&self.gpu, &x.buf()?.as_view(), &mut x16, n)?;
         Ok(x16)
     }
@@ -66,8 +69,11 @@ impl CudaModel {
         if x.int8.borrow().iter().any(|(f, _)| *f == fmt) {
             return Ok(());
         }
-        let may_allocate = self.mode.get() == Mode::Normal;
-        let mut a = self.u8_pool.take(&self.gpu, fmt.bytes(x.rows, x.width), may_allocate)?;
+        let may_allocate = self.pass.mode.get() == Mode::Normal;
+        let mut a = self
+            .buffers
+            .u8_pool
+            .take(&self.gpu, fmt.bytes(x.rows, x.width), may_allocate)?;
         self.profiled(format_args!("quantize {fmt:?} x{}", x.width), || {
             quantize_act_into(&self.gpu, fmt, x.buf()?, x.rows, x.width, &mut a)
         })?;
@@ -97,7 +103,7 @@ impl CudaModel {
 
     /// The route `t` rows of `g` take (the GEMM only where it has an f16 copy).
     pub(crate) fn route(&self, g: &GpuMatrix, t: usize) -> MatmulRoute {
-        match routes::matmul_route(t, self.deterministic, g.decode_cublas, &g.batch) {
+        match routes::matmul_route(t, self.routes.deterministic, g.decode_cublas, &g.batch) {
             MatmulRoute::Gemm if g.f16.is_none() => MatmulRoute::Matvec,
             r => r,
         }
@@ -138,7 +144,7 @@ impl CudaModel {
                         })
                     })
                     .collect::<Result<Vec<_>, CudaError>>()?;
-                let mut scratch = self.dqmma_scratch.borrow_mut();
+                let mut scratch = self.buffers.dqmma_scratch.borrow_mut();
                 dqmma_group_into(&self.gpu, suffix, &mut targets, &x16, t, cols, &mut scratch)
             },
         );
@@ -150,7 +156,7 @@ impl CudaModel {
     /// The quantized form the integer kernel of `reader` wants for `t` rows, when it takes that route
     /// (so the kernel producing its input can write it, saving a launch).
     pub(crate) fn int8_input(&self, reader: &str, t: usize) -> Option<ActQuant> {
-        let g = self.matrices.get(reader)?;
+        let g = self.weights.matrices.get(reader)?;
         match g.decode {
             DecodeKernel::Int8 { fmt, .. } if self.takes_matvec(g, t) => Some(fmt),
             _ => None,
@@ -160,7 +166,10 @@ impl CudaModel {
     /// Whether `reader` takes the GEMM route for `t` rows (so the kernel producing its input can also
     /// write the f16 operand, saving a conversion).
     pub(crate) fn f16_input(&self, reader: &str, t: usize) -> bool {
-        self.matrices.get(reader).is_some_and(|g| !self.takes_matvec(g, t))
+        self.weights
+            .matrices
+            .get(reader)
+            .is_some_and(|g| !self.takes_matvec(g, t))
     }
 
     /// `Backend::matmul`.
@@ -281,7 +290,7 @@ impl CudaModel {
         t: usize,
     ) -> Option<CudaView<'a, u16>> {
         let widths: Vec<usize> = ms.iter().map(|m| m.rows).collect();
-        if !splits_into(&widths) || !routes::stacked_gemm_and_split(t, self.stacked_split_max_rows) {
+        if !splits_into(&widths) || !routes::stacked_gemm_and_split(t, self.routes.stacked_split_max_rows) {
             return None;
         }
         if !gs.iter().all(|g| self.takes_gemm(g, t)) {

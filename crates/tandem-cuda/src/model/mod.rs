@@ -19,7 +19,6 @@ mod rows;
 mod serving;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -28,15 +27,16 @@ use cudarc::driver::{CudaSlice, CudaView};
 use tandem_model::weights::{Matrix, Norm};
 use tandem_model::{Model, ModelError};
 
-use crate::cache::graphs::{Ahead, DecodeGraph, GraphKey};
+use crate::cache::graphs::GraphCache;
 use crate::cache::host_logits::PinnedLogits;
 use crate::cache::kv::GpuSequenceKv;
 use crate::matmul::kinds::ActQuant;
-use crate::matmul::weights::{GpuMatrix, GpuMemory};
+use crate::matmul::weights::{DeviceWeights, GpuMatrix};
+use crate::routes::RouteSettings;
 use crate::runtime::device::Gpu;
 use crate::runtime::grid::i32_of;
 use crate::runtime::pool::{BufPool, DevBuf};
-use crate::runtime::profile::{OpProfile, PassClock, ProfilerWindow};
+use crate::runtime::profile::Diagnostics;
 use crate::CudaError;
 
 /// Activations on the device: `rows × width` f32, row-major. `buf` is `None` only in a dry run.
@@ -108,76 +108,63 @@ pub(crate) enum Param {
 /// An index list and its device copy.
 type Uploaded = (Vec<i32>, Rc<CudaSlice<i32>>);
 
+/// The CUDA backend's model: the CPU model it mirrors, the device, and a few owned parts, each
+/// declared beside the code that owns its concern.
 pub struct CudaModel {
     /// The model as loaded for the CPU: config, weights and file (the GPU's oracle in checks).
     pub cpu: Model,
     pub gpu: Gpu,
-    /// Every matmul on the matvec route: bit-identical logits across chunkings and batches.
-    pub deterministic: bool,
-    /// Decode steps through captured CUDA graphs (`TANDEM_CUDA_GRAPHS=0` turns this off).
-    pub graphs_enabled: Cell<bool>,
-    /// Batched decode steps through them too (`TANDEM_CUDA_BATCH_GRAPHS=0` turns only this off; a
-    /// failed batched capture too).
-    pub batch_graphs_enabled: Cell<bool>,
-    pub(crate) matrices: HashMap<String, GpuMatrix>,
-    pub(crate) norms: HashMap<String, CudaSlice<f32>>,
-    /// Pre-norm name to the matrices reading its output (the first one's kernel says how to quantize
-    /// it; when all take the GEMM route, only their f16 operand is made).
-    pub(crate) norm_readers: HashMap<String, Vec<String>>,
-    pub memory: GpuMemory,
+    /// Route settings fixed at load: deterministic matmuls, the stacked q/k/v GEMM's reach, the
+    /// fused q/k/v store (`routes.rs`).
+    pub routes: RouteSettings,
+    /// The weights on the device, each matrix with the kernels its timing chose, and their memory
+    /// (`matmul/weights.rs`).
+    pub weights: DeviceWeights,
+    /// The pass's mode and its index lists: uploads, flash plans, the parameter arena and staging.
+    pub(crate) pass: PassState,
+    /// The decode-graph cache, the dry pass made ahead, and their switches and counters
+    /// (`cache/graphs.rs`). Declared before `buffers`, so the graphs are dropped before the buffers
+    /// their kernels read (as before the grouping, the pools aside).
+    pub graphs: GraphCache,
+    /// Scratch on the device: activation pools, attention arrival counters, the dequantizing batch
+    /// kernel's partials, page-locked logits.
+    pub(crate) buffers: Buffers,
+    /// Profiling, pass clocks, the profiler's replay window, kernels left out (`runtime/profile.rs`).
+    pub(crate) diagnostics: Diagnostics,
+}
+
+/// The pass's mode and the index lists its kernels read (`param`, `flash.rs`).
+pub(crate) struct PassState {
     pub(crate) uploads: RefCell<Vec<Uploaded>>,
     /// This pass's flash-attention plans, one per span, window, key range and variant (`flash.rs`).
     pub(crate) plans: RefCell<Vec<(crate::attention::flash::PlanKey, Rc<CudaSlice<i32>>)>>,
     pub(crate) mode: Cell<Mode>,
     pub(crate) arena: CudaSlice<i32>,
     pub(crate) staging: RefCell<Vec<i32>>,
+    /// Where the last dry or captured pass staged its token ids in the parameter arena.
+    pub(crate) token_slot: Cell<Option<usize>>,
+}
+
+/// Scratch buffers on the device, shared by the ops of a pass.
+pub(crate) struct Buffers {
     pub(crate) f32_pool: Rc<BufPool<f32>>,
     pub(crate) u16_pool: Rc<BufPool<u16>>,
     pub(crate) u8_pool: Rc<BufPool<u8>>,
-    pub(crate) captured_out: RefCell<Option<DevBuf<f32>>>,
-    pub(crate) graphs: RefCell<Vec<DecodeGraph>>,
-    /// The next decode step's dry pass, made while the GPU ran this one (`decode_graph.rs`);
-    /// `TANDEM_CUDA_AHEAD=0` turns it off.
-    pub(crate) ahead: RefCell<Option<Ahead>>,
-    /// Page-locked buffers the decode graphs' logits are copied into and lent out from.
-    pub(crate) pinned_logits: Arc<PinnedLogits>,
-    pub ahead_enabled: bool,
-    /// Replayed steps that took their parameters from a dry pass made ahead (for checks).
-    pub ahead_taken: Cell<u64>,
-    /// Batched decode steps replayed from a graph (for checks).
-    pub batch_replays: Cell<u64>,
-    /// Where the last dry or captured pass staged its token ids in the parameter arena.
-    pub(crate) token_slot: Cell<Option<usize>>,
-    pub(crate) warmed: RefCell<VecDeque<GraphKey>>,
     /// The attention kernel's arrival counters per (query, head) (`attend.rs`).
     pub(crate) arrivals: RefCell<CudaSlice<i32>>,
     /// Counters outgrown by `arrivals`, kept for the graphs captured with them.
     pub(crate) retired_arrivals: RefCell<Vec<CudaSlice<i32>>>,
-    /// GPU time per op (`TANDEM_CUDA_PROFILE=1`).
-    pub(crate) profile: Option<OpProfile>,
-    /// Enqueue, GPU and wall time per pass (`TANDEM_CUDA_PASS_TIMES=1`).
-    pub(crate) pass_clock: Option<PassClock>,
-    /// The decode-graph replays a profiler collects (`TANDEM_CUDA_PROFILE_REPLAYS=FROM-TO`).
-    pub(crate) profiler_window: Option<ProfilerWindow>,
-    /// Kernels left out of every pass (`TANDEM_CUDA_SKIP=add_norm_to,gated_quant,...`, names from
-    /// `upload::SKIPPABLE_KERNELS`): a timing
-    /// experiment only, which measures what those launches cost inside a decode step's graph. The
-    /// logits are wrong while it is set, and the CLI says so.
-    pub(crate) skipped_kernels: Vec<String>,
-    /// Rows up to which q, k and v take one stacked GEMM and a split (`routes::STACKED_SPLIT_MAX_ROWS`
-    /// unless `TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS` says otherwise; 0 turns it off).
-    pub(crate) stacked_split_max_rows: usize,
     /// The dequantizing batch kernel's K-split partials and arrival counters (`dqmma.rs`), shared by
     /// its launches (one stream, one after another).
     pub(crate) dqmma_scratch: RefCell<crate::matmul::dqmma::DqmmaScratch>,
-    /// Whether prefill chunks on the stacked q/k/v GEMM cut, rotate and store its product in one
-    /// launch (`project.rs`; `TANDEM_CUDA_FUSED_QKV_STORE=0` turns it off, to compare).
-    pub(crate) fused_qkv_store: bool,
+    /// Page-locked buffers the decode graphs' and batched steps' logits are copied into and lent
+    /// out from.
+    pub(crate) pinned_logits: Arc<PinnedLogits>,
 }
 
 impl Drop for CudaModel {
     fn drop(&mut self) {
-        if let Some(p) = &self.profile {
+        if let Some(p) = &self.diagnostics.profile {
             eprint!("{}", p.report());
         }
         match self.gpu.write_trace() {
@@ -215,7 +202,7 @@ impl CudaModel {
     }
 
     pub(crate) fn dry(&self) -> bool {
-        self.mode.get() == Mode::Dry
+        self.pass.mode.get() == Mode::Dry
     }
 
     /// Each distinct decode-route choice made at load: `rows×cols type: kernel` (integer variants by
@@ -223,7 +210,7 @@ impl CudaModel {
     pub fn decode_choices(&self) -> Vec<String> {
         let mut seen = std::collections::BTreeSet::new();
         for m in self.cpu.weights.matrices() {
-            let Some(g) = self.matrices.get(&m.name) else {
+            let Some(g) = self.weights.matrices.get(&m.name) else {
                 continue;
             };
             let kernel = match g.decode {
@@ -235,7 +222,7 @@ impl CudaModel {
             } else {
                 ""
             };
-            let batches = match self.deterministic {
+            let batches = match self.routes.deterministic {
                 true => String::new(),
                 false => format!("; batches: {}", g.batch.describe()),
             };
@@ -246,27 +233,32 @@ impl CudaModel {
 
     /// Whether `kernel` is left out (`skipped_kernels`); a skipped launch leaves its outputs unwritten.
     pub(crate) fn skips(&self, kernel: &str) -> bool {
-        self.skipped_kernels.iter().any(|k| k == kernel)
+        self.diagnostics.skipped_kernels.iter().any(|k| k == kernel)
     }
 
     pub(crate) fn matrix(&self, m: &Matrix) -> Result<&GpuMatrix, CudaError> {
-        self.matrices.get(&m.name).ok_or_else(|| CudaError::Driver {
+        self.weights.matrices.get(&m.name).ok_or_else(|| CudaError::Driver {
             what: format!("matrix {}", m.name),
             err: "not uploaded".into(),
         })
     }
 
     pub(crate) fn norm(&self, n: &Norm) -> Result<&CudaSlice<f32>, ModelError> {
-        self.norms
+        self.weights
+            .norms
             .get(&n.name)
             .ok_or_else(|| ModelError::Kernel(format!("norm {} not uploaded", n.name)))
     }
 
     /// An output activation: from the pool, or none at all in a dry run.
     pub(crate) fn act(&self, rows: usize, width: usize) -> Result<GpuAct, CudaError> {
-        let buf = match self.mode.get() {
+        let buf = match self.pass.mode.get() {
             Mode::Dry => None,
-            mode => Some(self.f32_pool.take(&self.gpu, rows * width, mode == Mode::Normal)?),
+            mode => Some(
+                self.buffers
+                    .f32_pool
+                    .take(&self.gpu, rows * width, mode == Mode::Normal)?,
+            ),
         };
         Ok(GpuAct {
             buf,
@@ -297,10 +289,10 @@ impl CudaModel {
     /// `param_ints`, the list starting at a multiple of `align` slots in the arena (the slots
     /// skipped are zero, the same every step).
     fn param_aligned(&self, ints: Vec<i32>, align: usize) -> Result<Param, CudaError> {
-        if self.mode.get() != Mode::Normal {
-            return stage(&mut self.staging.borrow_mut(), ints, align).map(Param::Arena);
+        if self.pass.mode.get() != Mode::Normal {
+            return stage(&mut self.pass.staging.borrow_mut(), ints, align).map(Param::Arena);
         }
-        let mut memo = self.uploads.borrow_mut();
+        let mut memo = self.pass.uploads.borrow_mut();
         if let Some((_, dev)) = memo.iter().find(|(h, _)| *h == ints) {
             return Ok(Param::Own(Rc::clone(dev)));
         }
@@ -312,7 +304,7 @@ impl CudaModel {
     pub(crate) fn view<'a>(&'a self, p: &'a Param) -> CudaView<'a, i32> {
         match p {
             Param::Own(s) => s.as_view(),
-            Param::Arena(r) => self.arena.slice(r.clone()),
+            Param::Arena(r) => self.pass.arena.slice(r.clone()),
         }
     }
 
@@ -323,8 +315,8 @@ impl CudaModel {
         name: impl std::fmt::Display,
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
-        match &self.profile {
-            Some(p) if self.mode.get() == Mode::Normal => p.time(&self.gpu, name.to_string(), f),
+        match &self.diagnostics.profile {
+            Some(p) if self.pass.mode.get() == Mode::Normal => p.time(&self.gpu, name.to_string(), f),
             _ => f(),
         }
     }

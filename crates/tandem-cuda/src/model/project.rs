@@ -65,9 +65,9 @@ impl CudaModel {
     ) -> Result<bool, ModelError> {
         let t = x.rows;
         let c = &self.cpu.config;
-        if self.mode.get() != Mode::Normal
-            || !self.fused_qkv_store
-            || routes::attention_route(t, self.deterministic) != AttentionRoute::Flash
+        if self.pass.mode.get() != Mode::Normal
+            || !self.routes.fused_qkv_store
+            || routes::attention_route(t, self.routes.deterministic) != AttentionRoute::Flash
             || rope.n_rot < 2
             || !rope.n_rot.is_multiple_of(2)
             || rope.n_rot > c.head_dim

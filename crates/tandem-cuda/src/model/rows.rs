@@ -36,7 +36,7 @@ impl CudaModel {
             (true, false) => "add_normed",
             _ => "normed",
         };
-        let readers = norm.and_then(|n| self.norm_readers.get(&n.name));
+        let readers = norm.and_then(|n| self.weights.norm_readers.get(&n.name));
         // Every reader takes the GEMM route: the f16 operand is the only output (`add_norm_rows`).
         let gemm_only = !self.dry()
             && readers.is_some_and(|rs| rs.iter().all(|r| self.f16_input(r, x.rows)))
@@ -70,13 +70,17 @@ impl CudaModel {
             if half {
                 flags |= RN_F16;
             }
-            let may_allocate = self.mode.get() == Mode::Normal;
+            let may_allocate = self.pass.mode.get() == Mode::Normal;
             let mut a = match quant {
-                Some(fmt) => Some(self.u8_pool.take(&self.gpu, fmt.bytes(x.rows, x.width), may_allocate)?),
+                Some(fmt) => Some(
+                    self.buffers
+                        .u8_pool
+                        .take(&self.gpu, fmt.bytes(x.rows, x.width), may_allocate)?,
+                ),
                 None => None,
             };
             let mut h = if half {
-                Some(self.u16_pool.take(&self.gpu, x.rows * x.width, may_allocate)?)
+                Some(self.buffers.u16_pool.take(&self.gpu, x.rows * x.width, may_allocate)?)
             } else {
                 None
             };
@@ -131,8 +135,8 @@ impl CudaModel {
         let norm = norm.ok_or_else(|| ModelError::Kernel("add_norm_rows without a norm".into()))?;
         let norm_w = self.norm(norm)?;
         let post_w = post.map(|n| self.norm(n)).transpose()?;
-        let may_allocate = self.mode.get() == Mode::Normal;
-        let mut h = self.u16_pool.take(&self.gpu, x.rows * x.width, may_allocate)?;
+        let may_allocate = self.pass.mode.get() == Mode::Normal;
+        let mut h = self.buffers.u16_pool.take(&self.gpu, x.rows * x.width, may_allocate)?;
         let y = y.map(|y| y.buf()).transpose()?;
         let shape = (x.rows, x.width, self.cpu.config.eps);
         add_norm_rows_into(&self.gpu, x.buf()?, y, post_w, norm_w, shape, &mut h)?;
@@ -182,13 +186,13 @@ impl CudaModel {
             let quant = self
                 .int8_input(&reader.name, gate.rows)
                 .filter(|_| gate.width.is_multiple_of(256));
-            let may_allocate = self.mode.get() == Mode::Normal;
+            let may_allocate = self.pass.mode.get() == Mode::Normal;
             let Some(fmt) = quant else {
                 // Rounded to f16 here, and kept only so, when the reader takes the GEMM route (it is the
                 // result's one reader: `Backend::gated`).
                 let n = gate.rows * gate.width;
                 let mut h = if self.f16_input(&reader.name, gate.rows) {
-                    Some(self.u16_pool.take(&self.gpu, n, may_allocate)?)
+                    Some(self.buffers.u16_pool.take(&self.gpu, n, may_allocate)?)
                 } else {
                     None
                 };
@@ -212,6 +216,7 @@ impl CudaModel {
                 return Ok(());
             };
             let mut q = self
+                .buffers
                 .u8_pool
                 .take(&self.gpu, fmt.bytes(gate.rows, gate.width), may_allocate)?;
             let qfmt = quant_flag(fmt);

@@ -15,6 +15,22 @@ use crate::runtime::checked::driver;
 use crate::runtime::device::Gpu;
 use crate::runtime::grid::launch_cfg;
 
+/// What a model measures and reports about its passes (`CudaModel::diagnostics`), each from a
+/// `TANDEM_CUDA_*` switch.
+pub(crate) struct Diagnostics {
+    /// GPU time per op (`TANDEM_CUDA_PROFILE=1`).
+    pub(crate) profile: Option<OpProfile>,
+    /// Enqueue, GPU and wall time per pass (`TANDEM_CUDA_PASS_TIMES=1`).
+    pub(crate) pass_clock: Option<PassClock>,
+    /// The decode-graph replays a profiler collects (`TANDEM_CUDA_PROFILE_REPLAYS=FROM-TO`).
+    pub(crate) profiler_window: Option<ProfilerWindow>,
+    /// Kernels left out of every pass (`TANDEM_CUDA_SKIP=add_norm_to,gated_quant,...`, names from
+    /// `upload::SKIPPABLE_KERNELS`): a timing
+    /// experiment only, which measures what those launches cost inside a decode step's graph. The
+    /// logits are wrong while it is set, and the CLI says so.
+    pub(crate) skipped_kernels: Vec<String>,
+}
+
 /// Longer than the host takes to launch any one op (a few kernels and index uploads).
 const HOLD_NS: i64 = 200_000;
 use crate::CudaError;
