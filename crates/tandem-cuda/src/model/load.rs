@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use cudarc::driver::{CudaSlice, CudaView};
 use tandem_gguf::GgmlType;
-use tandem_model::weights::Matrix;
+use tandem_model::weights::{Matrix, Weights};
 use tandem_model::Model;
 
 use crate::cache::graphs::GraphCache;
@@ -24,7 +24,7 @@ use crate::matmul::weights::GpuMatrix;
 use crate::matmul::weights::GpuMemory;
 use crate::matmul::weights::WeightBytes;
 use crate::model::{Buffers, CudaModel, Mode, PassState, ARENA_INTS};
-use crate::options::CudaOptions;
+use crate::options::{CudaOptions, LabOptions};
 use crate::routes;
 use crate::routes::RouteSettings;
 use crate::runtime::checked::driver;
@@ -101,6 +101,11 @@ fn run_indices(shapes: &[(GgmlType, usize)], int8_enabled: bool) -> Vec<Vec<usiz
 
 impl CudaModel {
     /// Uploads `cpu`'s weights to GPU `ordinal`; `progress(done, total)` follows the bytes.
+    ///
+    /// A pipeline of steps, each below in this order: open the device, check the model has kernels,
+    /// upload and time each matrix, tune the grouped launches, settle each matrix's layout, stack the
+    /// groups' f16 operands, upload the norms, note their readers, then the pass's arena, the
+    /// arrival counters, the diagnostics and the dqmma scratch, and wait for the device.
     pub fn load(
         cpu: Model,
         ordinal: usize,
@@ -109,266 +114,343 @@ impl CudaModel {
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self, CudaError> {
         let gpu = Gpu::new(ordinal, options)?;
-        let hd = cpu.config.head_dim;
-        if !routes::head_dim_supported(hd) {
-            return Err(CudaError::UnsupportedHeadDim(hd));
-        }
+        check_supported(&cpu)?;
         let w = &cpu.weights;
-        let mats = w.matrices();
-        for m in &mats {
-            if type_suffix(m.ty).is_none() || m.cols % 32 != 0 {
-                return Err(CudaError::UnsupportedType {
-                    name: m.name.clone(),
-                    ty: m.ty,
-                });
-            }
-        }
-        let total: usize = mats.iter().map(|m| m.bytes(&cpu.file).len()).sum();
-        // The dequantizing batch kernel's K-split partials (`dqmma.rs`): room for a launch of up to
-        // three matrices of the largest's rows (a few MB, whatever the model).
-        let dqmma_rows = 3 * mats.iter().map(|m| m.rows).max().unwrap_or(0);
-        let mut done = 0;
         let mut memory = GpuMemory::default();
         let int8_enabled = gpu.options.int8;
-        // Matrices that may join a grouped integer launch keep their repacked layout until the
-        // groups are decided.
-        let group_candidates: HashSet<&str> = w
-            .input_groups()
-            .into_iter()
-            .flat_map(|g| int8_runs(&g, int8_enabled))
-            .flatten()
-            .map(|m| m.name.as_str())
-            .collect();
-        let mut pending: HashMap<String, Pending> = HashMap::new();
-        let mut tuned: HashMap<(&str, usize, usize, bool), Tuning> = HashMap::new();
-        for m in mats {
-            let bytes = m.bytes(&cpu.file);
-            let suffix = type_suffix(m.ty).expect("checked above");
-            let original = gpu.upload(bytes)?;
-            memory.weights_quantized += bytes.len();
-            // The embedding table only needs its f16 copy when it is also the output projection.
-            let multiplies = m.name != w.token_embd.name || w.output.name == w.token_embd.name;
-            let f16 = match (multiplies && !deterministic, m.ty) {
-                (false, _) => None,
-                (true, GgmlType::F16) => Some(F16Weights::Original),
-                (true, _) => {
-                    memory.weights_f16 += m.rows * m.cols * 2;
-                    Some(F16Weights::Copy(dequant_f16(&gpu, suffix, &original, m.rows, m.cols)?))
-                }
-            };
-            // The embedding kernels read the ggml layout: a table that is only an embedding never takes
-            // the integer route; one that is also the output projection (Gemma) keeps its rows for the
-            // embedding and gets a repacked copy for the head's matvec (one more copy of the table:
-            // 1.2 GB for the 27B, where the head read its 2.8 GB f16 copy through cuBLAS every token).
-            let embeds = m.name == w.token_embd.name;
-            let int8_fmt = int8_format(m.ty).filter(|_| int8_enabled && multiplies);
-            // The choice depends on whether the integer kernel was on offer.
-            let key = (suffix, m.rows, m.cols, int8_fmt.is_some());
-            // The integer-route layout is made only where it may be read: to time this shape, because
-            // its timing chose the integer kernel, or for a group's launch.
-            let needs_int8_layout = int8_fmt.is_some()
-                && match tuned.get(&key) {
-                    None => true,
-                    Some(t) => {
-                        matches!(t.kernel, DecodeKernel::Int8 { .. }) || group_candidates.contains(m.name.as_str())
-                    }
-                };
-            let repacked = if needs_int8_layout {
-                Some(int8::repack(&gpu, m.ty, &original, m.rows, m.cols)?)
-            } else {
-                None
-            };
-            let tuning = match tuned.get(&key) {
-                Some(&t) => t,
-                None => {
-                    let int8 = int8_fmt.zip(repacked.as_ref().map(|r| r.as_ref().unwrap_or(&original)));
-                    let w16 = f16.as_ref().map(|f| f.view(original.as_view())).transpose()?;
-                    let t = tune_decode(
-                        &gpu,
-                        suffix,
-                        &original,
-                        int8,
-                        w16.as_ref(),
-                        m.rows,
-                        m.cols,
-                        deterministic,
-                    )?;
-                    tuned.insert(key, t);
-                    t
-                }
-            };
-            let p = Pending {
-                suffix,
-                original,
-                repacked,
-                f16,
-                tuning,
-                embeds,
-                embed_rows: None,
-            };
-            let p = if group_candidates.contains(m.name.as_str()) {
-                p
-            } else {
-                p.settle()
-            };
-            pending.insert(m.name.clone(), p);
-            done += bytes.len();
-            progress(done, total);
-        }
-        // Groups of matrices reading one input: one integer launch for all of them where that was
-        // measured faster than their own kernels.
-        let mut grouped = HashMap::new();
-        for group in w.input_groups() {
-            for run in int8_runs(&group, int8_enabled) {
-                if run.iter().any(|m| pending[&m.name].tuning.cublas) {
-                    continue;
-                }
-                let key: (Vec<usize>, usize, &str) = (
-                    run.iter().map(|m| m.rows).collect(),
-                    run[0].cols,
-                    pending[&run[0].name].suffix,
-                );
-                let (choice, batch) = match grouped.get(&key) {
-                    Some(&c) => c,
-                    None => {
-                        let members = run
-                            .iter()
-                            .map(|m| {
-                                let p = &pending[&m.name];
-                                Ok(GroupMember {
-                                    rows: m.rows,
-                                    kernel: p.tuning.kernel,
-                                    original: &p.original,
-                                    int8: p.int8_layout(),
-                                    f16: p.f16.as_ref().map(|f| f.view(p.original.as_view())).transpose()?,
-                                })
-                            })
-                            .collect::<Result<Vec<_>, CudaError>>()?;
-                        let fmt = int8_format(run[0].ty).expect("runs are integer-capable");
-                        let c = tune_group(&gpu, key.2, fmt, &members, key.1, deterministic)?;
-                        // The members' one kernel, chosen for the group or each member's own.
-                        let shared = c.or_else(|| {
-                            let k = members[0].kernel;
-                            members.iter().all(|m| m.kernel == k).then_some(k)
-                        });
-                        let batch = match shared {
-                            Some(DecodeKernel::Int8 { variant, .. }) if !deterministic => {
-                                Some(tune_group_batches(&gpu, key.2, fmt, variant, &members, key.1)?)
-                            }
-                            _ => None,
-                        };
-                        grouped.insert(key, (c, batch));
-                        (c, batch)
-                    }
-                };
-                for m in &run {
-                    let tuning = &mut pending.get_mut(&m.name).expect("pending").tuning;
-                    if let Some(kernel) = choice {
-                        tuning.kernel = kernel;
-                    }
-                    if let Some(batch) = batch {
-                        tuning.batch = batch;
-                    }
-                }
-            }
-        }
-        let mut matrices = HashMap::new();
-        for (name, p) in pending {
-            let p = p.settle();
-            if p.embed_rows.is_some() {
-                memory.tied_output_int8 += p.original.len();
-            }
-            let quantized = WeightBytes::Own(p.repacked.flatten().unwrap_or(p.original));
-            matrices.insert(
-                name,
-                GpuMatrix {
-                    suffix: p.suffix,
-                    quantized,
-                    f16: p.f16,
-                    decode: p.tuning.kernel,
-                    decode_cublas: p.tuning.cublas,
-                    batch: p.tuning.batch,
-                    embed_rows: p.embed_rows,
-                },
-            );
-        }
+        let candidates = group_candidates(w, int8_enabled);
+        let mut pending = upload_and_tune(&gpu, &cpu, &candidates, deterministic, &mut memory, &mut progress)?;
+        tune_groups(&gpu, w, int8_enabled, deterministic, &mut pending)?;
+        let mut matrices = settle(pending, &mut memory);
         stack_input_groups(&gpu, w, &mut matrices)?;
-        let mut norms = HashMap::new();
-        for n in w.norms() {
-            norms.insert(n.name.clone(), gpu.upload(&n.data)?);
-            memory.norms += n.data.len() * 4;
-        }
-        let mut norm_readers = HashMap::new();
-        for l in &w.layers {
-            let names = |ms: &[&Matrix]| ms.iter().map(|m| m.name.clone()).collect::<Vec<_>>();
-            norm_readers.insert(l.attn_norm.name.clone(), names(&l.qkv()));
-            norm_readers.insert(l.ffn_norm.name.clone(), names(&l.gate_up()));
-        }
-        norm_readers.insert(w.output_norm.name.clone(), vec![w.output.name.clone()]);
-        let arena = gpu.alloc::<i32>(ARENA_INTS)?;
+        let norms = upload_norms(&gpu, w, &mut memory)?;
+        let weights = DeviceWeights {
+            matrices,
+            norms,
+            norm_readers: norm_readers(w),
+            memory,
+        };
+        // The allocations in this order (the arena, the counters, the dqmma scratch), the skip
+        // notice between the last two.
+        let pass = pass_state(&gpu)?;
         let arrivals = gpu.alloc::<i32>(cpu.config.n_head)?;
-        let lab = &gpu.options.lab;
-        let skipped_kernels = lab.skip.clone();
-        if !skipped_kernels.is_empty() {
-            eprintln!("TANDEM_CUDA_SKIP: leaving out {skipped_kernels:?}; a timing experiment, the logits are wrong");
-        }
-        let profile = lab.profile.then(OpProfile::default);
-        let stacked_split_max_rows = lab.stacked_split_max_rows;
-        let pass_clock = lab.pass_times.then(PassClock::default);
-        let profiler_window = lab.profile_replays.map(|(from, to)| ProfilerWindow::new(from, to));
-        let (graphs, batch_graphs) = (gpu.options.graphs, gpu.options.batch_graphs);
-        let (ahead_enabled, fused_qkv_store) = (gpu.options.ahead, gpu.options.fused_qkv_store);
-        let dqmma_scratch = RefCell::new(DqmmaScratch::new(&gpu, dqmma_rows)?);
+        let diagnostics = diagnostics(&gpu.options.lab);
+        let buffers = buffers(&gpu, arrivals, dqmma_rows(w))?;
+        let routes = RouteSettings {
+            deterministic,
+            stacked_split_max_rows: gpu.options.lab.stacked_split_max_rows,
+            fused_qkv_store: gpu.options.fused_qkv_store,
+        };
+        let graphs = graph_cache(&gpu.options, diagnostics.profile.is_none());
         gpu.synchronize()?;
         Ok(CudaModel {
             cpu,
             gpu,
-            routes: RouteSettings {
-                deterministic,
-                stacked_split_max_rows,
-                fused_qkv_store,
-            },
-            weights: DeviceWeights {
-                matrices,
-                norms,
-                norm_readers,
-                memory,
-            },
-            pass: PassState {
-                uploads: RefCell::new(Vec::new()),
-                plans: RefCell::new(Vec::new()),
-                mode: Cell::new(Mode::Normal),
-                arena,
-                staging: RefCell::new(Vec::new()),
-                token_slot: Cell::new(None),
-            },
-            buffers: Buffers {
-                f32_pool: Rc::default(),
-                u16_pool: Rc::default(),
-                u8_pool: Rc::default(),
-                arrivals: RefCell::new(arrivals),
-                retired_arrivals: RefCell::new(Vec::new()),
-                dqmma_scratch,
-                pinned_logits: Default::default(),
-            },
-            graphs: GraphCache {
-                enabled: Cell::new(profile.is_none() && graphs),
-                batch_enabled: Cell::new(batch_graphs),
-                captured_out: RefCell::new(None),
-                cache: RefCell::new(Vec::new()),
-                ahead: RefCell::new(None),
-                ahead_enabled,
-                ahead_taken: Cell::new(0),
-                batch_replays: Cell::new(0),
-                warmed: RefCell::new(VecDeque::new()),
-            },
-            diagnostics: Diagnostics {
-                profile,
-                pass_clock,
-                profiler_window,
-                skipped_kernels,
-            },
+            routes,
+            weights,
+            pass,
+            graphs,
+            buffers,
+            diagnostics,
         })
+    }
+}
+
+/// The model's attention and matrices have CUDA kernels: a supported head size, and each matrix a
+/// type with a kernel and a width of whole 32-element blocks.
+fn check_supported(cpu: &Model) -> Result<(), CudaError> {
+    let hd = cpu.config.head_dim;
+    if !routes::head_dim_supported(hd) {
+        return Err(CudaError::UnsupportedHeadDim(hd));
+    }
+    for m in &cpu.weights.matrices() {
+        if type_suffix(m.ty).is_none() || m.cols % 32 != 0 {
+            return Err(CudaError::UnsupportedType {
+                name: m.name.clone(),
+                ty: m.ty,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The dequantizing batch kernel's K-split partials (`dqmma.rs`): room for a launch of up to three
+/// matrices of the largest's rows (a few MB, whatever the model).
+fn dqmma_rows(w: &Weights) -> usize {
+    3 * w.matrices().iter().map(|m| m.rows).max().unwrap_or(0)
+}
+
+/// Matrices that may join a grouped integer launch: they keep their repacked layout until the
+/// groups are decided.
+fn group_candidates(w: &Weights, int8_enabled: bool) -> HashSet<&str> {
+    w.input_groups()
+        .into_iter()
+        .flat_map(|g| int8_runs(&g, int8_enabled))
+        .flatten()
+        .map(|m| m.name.as_str())
+        .collect()
+}
+
+/// Every matrix uploaded, its f16 copy made, its integer-route layout repacked where it may be read,
+/// and its decode kernel timed once per shape; settled unless a group candidate.
+fn upload_and_tune(
+    gpu: &Gpu,
+    cpu: &Model,
+    group_candidates: &HashSet<&str>,
+    deterministic: bool,
+    memory: &mut GpuMemory,
+    progress: &mut impl FnMut(usize, usize),
+) -> Result<HashMap<String, Pending>, CudaError> {
+    let w = &cpu.weights;
+    let mats = w.matrices();
+    let total: usize = mats.iter().map(|m| m.bytes(&cpu.file).len()).sum();
+    let mut done = 0;
+    let int8_enabled = gpu.options.int8;
+    let mut pending: HashMap<String, Pending> = HashMap::new();
+    let mut tuned: HashMap<(&str, usize, usize, bool), Tuning> = HashMap::new();
+    for m in mats {
+        let bytes = m.bytes(&cpu.file);
+        let suffix = type_suffix(m.ty).expect("checked above");
+        let original = gpu.upload(bytes)?;
+        memory.weights_quantized += bytes.len();
+        // The embedding table only needs its f16 copy when it is also the output projection.
+        let multiplies = m.name != w.token_embd.name || w.output.name == w.token_embd.name;
+        let f16 = match (multiplies && !deterministic, m.ty) {
+            (false, _) => None,
+            (true, GgmlType::F16) => Some(F16Weights::Original),
+            (true, _) => {
+                memory.weights_f16 += m.rows * m.cols * 2;
+                Some(F16Weights::Copy(dequant_f16(gpu, suffix, &original, m.rows, m.cols)?))
+            }
+        };
+        // The embedding kernels read the ggml layout: a table that is only an embedding never takes
+        // the integer route; one that is also the output projection (Gemma) keeps its rows for the
+        // embedding and gets a repacked copy for the head's matvec (one more copy of the table:
+        // 1.2 GB for the 27B, where the head read its 2.8 GB f16 copy through cuBLAS every token).
+        let embeds = m.name == w.token_embd.name;
+        let int8_fmt = int8_format(m.ty).filter(|_| int8_enabled && multiplies);
+        // The choice depends on whether the integer kernel was on offer.
+        let key = (suffix, m.rows, m.cols, int8_fmt.is_some());
+        // The integer-route layout is made only where it may be read: to time this shape, because
+        // its timing chose the integer kernel, or for a group's launch.
+        let needs_int8_layout = int8_fmt.is_some()
+            && match tuned.get(&key) {
+                None => true,
+                Some(t) => matches!(t.kernel, DecodeKernel::Int8 { .. }) || group_candidates.contains(m.name.as_str()),
+            };
+        let repacked = if needs_int8_layout {
+            Some(int8::repack(gpu, m.ty, &original, m.rows, m.cols)?)
+        } else {
+            None
+        };
+        let tuning = match tuned.get(&key) {
+            Some(&t) => t,
+            None => {
+                let int8 = int8_fmt.zip(repacked.as_ref().map(|r| r.as_ref().unwrap_or(&original)));
+                let w16 = f16.as_ref().map(|f| f.view(original.as_view())).transpose()?;
+                let t = tune_decode(
+                    gpu,
+                    suffix,
+                    &original,
+                    int8,
+                    w16.as_ref(),
+                    m.rows,
+                    m.cols,
+                    deterministic,
+                )?;
+                tuned.insert(key, t);
+                t
+            }
+        };
+        let p = Pending {
+            suffix,
+            original,
+            repacked,
+            f16,
+            tuning,
+            embeds,
+            embed_rows: None,
+        };
+        let p = if group_candidates.contains(m.name.as_str()) {
+            p
+        } else {
+            p.settle()
+        };
+        pending.insert(m.name.clone(), p);
+        done += bytes.len();
+        progress(done, total);
+    }
+    Ok(pending)
+}
+
+/// Groups of matrices reading one input: one integer launch for all of them where that was measured
+/// faster than their own kernels (each group shape timed once), and the batch routes of their
+/// shared kernel.
+fn tune_groups(
+    gpu: &Gpu,
+    w: &Weights,
+    int8_enabled: bool,
+    deterministic: bool,
+    pending: &mut HashMap<String, Pending>,
+) -> Result<(), CudaError> {
+    let mut grouped = HashMap::new();
+    for group in w.input_groups() {
+        for run in int8_runs(&group, int8_enabled) {
+            if run.iter().any(|m| pending[&m.name].tuning.cublas) {
+                continue;
+            }
+            let key: (Vec<usize>, usize, &str) = (
+                run.iter().map(|m| m.rows).collect(),
+                run[0].cols,
+                pending[&run[0].name].suffix,
+            );
+            let (choice, batch) = match grouped.get(&key) {
+                Some(&c) => c,
+                None => {
+                    let members = run
+                        .iter()
+                        .map(|m| {
+                            let p = &pending[&m.name];
+                            Ok(GroupMember {
+                                rows: m.rows,
+                                kernel: p.tuning.kernel,
+                                original: &p.original,
+                                int8: p.int8_layout(),
+                                f16: p.f16.as_ref().map(|f| f.view(p.original.as_view())).transpose()?,
+                            })
+                        })
+                        .collect::<Result<Vec<_>, CudaError>>()?;
+                    let fmt = int8_format(run[0].ty).expect("runs are integer-capable");
+                    let c = tune_group(gpu, key.2, fmt, &members, key.1, deterministic)?;
+                    // The members' one kernel, chosen for the group or each member's own.
+                    let shared = c.or_else(|| {
+                        let k = members[0].kernel;
+                        members.iter().all(|m| m.kernel == k).then_some(k)
+                    });
+                    let batch = match shared {
+                        Some(DecodeKernel::Int8 { variant, .. }) if !deterministic => {
+                            Some(tune_group_batches(gpu, key.2, fmt, variant, &members, key.1)?)
+                        }
+                        _ => None,
+                    };
+                    grouped.insert(key, (c, batch));
+                    (c, batch)
+                }
+            };
+            for m in &run {
+                let tuning = &mut pending.get_mut(&m.name).expect("pending").tuning;
+                if let Some(kernel) = choice {
+                    tuning.kernel = kernel;
+                }
+                if let Some(batch) = batch {
+                    tuning.batch = batch;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each matrix with only the layout its chosen kernel reads, as the model keeps it.
+fn settle(pending: HashMap<String, Pending>, memory: &mut GpuMemory) -> HashMap<String, GpuMatrix> {
+    let mut matrices = HashMap::new();
+    for (name, p) in pending {
+        let p = p.settle();
+        if p.embed_rows.is_some() {
+            memory.tied_output_int8 += p.original.len();
+        }
+        let quantized = WeightBytes::Own(p.repacked.flatten().unwrap_or(p.original));
+        matrices.insert(
+            name,
+            GpuMatrix {
+                suffix: p.suffix,
+                quantized,
+                f16: p.f16,
+                decode: p.tuning.kernel,
+                decode_cublas: p.tuning.cublas,
+                batch: p.tuning.batch,
+                embed_rows: p.embed_rows,
+            },
+        );
+    }
+    matrices
+}
+
+fn upload_norms(gpu: &Gpu, w: &Weights, memory: &mut GpuMemory) -> Result<HashMap<String, CudaSlice<f32>>, CudaError> {
+    let mut norms = HashMap::new();
+    for n in w.norms() {
+        norms.insert(n.name.clone(), gpu.upload(&n.data)?);
+        memory.norms += n.data.len() * 4;
+    }
+    Ok(norms)
+}
+
+/// Each pre-norm's readers: a layer's q, k and v, its gate and up; the output head.
+fn norm_readers(w: &Weights) -> HashMap<String, Vec<String>> {
+    let mut norm_readers = HashMap::new();
+    for l in &w.layers {
+        let names = |ms: &[&Matrix]| ms.iter().map(|m| m.name.clone()).collect::<Vec<_>>();
+        norm_readers.insert(l.attn_norm.name.clone(), names(&l.qkv()));
+        norm_readers.insert(l.ffn_norm.name.clone(), names(&l.gate_up()));
+    }
+    norm_readers.insert(w.output_norm.name.clone(), vec![w.output.name.clone()]);
+    norm_readers
+}
+
+/// A pass's state before the first: direct launches, the parameter arena allocated, nothing staged.
+fn pass_state(gpu: &Gpu) -> Result<PassState, CudaError> {
+    let arena = gpu.alloc::<i32>(ARENA_INTS)?;
+    Ok(PassState {
+        uploads: RefCell::new(Vec::new()),
+        plans: RefCell::new(Vec::new()),
+        mode: Cell::new(Mode::Normal),
+        arena,
+        staging: RefCell::new(Vec::new()),
+        token_slot: Cell::new(None),
+    })
+}
+
+/// The lab switches' diagnostics; says so on stderr when kernels are left out.
+fn diagnostics(lab: &LabOptions) -> Diagnostics {
+    let skipped_kernels = lab.skip.clone();
+    if !skipped_kernels.is_empty() {
+        eprintln!("TANDEM_CUDA_SKIP: leaving out {skipped_kernels:?}; a timing experiment, the logits are wrong");
+    }
+    Diagnostics {
+        profile: lab.profile.then(OpProfile::default),
+        pass_clock: lab.pass_times.then(PassClock::default),
+        profiler_window: lab.profile_replays.map(|(from, to)| ProfilerWindow::new(from, to)),
+        skipped_kernels,
+    }
+}
+
+/// Empty pools, the arrival counters, the dqmma scratch for `dqmma_rows` rows.
+fn buffers(gpu: &Gpu, arrivals: CudaSlice<i32>, dqmma_rows: usize) -> Result<Buffers, CudaError> {
+    let dqmma_scratch = RefCell::new(DqmmaScratch::new(gpu, dqmma_rows)?);
+    Ok(Buffers {
+        f32_pool: Rc::default(),
+        u16_pool: Rc::default(),
+        u8_pool: Rc::default(),
+        arrivals: RefCell::new(arrivals),
+        retired_arrivals: RefCell::new(Vec::new()),
+        dqmma_scratch,
+        pinned_logits: Default::default(),
+    })
+}
+
+/// No graphs yet; decode graphs on where switched on and not profiling (an event per op needs
+/// direct launches).
+fn graph_cache(options: &CudaOptions, not_profiling: bool) -> GraphCache {
+    GraphCache {
+        enabled: Cell::new(not_profiling && options.graphs),
+        batch_enabled: Cell::new(options.batch_graphs),
+        captured_out: RefCell::new(None),
+        cache: RefCell::new(Vec::new()),
+        ahead: RefCell::new(None),
+        ahead_enabled: options.ahead,
+        ahead_taken: Cell::new(0),
+        batch_replays: Cell::new(0),
+        warmed: RefCell::new(VecDeque::new()),
     }
 }
 
@@ -377,11 +459,7 @@ impl CudaModel {
 /// products (`matmul.rs`, `ffn.rs`): the dequantized copies of a quantized file, or an F16 file's
 /// weights themselves (their matvecs then read their part of the allocation). The same memory as
 /// before (one group's worth more while it moves).
-fn stack_input_groups(
-    gpu: &Gpu,
-    w: &tandem_model::weights::Weights,
-    matrices: &mut HashMap<String, GpuMatrix>,
-) -> Result<(), CudaError> {
+fn stack_input_groups(gpu: &Gpu, w: &Weights, matrices: &mut HashMap<String, GpuMatrix>) -> Result<(), CudaError> {
     for group in w.input_groups() {
         if group.iter().any(|m| m.cols != group[0].cols) {
             continue;
