@@ -133,7 +133,7 @@ pub(crate) struct DecodeGraph {
 
 /// The dry pass of a sequence's next decode step, made while the GPU runs this one. What a dry pass
 /// stages follows from the cache placements, the row count and the model alone, except the token
-/// ids (`CudaModel::token_slot`): so when the sequence comes back with the placements the pass
+/// ids (`PassState::token_slot`): so when the sequence comes back with the placements the pass
 /// started from and one token, its parameters, with the token written into its slot, are the ones a
 /// dry pass would stage then, and its placements after are the step's. Anything else (another
 /// sequence, a cache rolled back or grown by a prefill, a failed pass) leaves it unused.

@@ -231,7 +231,7 @@ impl CudaModel {
         seen.into_iter().collect()
     }
 
-    /// Whether `kernel` is left out (`skipped_kernels`); a skipped launch leaves its outputs unwritten.
+    /// Whether `kernel` is left out (`Diagnostics::skipped_kernels`); a skipped launch leaves its outputs unwritten.
     pub(crate) fn skips(&self, kernel: &str) -> bool {
         self.diagnostics.skipped_kernels.iter().any(|k| k == kernel)
     }
