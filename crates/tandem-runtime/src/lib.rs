@@ -123,31 +123,42 @@ macro_rules! on_model {
     };
 }
 
+/// `start_serving`'s `load` placed the model on another kind of device than it was asked for: a
+/// caller's bug (the loop's backend type is chosen before the model exists), reported as an error.
+#[derive(Debug)]
+pub struct Misplaced {
+    pub asked: Device,
+}
+
+impl std::fmt::Display for Misplaced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the model was placed on another device than {:?}", self.asked)
+    }
+}
+
+impl std::error::Error for Misplaced {}
+
 /// Starts the serving engine for `device`. Its loop thread runs `load`, which places the model
 /// (`DeviceModel::place` with this `device`: a GPU's context belongs to the thread that made it) and
-/// may check or warm it up; a load error comes back here.
-///
-/// # Panics
-/// On the loop thread, before serving, if `load` placed the model on another kind of device than
-/// `device` (a caller's bug: the loop's backend type is chosen before the model exists).
-pub fn start_serving<E: Send + 'static>(
+/// may check or warm it up; a load error, or a model placed elsewhere (`Misplaced`), comes back here.
+pub fn start_serving<E: From<Misplaced> + Send + 'static>(
     device: Device,
     load: impl FnOnce() -> Result<DeviceModel, E> + Send + 'static,
     config: ServingConfig,
 ) -> Result<ServingEngine, E> {
-    const MISPLACED: &str = "start_serving: the model was placed on another device than asked";
+    let misplaced = move || E::from(Misplaced { asked: device });
     match device {
         Device::Cpu => ServingEngine::start_with(
             move || match load()? {
                 DeviceModel::Cpu(m) => Ok(*m),
-                DeviceModel::Cuda(_) => panic!("{MISPLACED}"),
+                DeviceModel::Cuda(_) => Err(misplaced()),
             },
             config,
         ),
         Device::Cuda { .. } => ServingEngine::start_with(
             move || match load()? {
                 DeviceModel::Cuda(m) => Ok(*m),
-                DeviceModel::Cpu(_) => panic!("{MISPLACED}"),
+                DeviceModel::Cpu(_) => Err(misplaced()),
             },
             config,
         ),
