@@ -3,6 +3,7 @@
 //! - `config`: hyper-parameters per architecture (llama, gemma3), llama.cpp's defaults where keys are missing.
 //! - `weights`: tensors checked at load and left in the memory-mapped file.
 //! - `backend`: what the graph asks of a backend; `cpu`: the CPU backend.
+//! - `expert_stream`: prefill's non-resident experts streamed through a ring of GPU slots, unrouted ones skipped.
 //! - `graph`: the layer graph, written once for one row (decode) or many (prefill), any mix of sequences
 //!   and any backend.
 //! - `kv`: per-sequence f16 caches with ring placement for sliding-window layers.
@@ -12,6 +13,7 @@
 pub mod backend;
 pub mod config;
 pub mod cpu;
+pub mod expert_stream;
 pub mod graph;
 pub mod kv;
 pub mod logits;
