@@ -8,10 +8,9 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tandem_backend::cpu::ops::RopeParams;
 use tandem_engine::serve::{EngineHandle, Event, GenerationRequest, ServingConfig, ServingEngine, SubmitError};
 use tandem_gguf::GgufFile;
-use tandem_model::config::Activation;
+use tandem_model::config::{Activation, RopeParams};
 use tandem_model::weights::{Matrix, Norm, Weights};
 use tandem_model::{
     graph, AttendRows, Backend, KvSizing, Logits, Model, ModelConfig, ModelError, Rows, SequenceKv, ServingBackend,

@@ -8,9 +8,7 @@
 
 use std::ops::Range;
 
-use tandem_backend::cpu::ops::RopeParams;
-
-use crate::config::{Activation, ModelConfig};
+use crate::config::{Activation, ModelConfig, RopeParams};
 use crate::kv::SequenceKv;
 use crate::logits::Logits;
 use crate::weights::{Matrix, Norm, Weights};

@@ -1,6 +1,5 @@
 //! Model hyper-parameters from GGUF metadata, with llama.cpp's defaults where a key is missing.
 
-use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_gguf::GgufFile;
 
 use crate::ModelError;
@@ -15,6 +14,34 @@ pub enum Arch {
 pub enum Activation {
     Silu,
     GeluTanh,
+}
+
+/// Which elements RoPE rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (x[2i], x[2i+1]): llama.cpp's "normal" RoPE, used by Llama GGUFs.
+    Interleaved,
+    /// Halves (x[i], x[i + d/2]): GPT-NeoX style, used by Gemma.
+    Neox,
+}
+
+/// A layer's rotary embedding, as the model's metadata gives it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub style: RopeStyle,
+    /// Rotated dimensions per head (≤ head_dim); the rest pass through.
+    pub n_rot: usize,
+    pub freq_base: f32,
+    /// Linear position scaling (1 / factor).
+    pub freq_scale: f32,
+}
+
+impl RopeParams {
+    /// Whether the rotated pairs are halves of the head (NeoX) rather than adjacent elements: the
+    /// form the kernels take it in.
+    pub fn neox(&self) -> bool {
+        self.style == RopeStyle::Neox
+    }
 }
 
 /// What differs between layers: the attention span and the rotary embedding.

@@ -4,10 +4,10 @@
 use std::ops::Range;
 
 use tandem_backend::cpu::attention::{attend, attend_decode_rows, AttentionShape, DecodeRow};
-use tandem_backend::cpu::ops::{self, rope_angles, rope_row, RopeParams};
+use tandem_backend::cpu::ops::{self, rope_angles, rope_row};
 
 use crate::backend::{AttendRows, Backend, QkvRows, SequenceCache, Span};
-use crate::config::{Activation, ModelConfig};
+use crate::config::{Activation, ModelConfig, RopeParams};
 use crate::graph;
 use crate::kv::{SequenceKv, StagingBuffers};
 use crate::logits::Logits;
@@ -150,8 +150,8 @@ impl Backend for Model {
         let head_dim = self.config.head_dim;
         ops::par_rows(&self.pool, &mut x.data, width, &|r, row| {
             let mut angles = Vec::with_capacity(rope.n_rot / 2);
-            rope_angles(positions[r], rope, &mut angles);
-            rope_row(row, head_dim, &angles, rope.style);
+            rope_angles(positions[r], rope.n_rot, rope.freq_base, rope.freq_scale, &mut angles);
+            rope_row(row, head_dim, &angles, rope.neox());
         });
         Ok(())
     }

@@ -144,9 +144,8 @@ impl ServingBackend for Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Activation, Arch, LayerSpec};
+    use crate::config::{Activation, Arch, LayerSpec, RopeParams, RopeStyle};
     use crate::kv::{KvPool, RING_SLACK};
-    use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 
     fn config(windows: &[Option<usize>], kv_heads: usize) -> ModelConfig {
         let rope = RopeParams {

@@ -51,51 +51,34 @@ pub fn rms_norm(x: &mut [f32], group: usize, weight: Option<&[f32]>, eps: f32) {
     }
 }
 
-/// Which elements RoPE rotates together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Adjacent pairs (x[2i], x[2i+1]): llama.cpp's "normal" RoPE, used by Llama GGUFs.
-    Interleaved,
-    /// Halves (x[i], x[i + d/2]): GPT-NeoX style, used by Gemma.
-    Neox,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RopeParams {
-    pub style: RopeStyle,
-    /// Rotated dimensions per head (≤ head_dim); the rest pass through.
-    pub n_rot: usize,
-    pub freq_base: f32,
-    /// Linear position scaling (1 / factor).
-    pub freq_scale: f32,
-}
-
-/// The cos/sin table for one position: computed as ggml does (theta multiplied down by a constant ratio
-/// in f32, not a fresh `powf` per pair), which keeps Tandem's angles within an ulp of llama.cpp's.
-pub fn rope_angles(pos: usize, p: &RopeParams, out: &mut Vec<(f32, f32)>) {
+/// The cos/sin table for one position, `n_rot` rotated dimensions per head (`freq_scale`: linear
+/// position scaling, 1 / factor): computed as ggml does (theta multiplied down by a constant ratio in
+/// f32, not a fresh `powf` per pair), which keeps Tandem's angles within an ulp of llama.cpp's.
+pub fn rope_angles(pos: usize, n_rot: usize, freq_base: f32, freq_scale: f32, out: &mut Vec<(f32, f32)>) {
     out.clear();
-    let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+    let theta_scale = freq_base.powf(-2.0 / n_rot as f32);
     let mut theta = pos as f32;
-    for _ in 0..p.n_rot / 2 {
-        let t = p.freq_scale * theta;
+    for _ in 0..n_rot / 2 {
+        let t = freq_scale * theta;
         out.push((t.cos(), t.sin()));
         theta *= theta_scale;
     }
 }
 
-/// Rotates every head of one row (`n_heads` heads of `head_dim`) by precomputed angles.
-pub fn rope_row(row: &mut [f32], head_dim: usize, angles: &[(f32, f32)], style: RopeStyle) {
+/// Rotates every head of one row (`n_heads` heads of `head_dim`) by precomputed angles: adjacent pairs
+/// (x[2i], x[2i+1]), llama.cpp's "normal" RoPE, or with `neox` halves (x[i], x[i + n_rot/2]).
+pub fn rope_row(row: &mut [f32], head_dim: usize, angles: &[(f32, f32)], neox: bool) {
     let n_rot = angles.len() * 2;
     for head in row.chunks_exact_mut(head_dim) {
-        match style {
-            RopeStyle::Interleaved => {
+        match neox {
+            false => {
                 for (i, &(c, s)) in angles.iter().enumerate() {
                     let (x0, x1) = (head[2 * i], head[2 * i + 1]);
                     head[2 * i] = x0 * c - x1 * s;
                     head[2 * i + 1] = x0 * s + x1 * c;
                 }
             }
-            RopeStyle::Neox => {
+            true => {
                 let half = n_rot / 2;
                 for (i, &(c, s)) in angles.iter().enumerate() {
                     let (x0, x1) = (head[i], head[i + half]);
@@ -164,25 +147,19 @@ mod tests {
 
     #[test]
     fn rope_preserves_norm_and_is_identity_at_zero() {
-        let p = RopeParams {
-            style: RopeStyle::Neox,
-            n_rot: 8,
-            freq_base: 10000.0,
-            freq_scale: 1.0,
-        };
         let mut angles = Vec::new();
-        rope_angles(0, &p, &mut angles);
+        rope_angles(0, 8, 10000.0, 1.0, &mut angles);
         let orig: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.7).collect();
         let mut x = orig.clone();
-        rope_row(&mut x, 8, &angles, RopeStyle::Neox);
+        rope_row(&mut x, 8, &angles, true);
         assert_eq!(x, orig);
-        for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
-            rope_angles(37, &p, &mut angles);
+        for neox in [true, false] {
+            rope_angles(37, 8, 10000.0, 1.0, &mut angles);
             let mut x = orig.clone();
-            rope_row(&mut x, 8, &angles, style);
+            rope_row(&mut x, 8, &angles, neox);
             let n0: f32 = orig.iter().map(|v| v * v).sum();
             let n1: f32 = x.iter().map(|v| v * v).sum();
-            assert!((n0 - n1).abs() < 1e-4, "{style:?}");
+            assert!((n0 - n1).abs() < 1e-4, "neox {neox}");
             assert_ne!(x, orig);
         }
     }
@@ -190,20 +167,14 @@ mod tests {
     #[test]
     fn rope_rotates_relative_positions() {
         // <rope(q, m), rope(k, n)> depends only on m - n.
-        let p = RopeParams {
-            style: RopeStyle::Interleaved,
-            n_rot: 4,
-            freq_base: 100.0,
-            freq_scale: 1.0,
-        };
         let dot_at = |m: usize, n: usize| {
             let (mut a, mut b) = (Vec::new(), Vec::new());
-            rope_angles(m, &p, &mut a);
-            rope_angles(n, &p, &mut b);
+            rope_angles(m, 4, 100.0, 1.0, &mut a);
+            rope_angles(n, 4, 100.0, 1.0, &mut b);
             let mut q = vec![0.3, -1.0, 0.5, 2.0];
             let mut k = vec![1.0, 0.2, -0.4, 0.9];
-            rope_row(&mut q, 4, &a, p.style);
-            rope_row(&mut k, 4, &b, p.style);
+            rope_row(&mut q, 4, &a, false);
+            rope_row(&mut k, 4, &b, false);
             q.iter().zip(&k).map(|(x, y)| x * y).sum::<f32>()
         };
         assert!((dot_at(10, 7) - dot_at(5, 2)).abs() < 1e-4);

@@ -7,7 +7,6 @@
 
 use anyhow::Result;
 use half::f16;
-use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_cuda::attention::rows::{
     buffer_table, decode_rows_attention_into, table_addresses, DecodeRowsBuffers, ROW_INTS,
 };
@@ -16,6 +15,7 @@ use tandem_cuda::matmul::kinds::ActQuant;
 use tandem_cuda::ops::rows::quant_flag;
 use tandem_cuda::routes::{attention_merge, tile_span};
 use tandem_cuda::{CudaSlice, Gpu};
+use tandem_model::config::{RopeParams, RopeStyle};
 
 use super::{Rng, Row};
 

@@ -2,11 +2,11 @@
 //! launch) against the unfused route it replaces: `split_columns`, `rope` on q and K, `kv_store`.
 
 use anyhow::Result;
-use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_cuda::attention::tile::{kv_store_into, split_rope_kv_store_into, RopeStoreShape, SplitRopeStoreBuffers};
 use tandem_cuda::ops::rows::rope_into;
 use tandem_cuda::runtime::launch::split_columns_into;
 use tandem_cuda::Gpu;
+use tandem_model::config::{RopeParams, RopeStyle};
 
 use super::{Rng, Row};
 

@@ -8,7 +8,6 @@
 
 use anyhow::Result;
 use half::f16;
-use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
 use tandem_cuda::attention::tile::{
     rope_kv_store_into, tile_attention_into, FreshRow, KvCache, RopeStoreBuffers, RopeStoreShape, TileBuffers,
     TileShape,
@@ -16,6 +15,7 @@ use tandem_cuda::attention::tile::{
 use tandem_cuda::ops::rows::rms_norm_into;
 use tandem_cuda::routes::{first_key, tile_span};
 use tandem_cuda::Gpu;
+use tandem_model::config::{RopeParams, RopeStyle};
 
 use super::flash::attend_f64;
 use super::{rel_err, Rng, Row};

@@ -7,7 +7,7 @@
 //! slower for every sequence in it on the 8B.
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, PushKernelArg};
-use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+use tandem_model::config::{RopeParams, RopeStyle};
 
 use crate::attention::tile::{decode_heads, decode_splits, tile_error, TileShape};
 use crate::routes::{self, ATT_THREADS};

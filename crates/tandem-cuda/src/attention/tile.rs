@@ -6,7 +6,7 @@
 //! sequence's buffer table.
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
-use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+use tandem_model::config::{RopeParams, RopeStyle};
 
 use crate::ops::rows::RopeArgs;
 use crate::routes::{self, ATT_THREADS};

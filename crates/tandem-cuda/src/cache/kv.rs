@@ -210,8 +210,8 @@ impl ServingCache for GpuSequenceKv {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
     use tandem_model::config::{Activation, Arch, LayerSpec};
+    use tandem_model::config::{RopeParams, RopeStyle};
 
     /// A ring of 4 rows and a global layer, one KV head of 32.
     fn small_config() -> ModelConfig {

@@ -5,8 +5,8 @@ use std::cell::RefMut;
 use std::ops::Range;
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use tandem_backend::cpu::ops::RopeParams;
 use tandem_model::backend::{AttendRows, QkvRows};
+use tandem_model::config::RopeParams;
 use tandem_model::{graph, ModelError, Span};
 
 use crate::attention::flash::key_range;

@@ -3,8 +3,8 @@
 
 use std::ops::Range;
 
-use tandem_backend::cpu::ops::RopeParams;
 use tandem_model::backend::QkvRows;
+use tandem_model::config::RopeParams;
 use tandem_model::{graph, ModelError, Span};
 
 use crate::attention::rows::decode_rows_attention_into;

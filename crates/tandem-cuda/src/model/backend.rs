@@ -3,9 +3,9 @@
 use std::ops::Range;
 
 use cudarc::driver::PushKernelArg;
-use tandem_backend::cpu::ops::RopeParams;
 use tandem_model::backend::{split_logits, AttendRows, Backend, HeadNorms, QkvRows};
 use tandem_model::config::Activation;
+use tandem_model::config::RopeParams;
 use tandem_model::weights::{Matrix, Norm, Weights};
 use tandem_model::{Logits, ModelConfig, ModelError, Span};
 

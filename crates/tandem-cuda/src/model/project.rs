@@ -6,8 +6,8 @@
 
 use std::ops::Range;
 
-use tandem_backend::cpu::ops::RopeParams;
 use tandem_model::backend::HeadNorms;
+use tandem_model::config::RopeParams;
 use tandem_model::weights::Matrix;
 use tandem_model::{ModelError, Span};
 

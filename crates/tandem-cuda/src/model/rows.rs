@@ -1,8 +1,8 @@
 //! The model's row ops (`ops/rows.rs`): norms, RoPE and gating in each mode.
 
 use cudarc::driver::PushKernelArg;
-use tandem_backend::cpu::ops::RopeParams;
 use tandem_model::config::Activation;
+use tandem_model::config::RopeParams;
 use tandem_model::weights::{Matrix, Norm};
 use tandem_model::ModelError;
 

@@ -3,7 +3,7 @@
 //! quantized for the integer matvecs, or f16 for the GEMM route.
 
 use cudarc::driver::{CudaSlice, LaunchArgs, PushKernelArg};
-use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+use tandem_model::config::{RopeParams, RopeStyle};
 
 use crate::matmul::kinds::ActQuant;
 use crate::runtime::checked::driver;

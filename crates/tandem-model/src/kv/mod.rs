@@ -398,8 +398,7 @@ impl SequenceKv {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Activation, Arch, LayerSpec};
-    use tandem_backend::cpu::ops::{RopeParams, RopeStyle};
+    use crate::config::{Activation, Arch, LayerSpec, RopeParams, RopeStyle};
 
     /// Gemma 3 270M's shape: 18 layers, every 6th global, window 512, one KV head of 256.
     fn gemma3_270m() -> ModelConfig {
