@@ -13,17 +13,20 @@
 //!   types, page-locked logits.
 //! - `model`: `CudaModel`, its `Backend` and `ServingBackend`, its loading, and its side of every op
 //!   (in the pass's mode: launched, captured into a decode graph, or dry).
-//! - `bench`: microbenchmarks for `tandem gpu-check`.
+//! - `lab`: the developer surface, outside the stack: the launchers the kernel tests and
+//!   `tandem-dev` reach (re-exported from the modules above), and the GPU probes (`handover`,
+//!   `latency`).
 //!
 //! The CUDA libraries are loaded at run time (`cudarc` with dynamic loading), so this crate builds and
 //! its GPU-free parts test on machines with no CUDA at all; on such a machine `Gpu::new` returns
 //! `CudaError::Unavailable` with the reason.
 
 pub mod attention;
-pub mod bench;
 pub(crate) mod cache;
 #[cfg(test)]
 mod kernel_tables;
+#[doc(hidden)]
+pub mod lab;
 pub mod matmul;
 pub(crate) mod model;
 pub mod ops;

@@ -190,12 +190,12 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     Ok(())
 }
 
-/// `tandem_cuda::bench::handover` at a grid of one block an SM and at the grid sizes of a decode step's
+/// `tandem_cuda::lab::handover` at a grid of one block an SM and at the grid sizes of a decode step's
 /// matvecs (four and five blocks an SM).
 fn handover_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     let steps = 256;
     for per_sm in [1, 4, 5] {
-        let h = tandem_cuda::bench::handover::bench_handover(gpu, per_sm * gpu.sm_count, steps)?;
+        let h = tandem_cuda::lab::handover::bench_handover(gpu, per_sm * gpu.sm_count, steps)?;
         let resident = h
             .resident_us
             .map_or_else(|| "not resident at once".to_string(), |us| format!("{us:.2} us"));
@@ -211,20 +211,20 @@ fn handover_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     Ok(())
 }
 
-/// `tandem_cuda::bench::latency`: a cycle that stays in L2 and one that misses it, alone and beside a
+/// `tandem_cuda::lab::latency`: a cycle that stays in L2 and one that misses it, alone and beside a
 /// stream over 4 GB of weights (from memory), then beside one over 24 MB (from L2: whether the
 /// slower round trips come from the memory's queues or from the L2 and its network).
 fn latency_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
     let sizes = [(64 << 10, 20_000), (4 << 20, 20_000), (256 << 20, 5_000)];
     for (stream_bytes, from) in [(4usize << 30, "4 GB weight stream"), (24 << 20, "24 MB stream from L2")] {
-        for l in tandem_cuda::bench::latency::bench_latency(gpu, &sizes, stream_bytes)? {
+        for l in tandem_cuda::lab::latency::bench_latency(gpu, &sizes, stream_bytes)? {
             table.push(latency_row(&l, from));
         }
     }
     Ok(())
 }
 
-fn latency_row(l: &tandem_cuda::bench::latency::Latency, from: &str) -> Row {
+fn latency_row(l: &tandem_cuda::lab::latency::Latency, from: &str) -> Row {
     Row {
         check: format!("round trip beside a {from}, {} KB cycle", l.cycle_bytes >> 10),
         result: format!(
