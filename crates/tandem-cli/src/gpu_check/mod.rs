@@ -60,40 +60,7 @@ pub struct GpuCheckArgs {
     pub threads: Option<usize>,
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
-    /// Also time the decode matvec per weight type (GB/s against the bytes it must read).
-    #[arg(long)]
-    pub bench_kernels: bool,
-    /// Time only the decode matvecs (a part of `--bench-kernels`).
-    #[arg(long)]
-    pub bench_matvec: bool,
-    /// Time only the prefill attention variants (a part of `--bench-kernels`).
-    #[arg(long)]
-    pub bench_flash: bool,
-    /// Time the prefill GEMM shapes through cuBLAS (a part of `--bench-kernels`).
-    #[arg(long)]
-    pub bench_gemm: bool,
-    /// Time the decode batches' tensor-core kernels against the batched matvec and cuBLAS (a part of
-    /// `--bench-kernels`).
-    #[arg(long)]
-    pub bench_qmma: bool,
-    /// Time the decode batches past qmma's rows: the f16 tensor-core kernel over dequantized Q4_K
-    /// weights against cuBLAS over the f16 copy (a part of `--bench-kernels`).
-    #[arg(long)]
-    pub bench_dqmma: bool,
-    /// Time the 8B files' decode matvecs from a flushed L2 and from a hot L2 (a part of
-    /// `--bench-kernels`): a kernel barely faster hot is bound by its instructions, not memory.
-    #[arg(long)]
-    pub bench_l2: bool,
-    /// Time a hand-over between dependent steps: launches under programmatic edges, plain graph
-    /// edges, and one resident grid crossing grid-wide barriers (what a persistent decode kernel
-    /// would pay instead).
-    #[arg(long)]
-    pub bench_handover: bool,
-    /// Time a dependent memory round trip alone and while the rest of the GPU streams weights (what
-    /// an overlapping decode step's latency-bound work would pay: docs/OVERLAPPED-DECODE.md).
-    #[arg(long)]
-    pub bench_latency: bool,
-    /// Leave the kernel checks out (only what the other flags ask for runs: a benchmark, a model).
+    /// Leave the kernel checks out (only the models are checked).
     #[arg(long)]
     pub no_kernel_checks: bool,
     /// The kernel checks' random seed, to run again the inputs of a failed check (each run prints
@@ -148,30 +115,6 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
     if !args.no_kernel_checks {
         kernel_checks(&gpu, args.seed, &mut table)?;
     }
-    if args.bench_kernels || args.bench_matvec {
-        kernel_bench(&gpu, &mut table)?;
-    }
-    if args.bench_kernels || args.bench_flash {
-        flash::flash_bench(&gpu, &mut table)?;
-    }
-    if args.bench_kernels || args.bench_gemm {
-        gemm::gemm_bench(&gpu, &mut table)?;
-    }
-    if args.bench_kernels || args.bench_qmma {
-        qmma::qmma_bench(&gpu, &mut table)?;
-    }
-    if args.bench_kernels || args.bench_dqmma {
-        dqmma::dqmma_bench(&gpu, &mut table)?;
-    }
-    if args.bench_kernels || args.bench_l2 {
-        int8::l2_bench(&gpu, &mut table)?;
-    }
-    if args.bench_handover {
-        handover_bench(&gpu, &mut table)?;
-    }
-    if args.bench_latency {
-        latency_bench(&gpu, &mut table)?;
-    }
     for m in &args.models {
         model_checks(args, m, threads, &mut table)?;
     }
@@ -188,56 +131,6 @@ pub fn gpu_check(args: &GpuCheckArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// `tandem_cuda::lab::handover` at a grid of one block an SM and at the grid sizes of a decode step's
-/// matvecs (four and five blocks an SM).
-fn handover_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
-    let steps = 256;
-    for per_sm in [1, 4, 5] {
-        let h = tandem_cuda::lab::handover::bench_handover(gpu, per_sm * gpu.sm_count, steps)?;
-        let resident = h
-            .resident_us
-            .map_or_else(|| "not resident at once".to_string(), |us| format!("{us:.2} us"));
-        table.push(Row {
-            check: format!("hand-over a step, {} blocks of 128 threads, {steps} steps", h.blocks),
-            result: format!(
-                "programmatic edges {:.2} us; plain edges {:.2} us; resident grid, barrier {resident}",
-                h.programmatic_us, h.plain_us
-            ),
-            pass: true,
-        });
-    }
-    Ok(())
-}
-
-/// `tandem_cuda::lab::latency`: a cycle that stays in L2 and one that misses it, alone and beside a
-/// stream over 4 GB of weights (from memory), then beside one over 24 MB (from L2: whether the
-/// slower round trips come from the memory's queues or from the L2 and its network).
-fn latency_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
-    let sizes = [(64 << 10, 20_000), (4 << 20, 20_000), (256 << 20, 5_000)];
-    for (stream_bytes, from) in [(4usize << 30, "4 GB weight stream"), (24 << 20, "24 MB stream from L2")] {
-        for l in tandem_cuda::lab::latency::bench_latency(gpu, &sizes, stream_bytes)? {
-            table.push(latency_row(&l, from));
-        }
-    }
-    Ok(())
-}
-
-fn latency_row(l: &tandem_cuda::lab::latency::Latency, from: &str) -> Row {
-    Row {
-        check: format!("round trip beside a {from}, {} KB cycle", l.cycle_bytes >> 10),
-        result: format!(
-            "{:.0} ns alone, {:.0} ns beside the stream ({:.2}x); stream {:.2} TB/s alone, {:.2} beside the chase; the stream ran through {:.0}% of the chase",
-            l.alone_ns,
-            l.loaded_ns,
-            l.loaded_ns / l.alone_ns,
-            l.stream_tbs,
-            l.stream_loaded_tbs,
-            100.0 * l.overlap
-        ),
-        pass: true,
-    }
 }
 
 fn kernel_checks(gpu: &Gpu, seed: Option<u64>, table: &mut Vec<Row>) -> Result<()> {
@@ -384,105 +277,6 @@ fn tiled_weights(
     }
     let host: Vec<u8> = tile.iter().copied().cycle().take(rows * row_bytes).collect();
     Ok((0..n).map(|_| gpu.upload(&host)).collect::<Result<_, _>>()?)
-}
-
-/// Times the single-row matvec over matrices larger than L2 (four copies, rotated), the decode
-/// route's whole cost: weight bytes read once over elapsed time. 16384×8192 for every type, then the
-/// Llama-3-8B decode shapes (gate/up, down, q/o, q+k+v as one launch) for Q4_K, Q8_0 and F16, and
-/// Q4_K_M's Q6_K down and v.
-fn kernel_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut cases: Vec<(GgmlType, usize, usize)> = [
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::F16,
-    ]
-    .into_iter()
-    .map(|ty| (ty, 16384, 8192))
-    .collect();
-    for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
-        cases.extend([(ty, 14336, 4096), (ty, 4096, 14336), (ty, 4096, 4096), (ty, 6144, 4096)]);
-    }
-    // Q4_K_M's Q6_K matrices: down in half the layers, v in half, and the output head.
-    cases.extend([
-        (GgmlType::Q6_K, 4096, 14336),
-        (GgmlType::Q6_K, 1024, 4096),
-        (GgmlType::Q6_K, 128256, 4096),
-    ]);
-    for (ty, rows, cols) in cases {
-        let suffix = type_suffix(ty).expect("benched types have kernels");
-        let row_bytes = ty.row_bytes(cols as u64).context("row size")? as usize;
-        let copies = tiled_weights(gpu, &mut rng, ty, rows, cols, 4)?;
-        let x = gpu.upload(&(0..cols).map(|_| rng.normal()).collect::<Vec<f32>>())?;
-        let mut out = gpu.alloc::<f32>(rows)?;
-        for family in [
-            MatvecFamily::Segmented,
-            MatvecFamily::WarpPerRow,
-            MatvecFamily::Lanewise,
-        ] {
-            for w in &copies {
-                matvec_into(gpu, family, suffix, &w.as_view(), &x, 1, rows, cols, &mut out)?;
-            }
-            gpu.synchronize()?;
-            let iters = 40;
-            let t0 = Instant::now();
-            for i in 0..iters {
-                matvec_into(
-                    gpu,
-                    family,
-                    suffix,
-                    &copies[i % 4].as_view(),
-                    &x,
-                    1,
-                    rows,
-                    cols,
-                    &mut out,
-                )?;
-            }
-            gpu.synchronize()?;
-            let secs = t0.elapsed().as_secs_f64() / iters as f64;
-            let gbs = (rows * row_bytes) as f64 / secs / 1e9;
-            let f = gpu.function(&format!("{}{suffix}", family.prefix(false)))?;
-            let regs = f.num_regs().unwrap_or(-1);
-            let local = f.local_size_bytes().unwrap_or(-1);
-            table.push(Row {
-                check: format!("matvec {family:?} {ty} {rows}x{cols} speed"),
-                result: format!(
-                    "{:.1} us, {gbs:.0} GB/s ({:.0}% of 4.3 TB/s copy); {regs} regs, {local} B local",
-                    secs * 1e6,
-                    gbs / 43.0
-                ),
-                pass: true,
-            });
-        }
-        int8::int8_bench(gpu, ty, &copies, &x, (rows, cols), table)?;
-        if ty == GgmlType::Q4_K && rows == 16384 {
-            // The alternative for one row: cuBLAS over an f16 copy (4x the bytes of Q4_K).
-            let w16: Vec<_> = copies
-                .iter()
-                .map(|w| dequant_f16(gpu, suffix, w, rows, cols))
-                .collect::<Result<_, _>>()?;
-            let mut x16 = gpu.alloc::<u16>(cols)?;
-            gemm_into(gpu, &w16[0].as_view(), &x, &mut x16, 1, rows, cols, &mut out)?;
-            gpu.synchronize()?;
-            let t0 = Instant::now();
-            for i in 0..40 {
-                gemm_into(gpu, &w16[i % 4].as_view(), &x, &mut x16, 1, rows, cols, &mut out)?;
-            }
-            gpu.synchronize()?;
-            let secs = t0.elapsed().as_secs_f64() / 40.0;
-            let gbs = (rows * cols * 2) as f64 / secs / 1e9;
-            table.push(Row {
-                check: format!("cuBLAS f16 gemv {rows}x{cols} speed"),
-                result: format!("{:.1} us, {gbs:.0} GB/s of f16 weights", secs * 1e6),
-                pass: true,
-            });
-        }
-    }
-    Ok(())
 }
 
 /// Deterministic pseudo-random token ids (BOS first when the vocabulary has one).

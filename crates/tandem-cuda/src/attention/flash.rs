@@ -130,8 +130,8 @@ pub fn chosen(head_dim: usize, t: usize, major: i32) -> Option<FlashVariant> {
             return false;
         }
         if head_dim == 128 && major == 9 {
-            // Two warpgroups over 128-key tiles, measured fastest on the H200 (tandem gpu-check
-            // --bench-flash: 374 µs for 4096 rows from position 0 against 378 for one warpgroup at
+            // Two warpgroups over 128-key tiles, measured fastest on the H200 (`tandem-dev
+            // bench flash`: 374 µs for 4096 rows from position 0 against 378 for one warpgroup at
             // 64-key tiles, 401 for two, and 625 for `mma.sync`'s best; 84.6 against 84.2-85.8 and
             // 155 for the last 512 of 4096); chunks of at most 64 rows take one warpgroup, whose
             // 64-row blocks leave no query rows idle.

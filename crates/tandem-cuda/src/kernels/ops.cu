@@ -590,7 +590,7 @@ extern "C" __global__ void gpu_hold(long long ns) {
     } while (t - t0 < ns);
 }
 
-// ---- What a hand-over between two dependent steps costs (`tandem gpu-check --bench-handover`,
+// ---- What a hand-over between two dependent steps costs (`tandem-dev bench handover`,
 // `handover.rs`): a decode step is about 260 dependent steps, each now a launch under a programmatic
 // edge. `handover_link` is one such step: every thread reads what a thread of another block wrote in
 // the launch before (from L2), so no launch can skip its predecessor. `handover_resident` runs
@@ -629,7 +629,7 @@ extern "C" __global__ void handover_resident(float* __restrict__ buf, u32* __res
     }
 }
 
-// ---- Memory latency under a weight stream (`tandem gpu-check --bench-latency`, `latency.rs`): the
+// ---- Memory latency under a weight stream (`tandem-dev bench latency`, `latency.rs`): the
 // question an overlapping decode design has to answer first (docs/OVERLAPPED-DECODE.md) is how much
 // slower a latency-bound kernel's round trips get while other SMs stream weights at full rate.
 __device__ __forceinline__ unsigned long long now_ns() {

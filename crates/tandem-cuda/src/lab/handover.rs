@@ -1,9 +1,9 @@
-//! What a hand-over between two dependent steps costs on this GPU (`tandem gpu-check
-//! --bench-handover`). A decode step of an 8B model is about 260 dependent kernels, and part of its
-//! time past the weights' bytes is those hand-overs: a kernel's blocks wait for the one before to
-//! finish and its writes to become visible, then read them back from L2. Three ways to chain the
-//! same trivial steps (`handover_link` / `handover_resident` in ops.cu), each step reading what
-//! another block wrote in the step before:
+//! What a hand-over between two dependent steps costs on this GPU (`tandem-dev bench handover`). A
+//! decode step of an 8B model is about 260 dependent kernels, and part of its time past the weights'
+//! bytes is those hand-overs: a kernel's blocks wait for the one before to finish and its writes to
+//! become visible, then read them back from L2. Three ways to chain the same trivial steps
+//! (`handover_link` / `handover_resident` in ops.cu), each step reading what another block wrote in
+//! the step before:
 //! - launches captured in a graph with programmatic edges, as decode steps run now;
 //! - the same graph with plain edges;
 //! - one resident grid crossing a grid-wide barrier between steps, as a persistent decode kernel

@@ -1,5 +1,5 @@
-//! How much slower a memory round trip gets while the GPU streams weights (`tandem gpu-check
-//! --bench-latency`). An overlapping decode step (`docs/OVERLAPPED-DECODE.md`) would run its
+//! How much slower a memory round trip gets while the GPU streams weights (`tandem-dev bench
+//! latency`). An overlapping decode step (`docs/OVERLAPPED-DECODE.md`) would run its
 //! latency-bound work (add + norm, attention) while other SMs stream the next weights; every earlier
 //! attempt at overlap lost because those kernels slowed under the stream. This times the cause
 //! directly: one thread chasing a random cycle (`chase_latency` in ops.cu), each step one dependent

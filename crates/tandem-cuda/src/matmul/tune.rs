@@ -116,7 +116,7 @@ fn time_with_input(
 
 /// Mean seconds of `run` after an L2 flush (as a decode step meets a matrix) and right after another
 /// `run` (its weights in L2 as far as they fit). A kernel barely faster hot than cold is bound by its
-/// own instructions and round trips, not by memory: `tandem gpu-check --bench-l2`.
+/// own instructions and round trips, not by memory: `tandem-dev bench l2`.
 pub fn time_cold_and_hot(gpu: &Gpu, run: &mut dyn FnMut() -> Result<(), CudaError>) -> Result<[f64; 2], CudaError> {
     let mut flush = l2_flush_buffer(gpu)?;
     let cold = time_launches(gpu, &mut flush, run)?;
