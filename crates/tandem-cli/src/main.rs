@@ -53,7 +53,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Prompt-processing and generation throughput, as llama-bench measures them.
     Bench(bench::BenchCommand),
-    /// Check the CUDA backend against the CPU backend: kernels, greedy tokens, deterministic hashes.
+    /// Check the CUDA backend against the CPU backend on a model: greedy tokens, CUDA-graph replay,
+    /// deterministic hashes.
     GpuCheck(gpu_check::GpuCheckArgs),
     /// Print the token ids that generation would see for a text.
     Tokenize(tokenize::TokenizeArgs),

@@ -145,8 +145,32 @@ fn cuda_device_without_a_gpu_is_a_clear_error() {
         assert!(err.contains("--device cuda: CUDA unavailable"), "{err}");
         assert!(!err.contains("panicked"), "{err}");
     }
-    // gpu-check takes back a failed run's printed kernel-check seed.
-    assert!(ok(&["gpu-check", "--seed", "12345", "--help"]).contains("--seed <SEED>"));
+    // gpu-check prints its table whatever happens; a check it could not run (no GPU) is a failed row,
+    // and any failed row makes the exit non-zero.
+    let m = model.to_str().unwrap();
+    let out = tandem(&[
+        "gpu-check",
+        "-m",
+        m,
+        "--prompt",
+        "16",
+        "--gen",
+        "4",
+        "--hash-prompt",
+        "16",
+    ]);
+    let (table, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(table.contains("| check | result | pass |"), "{table}");
+    assert!(!err.contains("panicked"), "{err}");
+    if !out.status.success() {
+        assert!(
+            table.contains("| NO |") && err.contains("GPU checks failed"),
+            "{table}\n{err}"
+        );
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 

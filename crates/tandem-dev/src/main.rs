@@ -1,7 +1,7 @@
 //! `tandem-dev`: developer tools, not shipped to users. `tandem-dev bench` times the CUDA kernels on
 //! the shapes of real models and probes the GPU itself (hand-overs between dependent steps, memory
-//! round trips under load); what a kernel computes, and a model end to end, is checked by `tandem
-//! gpu-check`.
+//! round trips under load); what a kernel computes is checked by `tandem-cuda`'s kernel tests, and a
+//! model end to end by `tandem gpu-check`.
 
 mod common;
 mod dqmma;

@@ -3,7 +3,7 @@
 //! (`attend_rope_rows_*` in `kernels/attention.cu`). Each row finds its own cache through its
 //! sequence's buffer table (`GpuSequenceKv::buffers`, written once when the sequence is made) and
 //! brings its own placement, position and cache row, so each row has the bits its own one-row launch
-//! gives (`tandem gpu-check` compares them). A launch a sequence, as before, made a step about 1 ms
+//! gives (the kernel tests compare them). A launch a sequence, as before, made a step about 1 ms
 //! slower for every sequence in it on the 8B.
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, PushKernelArg};

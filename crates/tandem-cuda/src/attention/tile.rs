@@ -285,7 +285,7 @@ pub struct RopeStoreBuffers<'a> {
 
 /// The `rope_kv_store` kernel (`kernels/ops.cu`): RoPE on every row of q (in place) and of K, whose
 /// rotated rows go with V's to their cache rows. The chunked route's form of what the fused decode
-/// kernel does in one launch, so `tandem gpu-check` compares the two bit for bit.
+/// kernel does in one launch, so the kernel tests compare the two bit for bit.
 pub fn rope_kv_store_into(gpu: &Gpu, s: &RopeStoreShape, b: RopeStoreBuffers<'_>) -> Result<(), CudaError> {
     let (qw, kvw) = (s.n_head * s.head_dim, s.n_kv_head * s.head_dim);
     let cache_rows = b.kc.len().min(b.vc.len()) / kvw.max(1);
@@ -380,7 +380,7 @@ pub struct SplitRopeStoreBuffers<'a> {
 
 /// The `split_rope_kv_store` kernel (`kernels/ops.cu`): a prefill chunk's stacked products cut into
 /// q, rotated, and K and V rotated and stored, with the bits of `split_columns`, `rope` and `kv_store`
-/// in turn (`tandem gpu-check` compares them).
+/// in turn (the kernel tests compare them).
 pub fn split_rope_kv_store_into(gpu: &Gpu, s: &RopeStoreShape, b: SplitRopeStoreBuffers<'_>) -> Result<(), CudaError> {
     let (qw, kvw) = (s.n_head * s.head_dim, s.n_kv_head * s.head_dim);
     let fits = b.q.len() >= s.rows * qw

@@ -18,7 +18,7 @@
 // a warp, eight super-blocks of four lanes, read 512 consecutive bytes where the ggml layout would
 // scatter them over twice the cache lines. Q8_0 blocks (34 bytes) keep their quants in aligned blocks,
 // and every block's f16 scale moves to a table after all rows (Q6_K's too). The layouts are written
-// out in `int8::repacked_source`, which gpu-check compares with the bytes these kernels write.
+// out in `int8::repacked_source`, which the kernel tests compare with the bytes these kernels write.
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 

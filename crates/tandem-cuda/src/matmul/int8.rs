@@ -90,7 +90,7 @@ pub fn repack(
 
 /// For each byte of the integer-route layout of a `rows × cols` matrix of type `ty`, the offset of
 /// the ggml-layout byte it holds (`None` for types without an integer kernel). The GPU's `repack`
-/// writes exactly this; gpu-check compares the two.
+/// writes exactly this; the kernel tests compare the two.
 /// - Q4_K, per row of `nsb` super-blocks: region A (each super-block's four 16-byte quant pieces
 ///   that start its 32-byte chunks), region B (the chunks' second pieces), then the 16-byte heads
 ///   (d, dmin, scales).
@@ -305,7 +305,7 @@ pub fn mmvq_group_into(
 }
 
 /// Which kernels `mmvq_group_into_with` may take besides the plain (unstaged) ones; all give the same
-/// bits (gpu-check compares them, and times one against another).
+/// bits (the kernel tests compare them; `tandem-dev bench qmma` times one against another).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmvqKernels {
     /// `mmq_*` on the tensor cores for chunks of `MMQ_MIN_ROWS` or more.

@@ -1,4 +1,4 @@
-//! Kernel launchers shared by the backend, the load-time tuning and `tandem gpu-check`: each takes
+//! Kernel launchers shared by the backend, the load-time tuning and the kernel tests: each takes
 //! device buffers and shapes, checks its sizes fit the kernels' ints, and reports failures as
 //! `CudaError` naming the kernel.
 

@@ -1,5 +1,5 @@
-//! The decode attention kernel (`tandem_cuda::attention::tile`, one kernel per head size) against an f64
-//! softmax on the host: fresh random queries, keys and values; every head size; grouped KV heads;
+//! The decode attention kernel (`attention::tile`, one kernel per head size) against an f64 softmax
+//! on the host: fresh random queries, keys and values; every head size; grouped KV heads;
 //! contexts of several tiles; windows; a ring buffer that has wrapped. Rows no query may read are NaN
 //! (a key read past its mask shows up in the output), and so is the output before the launch. Each
 //! query of a batch must also get the same bits alone: the kernel's sums depend on a query's position
@@ -8,17 +8,22 @@
 
 use anyhow::Result;
 use half::f16;
-use tandem_cuda::attention::tile::{
+use tandem_cuda::lab::attention::tile::{
     rope_kv_store_into, tile_attention_into, FreshRow, KvCache, RopeStoreBuffers, RopeStoreShape, TileBuffers,
     TileShape,
 };
-use tandem_cuda::ops::rows::rms_norm_into;
-use tandem_cuda::routes::{first_key, tile_span};
+use tandem_cuda::lab::ops::rows::rms_norm_into;
+use tandem_cuda::lab::routes::{first_key, tile_span};
 use tandem_cuda::Gpu;
 use tandem_model::config::{RopeParams, RopeStyle};
 
-use super::flash::attend_f64;
-use super::{rel_err, Rng, Row};
+use crate::common::{rel_err, Rng, Row};
+use crate::flash::attend_f64;
+
+#[test]
+fn tile_attention_against_f64() {
+    crate::common::run("tile attention checks", tile_checks);
+}
 
 /// One case: head size, query and KV heads, the queries' positions, the window, and the buffer:
 /// `capacity` rows holding logical position `origin.0` at physical row `origin.1` (a ring when the
@@ -49,7 +54,7 @@ impl Case {
 /// random data gives relative errors near 1e-6, where a wrong mask or a lost tile gives 1e-1.
 const BOUND: f64 = 1e-4;
 
-pub(super) fn tile_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn tile_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
     let case = |head_dim, n_head, n_kv_head, positions: Vec<usize>, window, capacity, origin| Case {
         head_dim,
         n_head,

@@ -3,10 +3,20 @@
 //! k and v from one stacked GEMM cut apart by `split_columns`.
 
 use anyhow::Result;
-use tandem_cuda::runtime::launch::{gemm_f16_into, gemm_f16_out, split_columns_into};
+use tandem_cuda::lab::launch::{gemm_f16_into, gemm_f16_out, split_columns_into};
 use tandem_cuda::Gpu;
 
-use super::{rel_err, Rng, Row};
+use crate::common::{rel_err, Rng, Row};
+
+#[test]
+fn stacked_gemm_split_against_f64() {
+    crate::common::run("stacked gemm split checks", stacked_split_checks);
+}
+
+#[test]
+fn gate_and_up_side_by_side_against_f64() {
+    crate::common::run("gate and up pair checks", pair_checks);
+}
 
 /// `n` f16 values drawn from `rng` (roughly normal).
 fn normal_f16s(rng: &mut Rng, n: usize) -> Vec<u16> {
@@ -29,7 +39,7 @@ fn f64_product(w: &[u16], x: &[u16], t: usize, rows: usize, cols: usize) -> Vec<
 /// q, k and v made by one GEMM over their stacked weights and cut apart by `split_columns`, against
 /// an f64 product of the same f16 operands and bit for bit against the stacked products; the parts
 /// poisoned with NaN first.
-pub(super) fn stacked_split_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn stacked_split_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
     let (t, cols) = (37usize, 256usize);
     let widths = [384usize, 128, 132];
     let total: usize = widths.iter().sum();
@@ -80,7 +90,7 @@ pub(super) fn stacked_split_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row
 /// Gate's and up's products written side by side in one f16 buffer, by two GEMMs (each at its offset,
 /// rows of twice the width) and by one GEMM over the stacked weights, against an f64 product of the
 /// same f16 operands; the buffer poisoned with NaN first.
-pub(super) fn pair_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn pair_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
     let (t, width, cols) = (24usize, 384usize, 256usize);
     let (w, x) = (normal_f16s(rng, 2 * width * cols), normal_f16s(rng, t * cols));
     let want = f64_product(&w, &x, t, 2 * width, cols);

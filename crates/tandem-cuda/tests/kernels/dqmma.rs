@@ -1,16 +1,20 @@
-//! Decode batches past qmma's rows (`tandem_cuda::matmul::dqmma`): the Q4_K kernel against an f64 reference
-//! over the exactly dequantized weights and the f16 activations it reads, outputs poisoned first, at
-//! every tile count, with and without a K split, launched twice (same bits).
+//! Decode batches past qmma's rows (`matmul::dqmma`): the Q4_K kernel against an f64 reference over
+//! the exactly dequantized weights and the f16 activations it reads, outputs poisoned first, at every
+//! tile count, with and without a K split, launched twice (same bits).
 
 use anyhow::{Context, Result};
-use tandem_cuda::matmul::dqmma::{dqmma_group_into, grid, kernel, DqmmaScratch};
-use tandem_cuda::matmul::int8::{repack, MmvqTarget};
-use tandem_cuda::runtime::launch::{to_f16_into, type_suffix};
+use tandem_cuda::lab::launch::{to_f16_into, type_suffix};
+use tandem_cuda::lab::matmul::dqmma::{dqmma_group_into, grid, kernel, DqmmaScratch};
+use tandem_cuda::lab::matmul::int8::{repack, MmvqTarget};
 use tandem_cuda::Gpu;
 use tandem_gguf::GgmlType;
 
-use super::qmma::{bits_equal, host_weights};
-use super::{rel_err, Rng, Row};
+use crate::common::{bits_equal, host_weights, rel_err, Rng, Row};
+
+#[test]
+fn dqmma_against_f64() {
+    crate::common::run("dqmma checks", dqmma_checks);
+}
 
 /// Weights and activations rounded to f16 once each, f32 sums: the GEMM route's class (its bound).
 const BOUND: f64 = 5e-3;
@@ -18,7 +22,7 @@ const BOUND: f64 = 5e-3;
 /// Batch rows covering each kernel (1, 2 and 4 n-tiles), partial tiles and two grid rows.
 const ROWS: [usize; 12] = [1, 2, 8, 9, 13, 16, 17, 24, 32, 33, 47, 64];
 
-pub(super) fn dqmma_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn dqmma_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
     let ty = GgmlType::Q4_K;
     let suffix = type_suffix(ty).context("type has kernels")?;
     let sm = gpu.sm_count as usize;

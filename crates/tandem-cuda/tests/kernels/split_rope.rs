@@ -2,13 +2,20 @@
 //! launch) against the unfused route it replaces: `split_columns`, `rope` on q and K, `kv_store`.
 
 use anyhow::Result;
-use tandem_cuda::attention::tile::{kv_store_into, split_rope_kv_store_into, RopeStoreShape, SplitRopeStoreBuffers};
-use tandem_cuda::ops::rows::rope_into;
-use tandem_cuda::runtime::launch::split_columns_into;
+use tandem_cuda::lab::attention::tile::{
+    kv_store_into, split_rope_kv_store_into, RopeStoreShape, SplitRopeStoreBuffers,
+};
+use tandem_cuda::lab::launch::split_columns_into;
+use tandem_cuda::lab::ops::rows::rope_into;
 use tandem_cuda::Gpu;
 use tandem_model::config::{RopeParams, RopeStyle};
 
-use super::{Rng, Row};
+use crate::common::{Rng, Row};
+
+#[test]
+fn split_rope_store_equals_the_unfused_route() {
+    crate::common::run("split + rope + store checks", split_rope_store_checks);
+}
 
 /// Cache rows in each check; the chunk's rows land on a scattered subset, some rows skipped.
 const CACHE_ROWS: usize = 64;
@@ -16,7 +23,7 @@ const CACHE_ROWS: usize = 64;
 /// Bit for bit: q (poisoned with NaN first) and the cache (the same random contents on both sides,
 /// so rows the chunk does not own must come through untouched), for the 8B's heads (interleaved
 /// pairs), Gemma's 256-wide heads (NeoX pairs), and a partial rotation (NeoX, half the head).
-pub(super) fn split_rope_store_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn split_rope_store_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
     let cases = [
         (32usize, 8usize, 128usize, 128usize, RopeStyle::Interleaved, 500_000f32),
         (4, 1, 256, 256, RopeStyle::Neox, 1_000_000.0),

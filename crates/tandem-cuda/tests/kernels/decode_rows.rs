@@ -7,17 +7,22 @@
 
 use anyhow::Result;
 use half::f16;
-use tandem_cuda::attention::rows::{
+use tandem_cuda::lab::attention::rows::{
     buffer_table, decode_rows_attention_into, table_addresses, DecodeRowsBuffers, ROW_INTS,
 };
-use tandem_cuda::attention::tile::{tile_attention_into, FreshRow, KvCache, TileBuffers, TileShape};
-use tandem_cuda::matmul::kinds::ActQuant;
-use tandem_cuda::ops::rows::quant_flag;
-use tandem_cuda::routes::{attention_merge, tile_span};
+use tandem_cuda::lab::attention::tile::{tile_attention_into, FreshRow, KvCache, TileBuffers, TileShape};
+use tandem_cuda::lab::matmul::kinds::ActQuant;
+use tandem_cuda::lab::ops::rows::quant_flag;
+use tandem_cuda::lab::routes::{attention_merge, tile_span};
 use tandem_cuda::{CudaSlice, Gpu};
 use tandem_model::config::{RopeParams, RopeStyle};
 
-use super::{Rng, Row};
+use crate::common::{Rng, Row};
+
+#[test]
+fn batched_decode_rows_equal_each_row_alone() {
+    crate::common::run("batched decode attention checks", decode_rows_checks);
+}
 
 /// One sequence of a batch: its buffer of `capacity` rows holds logical position `origin.0` at
 /// physical row `origin.1` (a ring once it wraps); the step's row is at `position`.
@@ -64,7 +69,7 @@ struct Outcome {
 
 const EPS: f32 = 1e-6;
 
-pub(super) fn decode_rows_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn decode_rows_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
     let seq = |capacity, origin, position| Seq {
         capacity,
         origin,

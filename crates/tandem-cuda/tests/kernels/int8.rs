@@ -1,23 +1,29 @@
-//! Checks of the integer decode route: the GPU's activation quantization must give the
-//! CPU backend's bits, and the `dp4a` matvecs must match an f64 reference over the same dequantized
-//! weights and the same quantized activations.
+//! Checks of the integer decode route: the GPU's activation quantization must give the CPU backend's
+//! bits, and the `dp4a` matvecs must match an f64 reference over the same dequantized weights and the
+//! same quantized activations (`int8_checks`, run for each weight type by `matvec.rs`); the tensor-core
+//! kernels for chunks (`mmq_*`) must give the batched matvec's bits.
 
 use anyhow::{Context, Result};
 use tandem_backend::cpu::act_quant::{quantize_row_q8, quantize_row_q8k};
 use tandem_backend::Isa;
-use tandem_cuda::matmul::int8::{
+use tandem_cuda::lab::launch::type_suffix;
+use tandem_cuda::lab::matmul::int8::{
     int8_format, mmq_takes, mmvq_group_into, mmvq_group_into_with, mmvq_into, quantize_act_into, repack,
     repacked_source, MmvqKernels, MmvqTarget,
 };
-use tandem_cuda::matmul::kinds::ActQuant;
-use tandem_cuda::runtime::launch::type_suffix;
+use tandem_cuda::lab::matmul::kinds::ActQuant;
 use tandem_cuda::Gpu;
 use tandem_gguf::GgmlType;
 
-use super::{rel_err, Rng, Row};
+use crate::common::{host_weights, rel_err, Rng, Row};
+
+#[test]
+fn int8_chunks_on_the_tensor_cores_equal_the_batched_matvec() {
+    crate::common::run("int8 tensor-core checks", mmq_checks);
+}
 
 /// Activation rows quantized on the CPU, in the GPU buffer's layout (quants, sums of 16, scales).
-pub(super) fn cpu_quantize(fmt: ActQuant, x: &[f32], t: usize, cols: usize) -> Vec<u8> {
+pub(crate) fn cpu_quantize(fmt: ActQuant, x: &[f32], t: usize, cols: usize) -> Vec<u8> {
     let isa = Isa::detect();
     let nb = cols / fmt.block();
     let mut qs = vec![0i8; t * cols];
@@ -48,7 +54,7 @@ pub(super) fn cpu_quantize(fmt: ActQuant, x: &[f32], t: usize, cols: usize) -> V
 }
 
 /// The value each quantized activation stands for: `d[block] * q`.
-pub(super) fn dequantized_activations(fmt: ActQuant, a: &[u8], t: usize, cols: usize) -> Vec<f64> {
+pub(crate) fn dequantized_activations(fmt: ActQuant, a: &[u8], t: usize, cols: usize) -> Vec<f64> {
     let nb = cols / fmt.block();
     let scales = fmt.bytes(t, cols) - t * nb * 4;
     let d = |i: usize| f32::from_le_bytes(a[scales + 4 * i..scales + 4 * i + 4].try_into().unwrap());
@@ -69,7 +75,7 @@ const CHECKED_ROWS: [usize; 6] = [1, 2, 3, 5, 8, 64];
 
 /// For weight type `ty` (quantized rows `w`, dequantized `deq`): quantization bits, accuracy for
 /// `CHECKED_ROWS`, and batched rows bit-equal to rows alone, staged or not.
-pub(super) fn int8_checks(
+pub(crate) fn int8_checks(
     gpu: &Gpu,
     rng: &mut Rng,
     ty: GgmlType,
@@ -94,7 +100,7 @@ pub(super) fn int8_checks(
     let bits_equal =
         |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
     let poisoned = |n: usize| gpu.upload(&vec![f32::NAN; n]);
-    let variants = tandem_cuda::matmul::int8::variants(suffix);
+    let variants = tandem_cuda::lab::matmul::int8::variants(suffix);
     let (mut tall_equal, mut staged_equal) = (true, true);
     // Staged kernels loop over row groups when the matrix has more of them than the resident warps:
     // the matrix stacked TALL_COPIES times must give its rows each time.
@@ -220,18 +226,18 @@ pub(super) fn int8_checks(
 /// The tensor-core kernels (`mmq_*`) for chunks of many rows: the same bits as the split-1 batched
 /// matvec (`dp4a`) on every row, for widths whose super-blocks do not fill the eight chains evenly,
 /// weight rows that leave a block's last warps idle, and chunks with a partial last tile.
-pub(super) fn mmq_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn mmq_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
     let rows = 8 * 37;
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
         let fmt = int8_format(ty).context("an integer type")?;
         let suffix = type_suffix(ty).context("type has kernels")?;
-        let variant = tandem_cuda::matmul::int8::variants(suffix)
+        let variant = tandem_cuda::lab::matmul::int8::variants(suffix)
             .into_iter()
             .find(|v| v.split == 1 && !v.staged)
             .context("a split-1 variant")?;
         let (mut equal, mut cases) = (true, Vec::new());
         for cols in [2560, 4352] {
-            let w = super::tiled_weights(gpu, rng, ty, rows, cols, 1)?.remove(0);
+            let w = gpu.upload(&host_weights(rng, ty, rows, cols)?)?;
             let wq = repack(gpu, ty, &w, rows, cols)?.unwrap_or(w);
             for t in [16, 37, 64] {
                 if !mmq_takes(suffix, variant, t, &[rows]) {

@@ -1,15 +1,20 @@
-//! The prefill attention kernel (`tandem_cuda::attention::flash`) against an f64 softmax on the host: fresh
-//! random queries, keys and values, every compiled variant, grouped KV heads, windows, chunks that
-//! start after a prefix and end mid-tile; the output poisoned with NaN first.
+//! The prefill attention kernel (`attention::flash`) against an f64 softmax on the host: fresh random
+//! queries, keys and values, every compiled variant, grouped KV heads, windows, chunks that start
+//! after a prefix and end mid-tile; the output poisoned with NaN first.
 
 use anyhow::{Context, Result};
 use half::f16;
-use tandem_cuda::attention::flash::{
+use tandem_cuda::lab::attention::flash::{
     flash_attention_into, key_range, plan, FlashShape, FlashVariant, KeyRange, VARIANTS,
 };
 use tandem_cuda::{CudaSlice, Gpu};
 
-use super::{rel_err, Rng, Row};
+use crate::common::{rel_err, Rng, Row};
+
+#[test]
+fn flash_attention_against_f64() {
+    crate::common::run("flash attention checks", flash_checks);
+}
 
 /// One case: head size, query and KV heads, chunk rows, keys before the chunk, window.
 struct Case {
@@ -32,7 +37,7 @@ impl Case {
 /// relative error stays far below this bound, which a wrong mask or a dropped tile exceeds by orders.
 const BOUND: f64 = 2e-3;
 
-pub(super) fn flash_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn flash_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
     let cases = [
         Case {
             head_dim: 128,
@@ -202,7 +207,7 @@ fn reference(c: &Case, positions: &[usize], q: &[f32], k: &[f16], v: &[f16]) -> 
 
 /// One query head's softmax attention in f64: `q` rounded to f16 (as the kernels round it), each
 /// key's head at offset `keys[i]` of `k` and `v`, scores times `scale`; the head's output into `out`.
-pub(super) fn attend_f64(q: &[f32], k: &[f16], v: &[f16], keys: &[usize], scale: f64, out: &mut [f64]) {
+pub(crate) fn attend_f64(q: &[f32], k: &[f16], v: &[f16], keys: &[usize], scale: f64, out: &mut [f64]) {
     let qh: Vec<f64> = q.iter().map(|&x| f16::from_f32(x).to_f64()).collect();
     let scores: Vec<f64> = keys
         .iter()

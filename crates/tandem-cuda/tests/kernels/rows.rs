@@ -6,13 +6,18 @@
 
 use anyhow::Result;
 use half::f16;
-use tandem_cuda::matmul::kinds::ActQuant;
-use tandem_cuda::ops::ffn::gated_pair_into;
-use tandem_cuda::ops::rows::{add_norm_rows_into, add_norm_to_into};
+use tandem_cuda::lab::matmul::kinds::ActQuant;
+use tandem_cuda::lab::ops::ffn::gated_pair_into;
+use tandem_cuda::lab::ops::rows::{add_norm_rows_into, add_norm_to_into};
 use tandem_cuda::Gpu;
 use tandem_model::config::Activation;
 
-use super::{rel_err, Rng, Row};
+use crate::common::{rel_err, Rng, Row};
+
+#[test]
+fn row_kernels_against_f64() {
+    crate::common::run("row kernel checks", row_checks);
+}
 
 /// f16 rounding costs about 2^-12 relative per element; a wrong element or row costs far more.
 const F16_BOUND: f64 = 2e-3;
@@ -26,7 +31,7 @@ fn halves(bits: &[u16]) -> Vec<f32> {
     bits.iter().map(|&b| f16::from_bits(b).to_f32()).collect()
 }
 
-pub(super) fn row_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn row_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
     // (rows, width, add, post, the quantized form): Llama's add + norm (for K-quant and for Q8_0
     // weights), Gemma-3-27B's sandwich norm, a first pre-norm, Llama-70B's width (the decode kernel's
     // longest row in registers), Gemma 3 270M's.
@@ -89,7 +94,7 @@ pub(super) fn row_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Resu
         let normed = gpu.download(&out)?;
         let (err_xd, err_out) = (rel_err(&gpu.download(&x_decode)?, &want_x), rel_err(&normed, &want_h));
         // The quants must be the CPU's quantization of the kernel's own f32 output, bit for bit.
-        let quant_equal = gpu.download(&a)? == super::int8::cpu_quantize(fmt, &normed, rows, width);
+        let quant_equal = gpu.download(&a)? == crate::int8::cpu_quantize(fmt, &normed, rows, width);
         table.push(Row {
             check: format!("add_norm_to {rows}x{width}, add {add}, post-norm {post}, {fmt:?} out"),
             result: format!(

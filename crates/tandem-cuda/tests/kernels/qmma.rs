@@ -1,35 +1,25 @@
-//! Decode batches on the tensor cores (`tandem_cuda::matmul::qmma`): the Q4_K kernel against an f64 reference
-//! over the same dequantized weights and quantized activations, outputs poisoned first; a grouped
-//! launch against each matrix alone.
+//! Decode batches on the tensor cores (`matmul::qmma`): the Q4_K kernel against an f64 reference over
+//! the same dequantized weights and quantized activations, outputs poisoned first; a grouped launch
+//! against each matrix alone.
 
 use anyhow::{Context, Result};
-use tandem_cuda::matmul::int8::{int8_format, quantize_act_into, repack, MmvqTarget};
-use tandem_cuda::matmul::qmma::{kernel, qmma_group_into, MAX_ROWS};
-use tandem_cuda::runtime::launch::type_suffix;
+use tandem_cuda::lab::launch::type_suffix;
+use tandem_cuda::lab::matmul::int8::{int8_format, quantize_act_into, repack, MmvqTarget};
+use tandem_cuda::lab::matmul::qmma::{kernel, qmma_group_into, MAX_ROWS};
 use tandem_cuda::Gpu;
 use tandem_gguf::GgmlType;
 
-use super::int8::dequantized_activations;
-use super::{rel_err, Rng, Row};
+use crate::common::{bits_equal, host_weights, rel_err, Rng, Row};
+use crate::int8::dequantized_activations;
 
-/// Quantized rows of `ty`: 64 distinct random rows, tiled to `rows` (host bytes).
-pub(super) fn host_weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Result<Vec<u8>> {
-    let row_bytes = ty.row_bytes(cols as u64).context("row size")? as usize;
-    let mut tile = vec![0u8; 64 * row_bytes];
-    for r in 0..64 {
-        let src: Vec<f32> = (0..cols).map(|_| rng.normal() * 0.05).collect();
-        tandem_quant::quantize_row(ty, &src, &mut tile[r * row_bytes..(r + 1) * row_bytes])?;
-    }
-    Ok(tile.iter().copied().cycle().take(rows * row_bytes).collect())
-}
-
-pub(super) fn bits_equal(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+#[test]
+fn qmma_against_f64() {
+    crate::common::run("qmma checks", qmma_checks);
 }
 
 /// Every batch size the kernel takes, on widths whose super-blocks leave the four warps unequal
 /// shares.
-pub(super) fn qmma_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+pub(crate) fn qmma_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
     let rows = 16 * 37;
     for ty in [GgmlType::Q4_K] {
         let fmt = int8_format(ty).context("an integer type")?;
