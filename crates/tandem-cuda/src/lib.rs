@@ -21,18 +21,18 @@
 //! its GPU-free parts test on machines with no CUDA at all; on such a machine `Gpu::new` returns
 //! `CudaError::Unavailable` with the reason.
 
-pub mod attention;
+pub(crate) mod attention;
 pub(crate) mod cache;
 #[cfg(test)]
 mod kernel_tables;
 #[doc(hidden)]
 pub mod lab;
-pub mod matmul;
+pub(crate) mod matmul;
 pub(crate) mod model;
-pub mod ops;
+pub(crate) mod ops;
 pub(crate) mod options;
-pub mod routes;
-pub mod runtime;
+pub(crate) mod routes;
+pub(crate) mod runtime;
 
 pub use cache::graphs::GraphCache;
 pub use cache::kv::GpuSequenceKv;

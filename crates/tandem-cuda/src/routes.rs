@@ -202,6 +202,7 @@ impl BatchRoutes {
 
     /// The routes `route(t)` gives for t = 2 ..= `BATCH_TUNED_MAX_ROWS`, each matvec batch on the
     /// one-row kernel's variant.
+    #[cfg(test)]
     pub fn from_fn(mut route: impl FnMut(usize) -> MatmulRoute) -> Self {
         Self::with_variants(|t| (route(t), None))
     }

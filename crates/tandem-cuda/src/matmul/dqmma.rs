@@ -98,6 +98,7 @@ pub fn kernel(suffix: &str, t: usize) -> String {
 }
 
 /// Every kernel the file instantiates.
+#[cfg(test)]
 pub fn kernels(suffix: &str) -> Vec<String> {
     [1, 9, 17].iter().map(|&t| kernel(suffix, t)).collect()
 }

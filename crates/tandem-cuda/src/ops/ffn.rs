@@ -26,7 +26,7 @@ pub(crate) fn gate_code(act: Activation) -> i32 {
 }
 
 /// The `gated_pair` kernel: row r of `pair` holds gate's `width` products then up's (f16);
-/// `h[r] = f16(act(gate) * up)`. Public for `tandem gpu-check`.
+/// `h[r] = f16(act(gate) * up)`.
 pub fn gated_pair_into(
     gpu: &Gpu,
     pair: &CudaSlice<u16>,

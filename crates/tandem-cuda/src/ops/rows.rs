@@ -34,7 +34,7 @@ pub(crate) fn residual_flags(add: bool, post: bool) -> i32 {
     (if add { RN_ADD } else { 0 }) | (if post { RN_POST } else { 0 })
 }
 
-/// The kernels' flag for writing activations quantized as `fmt` (public for `tandem gpu-check`).
+/// The kernels' flag for writing activations quantized as `fmt`.
 pub fn quant_flag(fmt: ActQuant) -> i32 {
     match fmt {
         ActQuant::Q8K => RN_Q8K,
@@ -43,7 +43,7 @@ pub fn quant_flag(fmt: ActQuant) -> i32 {
 }
 
 /// The `rms_norm` kernel: each `group`-wide slice of `x` (its first `len` elements) normed and times
-/// `weight`, in place (QK-norm: a slice per head). Public for `tandem gpu-check`.
+/// `weight`, in place (QK-norm: a slice per head).
 pub fn rms_norm_into(
     gpu: &Gpu,
     x: &mut CudaSlice<f32>,
@@ -74,8 +74,7 @@ pub fn rms_norm_into(
 }
 
 /// The `add_norm_rows` kernel: `x += y` (normed by `post` when given; `y` absent: no add), then
-/// `h = f16(norm(x) * weight)` for `rows × width` rows (`shape`: rows, width, eps). Public for
-/// `tandem gpu-check`.
+/// `h = f16(norm(x) * weight)` for `rows × width` rows (`shape`: rows, width, eps).
 pub fn add_norm_rows_into(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
@@ -108,7 +107,7 @@ pub fn add_norm_rows_into(
 /// The decode route's `add_norm_to` kernel on `rows × width` rows, as a decode step launches it
 /// (`NORM_THREADS`): `x += y` (normed by `post` when given; `y` absent: no add), then `out =
 /// norm(x) * weight` (`shape`: rows, width, eps), also quantized into `quants` when given (as the
-/// integer matvecs read it). Public for `tandem gpu-check`.
+/// integer matvecs read it).
 #[allow(clippy::too_many_arguments)]
 pub fn add_norm_to_into(
     gpu: &Gpu,

@@ -21,9 +21,9 @@ use crate::runtime::trace;
 use crate::CudaError;
 
 pub struct Gpu {
-    pub ctx: Arc<CudaContext>,
-    pub stream: Arc<CudaStream>,
-    pub blas: CudaBlas,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) blas: CudaBlas,
     pub name: String,
     pub arch: String,
     /// Compute capability major version (9 on Hopper).
@@ -32,13 +32,13 @@ pub struct Gpu {
     /// Streaming multiprocessors: persistent kernels size their grids by it.
     pub sm_count: u32,
     /// Device bytes of KV caches and checkpoints, and the serving budget that caps them.
-    pub kv_ledger: Arc<KvLedger>,
+    pub(crate) kv_ledger: Arc<KvLedger>,
     functions: HashMap<String, CudaFunction>,
     /// Set while a decode graph is captured with programmatic edges (`programmatic`).
     programmatic_capture: AtomicBool,
     modules: Vec<Arc<CudaModule>>,
     /// The switches this device was opened with, for the kernels and passes that ask.
-    pub options: CudaOptions,
+    pub(crate) options: CudaOptions,
 }
 
 /// Lets kernel `name` (`f`) take `bytes` of dynamic shared memory: above 48 KiB a kernel must opt in.
@@ -125,7 +125,7 @@ impl Gpu {
 
     /// Writes the kernel timeline where `options.lab.trace` says, when it is set: the path and the
     /// number of launches recorded.
-    pub fn write_trace(&self) -> Option<Result<(PathBuf, usize), CudaError>> {
+    pub(crate) fn write_trace(&self) -> Option<Result<(PathBuf, usize), CudaError>> {
         let path = self.options.lab.trace.as_ref()?;
         Some(trace::dump(&self.modules, &self.stream, path).map(|n| (path.clone(), n)))
     }
@@ -157,7 +157,7 @@ impl Gpu {
 
     /// Device memory left uninitialized, for outputs a kernel writes in full (no memset launch; the
     /// kernel checks poison outputs to prove every element is written).
-    pub fn alloc_out<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
+    pub(crate) fn alloc_out<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
         // SAFETY: callers only hand the buffer to kernels that write every element before any read.
         driver("cuMemAllocAsync", unsafe { self.stream.alloc::<T>(n.max(1)) })
     }
