@@ -178,9 +178,16 @@ pub fn print_model(path: &Path, model: &Model, threads: usize) {
         .map(|l| l.window.map_or("global".into(), |w| w.to_string()))
         .collect();
     eprintln!("layers: [{}]", windows.join(", "));
+    if let Some(m) = c.moe {
+        eprintln!(
+            "experts: {} of {} a row, {} wide",
+            m.n_expert_used, m.n_expert, m.d_ff_expert
+        );
+    }
+    let used = c.moe.map_or(0, |m| m.n_expert_used);
     eprintln!(
         "weights streamed per decode step: {:.1} MB",
-        model.weights.decode_bytes() as f64 / 1e6
+        model.weights.decode_bytes(used) as f64 / 1e6
     );
 }
 

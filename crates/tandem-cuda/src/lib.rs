@@ -55,6 +55,8 @@ pub enum CudaError {
     Blas { what: String, err: String },
     #[error("head_dim {0} has no CUDA attention kernel (a power of two from 32 to 256)")]
     UnsupportedHeadDim(usize),
+    #[error("{0} has no CUDA path yet: run it with --device cpu")]
+    UnsupportedModel(String),
     #[error("weight {name}: type {ty} has no CUDA kernel")]
     UnsupportedType { name: String, ty: tandem_gguf::GgmlType },
     #[error("the KV cache budget of {budget_bytes} bytes has {in_use} in use, no room for {need} more")]

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use tandem_engine::serve::{EngineHandle, Event, GenerationRequest, ServingConfig, ServingEngine, SubmitError};
 use tandem_gguf::GgufFile;
-use tandem_model::config::{Activation, RopeParams};
-use tandem_model::weights::{Matrix, Norm, Weights};
+use tandem_model::config::{Activation, MoeConfig, RopeParams};
+use tandem_model::weights::{ExpertFfn, Matrix, Norm, Weights};
 use tandem_model::{
     graph, AttendRows, Backend, KvSizing, Logits, Model, ModelConfig, ModelError, Rows, SequenceKv, ServingBackend,
     Span, Workspace,
@@ -72,6 +72,16 @@ impl Backend for Whole {
     }
     fn gated(&self, gate: &mut Rows, up: &Rows, act: Activation, reader: &Matrix) -> Result<(), ModelError> {
         self.0.gated(gate, up, act, reader)
+    }
+    fn expert_ffn(
+        &self,
+        layer: usize,
+        x: &Rows,
+        experts: &ExpertFfn,
+        moe: &MoeConfig,
+        act: Activation,
+    ) -> Result<Rows, ModelError> {
+        self.0.expert_ffn(layer, x, experts, moe, act)
     }
     fn gather_rows(&self, x: &Rows, rows: &[usize]) -> Result<Rows, ModelError> {
         self.0.gather_rows(x, rows)

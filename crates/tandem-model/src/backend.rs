@@ -8,10 +8,10 @@
 
 use std::ops::Range;
 
-use crate::config::{Activation, ModelConfig, RopeParams};
+use crate::config::{Activation, ModelConfig, MoeConfig, RopeParams};
 use crate::kv::SequenceKv;
 use crate::logits::Logits;
-use crate::weights::{Matrix, Norm, Weights};
+use crate::weights::{ExpertFfn, Matrix, Norm, Weights};
 use crate::ModelError;
 
 /// Which rows of a sequence's chunk produce logits.
@@ -189,6 +189,18 @@ pub trait Backend {
         self.gated(&mut g, &u, act, reader)?;
         Ok(g)
     }
+    /// A mixture-of-experts block over the pre-normed rows `x` (`moe::Routing` says which experts
+    /// each row reads and with what weights; `moe::combine` how their outputs sum): each routed
+    /// expert's gated MLP over the rows that chose it. A row's result must not depend on the other
+    /// rows of the pass.
+    fn expert_ffn(
+        &self,
+        layer: usize,
+        x: &Self::Act,
+        experts: &ExpertFfn,
+        moe: &MoeConfig,
+        act: Activation,
+    ) -> Result<Self::Act, ModelError>;
     /// A new activation of the listed rows, in order.
     fn gather_rows(&self, x: &Self::Act, rows: &[usize]) -> Result<Self::Act, ModelError>;
     fn to_host(&self, x: Self::Act) -> Result<Vec<f32>, ModelError>;

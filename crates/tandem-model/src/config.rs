@@ -8,6 +8,10 @@ use crate::ModelError;
 pub enum Arch {
     Llama,
     Gemma3,
+    /// Qwen3: Llama's block with QK-norm and NeoX RoPE.
+    Qwen3,
+    /// Qwen3-MoE: Qwen3 with every feed-forward block a routed mixture of experts.
+    Qwen3Moe,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +48,19 @@ impl RopeParams {
     }
 }
 
+/// A mixture-of-experts feed-forward block, as llama.cpp's `build_moe_ffn` computes it for Qwen3-MoE:
+/// router logits `x · routerᵀ`, a softmax over all experts, the `n_expert_used` most probable (ties
+/// to the lower index), their probabilities as weights (renormalised to sum 1 when `norm_weights`),
+/// and the weighted sum of those experts' SwiGLU feed-forward outputs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    /// Hidden width of one expert's feed-forward block.
+    pub d_ff_expert: usize,
+    pub norm_weights: bool,
+}
+
 /// What differs between layers: the attention span and the rotary embedding.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LayerSpec {
@@ -74,6 +91,8 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// Gemma 3: norms after attention and after the FFN as well as before ("sandwich").
     pub post_norms: bool,
+    /// Qwen3-MoE: every layer's feed-forward block is a mixture of experts (`d_ff` is then unused).
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -94,9 +113,11 @@ impl ModelConfig {
         let arch = match arch_name {
             "llama" => Arch::Llama,
             "gemma3" => Arch::Gemma3,
+            "qwen3" => Arch::Qwen3,
+            "qwen3moe" => Arch::Qwen3Moe,
             other => {
                 return Err(ModelError::Unsupported(format!(
-                    "architecture {other:?} (llama, gemma3)"
+                    "architecture {other:?} (llama, gemma3, qwen3, qwen3moe)"
                 )))
             }
         };
@@ -112,7 +133,15 @@ impl ModelConfig {
         let n_layer = req("block_count")?;
         let n_head = req("attention.head_count")?;
         let n_kv_head = opt_u("attention.head_count_kv")?.unwrap_or(n_head);
-        let d_ff = req("feed_forward_length")?;
+        let moe = match arch {
+            Arch::Qwen3Moe => Some(moe_config(file, arch_name)?),
+            _ => None,
+        };
+        // A MoE model may leave the dense width out (llama.cpp then derives one it never uses).
+        let d_ff = match moe {
+            Some(m) => opt_u("feed_forward_length")?.unwrap_or(m.d_ff_expert * m.n_expert_used),
+            None => req("feed_forward_length")?,
+        };
         let context_length = req("context_length")?;
         if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 || d_model == 0 || n_layer == 0 {
             return Err(ModelError::Config(format!(
@@ -201,6 +230,20 @@ impl ModelConfig {
                     true,
                 )
             }
+            Arch::Qwen3 | Arch::Qwen3Moe => {
+                let spec = LayerSpec {
+                    window: None,
+                    rope: rope(freq_base, freq_scale, RopeStyle::Neox),
+                };
+                (
+                    vec![spec; n_layer],
+                    1.0 / (head_dim as f32).sqrt(),
+                    None,
+                    Activation::Silu,
+                    true,
+                    false,
+                )
+            }
         };
         Ok(ModelConfig {
             arch,
@@ -218,6 +261,32 @@ impl ModelConfig {
             activation,
             qk_norm,
             post_norms,
+            moe,
         })
     }
+}
+
+/// The expert block's metadata (`{arch}.expert_count`, `.expert_used_count`,
+/// `.expert_feed_forward_length`, optional `.expert_weights_norm`, which Qwen3-MoE defaults to on).
+fn moe_config(file: &GgufFile, arch_name: &str) -> Result<MoeConfig, ModelError> {
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let req = |k: &str| -> Result<usize, ModelError> {
+        let name = key(k);
+        Ok(file.require(&name, file.get_u64(&name))? as usize)
+    };
+    let n_expert = req("expert_count")?;
+    let n_expert_used = req("expert_used_count")?;
+    let d_ff_expert = req("expert_feed_forward_length")?;
+    if n_expert_used == 0 || n_expert_used > n_expert || d_ff_expert == 0 {
+        return Err(ModelError::Config(format!(
+            "{n_expert_used} of {n_expert} experts used, expert width {d_ff_expert}"
+        )));
+    }
+    let norm_weights = file.get_bool(&key("expert_weights_norm"))?.unwrap_or(true);
+    Ok(MoeConfig {
+        n_expert,
+        n_expert_used,
+        d_ff_expert,
+        norm_weights,
+    })
 }

@@ -7,11 +7,12 @@ use tandem_backend::cpu::attention::{attend, attend_decode_rows, AttentionShape,
 use tandem_backend::cpu::ops::{self, rope_angles, rope_row};
 
 use crate::backend::{AttendRows, Backend, QkvRows, SequenceCache, Span};
-use crate::config::{Activation, ModelConfig, RopeParams};
+use crate::config::{Activation, ModelConfig, MoeConfig, RopeParams};
 use crate::graph;
 use crate::kv::{SequenceKv, StagingBuffers};
 use crate::logits::Logits;
-use crate::weights::{Matrix, Norm, Weights};
+use crate::moe::{combine, Routing};
+use crate::weights::{ExpertFfn, Matrix, Norm, Weights};
 use crate::{Model, ModelError};
 
 /// Row-major f32 activations: `rows` rows of `width`.
@@ -252,6 +253,37 @@ impl Backend for Model {
             ops::gated(row, &up.data[r * d_ff..][..d_ff], act)
         });
         Ok(())
+    }
+
+    /// The router's product, then each routed expert's gated MLP over its rows (a GEMM for many, a
+    /// matvec for one), then each row's weighted sum.
+    fn expert_ffn(
+        &self,
+        _layer: usize,
+        x: &Rows,
+        experts: &ExpertFfn,
+        moe: &MoeConfig,
+        act: Activation,
+    ) -> Result<Rows, ModelError> {
+        let logits = self.matmul(&experts.router, x)?;
+        let routing = Routing::from_logits(&logits.data, moe)?;
+        let groups = routing.by_expert();
+        let mut outs = Vec::with_capacity(groups.len());
+        for g in &groups {
+            let rows: Vec<usize> = g.rows(routing.k).collect();
+            let xe = self.gather_rows(x, &rows)?;
+            let (gate, up, down) = (
+                &experts.gate.experts[g.expert],
+                &experts.up.experts[g.expert],
+                &experts.down.experts[g.expert],
+            );
+            let gated = self.gated_products(&xe, gate, up, act, down)?;
+            outs.push(self.matmul(down, &gated)?.data);
+        }
+        Ok(Rows {
+            data: combine(&routing, &groups, &outs, x.width)?,
+            width: x.width,
+        })
     }
 
     fn gather_rows(&self, x: &Rows, rows: &[usize]) -> Result<Rows, ModelError> {

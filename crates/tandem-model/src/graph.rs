@@ -3,14 +3,16 @@
 //! A forward pass takes a batch of rows (one or more sequences, each a run of consecutive positions) and
 //! walks every layer over all rows at once. The graph never asks how many rows there are or where they
 //! live: the backend's matmul takes the decode route (matvec) for one row and the GEMM route for many,
-//! and attention runs per query row. Llama and Gemma 3 differ only in the switches of `ModelConfig`
-//! (QK-norm, sandwich norms, embedding scale, activation, RoPE style and per-layer window), which mirror
-//! llama.cpp's builders.
+//! and attention runs per query row. Llama, Gemma 3 and Qwen3 differ only in the switches of
+//! `ModelConfig` (QK-norm, sandwich norms, embedding scale, activation, RoPE style and per-layer
+//! window), which mirror llama.cpp's builders; Qwen3-MoE's feed-forward block is the backend's
+//! `expert_ffn`.
 
 use std::ops::Range;
 
 use crate::backend::{Backend, HeadNorms, LogitRows, SequenceCache, Span};
 use crate::logits::Logits;
+use crate::weights::FeedForward;
 use crate::ModelError;
 
 // The defaults of `Backend`'s composite steps live beside the trait; a backend overriding one may fall
@@ -75,11 +77,20 @@ pub fn forward<B: Backend>(
         let o = b.matmul(&lw.wo, &attn)?;
         let ffn_in = b.add_and_norm(&mut x, o, lw.post_attn_norm.as_ref(), &lw.ffn_norm)?;
 
-        // Feed-forward block.
-        let [gate, up] = lw.gate_up();
-        let gated = b.gated_products(&ffn_in, gate, up, c.activation, &lw.down)?;
-        drop(ffn_in);
-        let f = b.matmul(&lw.down, &gated)?;
+        // Feed-forward block: one gated MLP, or the experts each row routes to.
+        let f = match (&lw.ffn, &c.moe) {
+            (FeedForward::Dense { gate, up, down }, _) => {
+                let gated = b.gated_products(&ffn_in, gate, up, c.activation, down)?;
+                drop(ffn_in);
+                b.matmul(down, &gated)?
+            }
+            (FeedForward::Experts(experts), Some(moe)) => b.expert_ffn(l, &ffn_in, experts, moe, c.activation)?,
+            (FeedForward::Experts(_), None) => {
+                return Err(ModelError::Config(format!(
+                    "layer {l}: experts without an expert config"
+                )))
+            }
+        };
         match w.layers.get(l + 1) {
             Some(next) => h = Some(b.add_and_norm(&mut x, f, lw.post_ffn_norm.as_ref(), &next.attn_norm)?),
             None => b.add_normed(&mut x, f, lw.post_ffn_norm.as_ref())?,

@@ -1,6 +1,6 @@
 //! Model graphs configured from GGUF metadata, and the KV cache they attend through.
 //!
-//! - `config`: hyper-parameters per architecture (llama, gemma3), llama.cpp's defaults where keys are missing.
+//! - `config`: hyper-parameters per architecture (llama, gemma3, qwen3, qwen3moe), llama.cpp's defaults where keys are missing.
 //! - `weights`: tensors checked at load and left in the memory-mapped file.
 //! - `backend`: what the graph asks of a backend; `cpu`: the CPU backend.
 //! - `expert_stream`: prefill's non-resident experts streamed through a ring of GPU slots, unrouted ones skipped.
@@ -8,6 +8,7 @@
 //!   and any backend.
 //! - `kv`: per-sequence f16 caches with ring placement for sliding-window layers.
 //! - `logits`: a span's logits as a backend hands them over (its own vector, or memory it lends).
+//! - `moe`: mixture-of-experts routing (each row's experts and weights) and the weighted sum.
 //! - `serving`: what the serving engine asks of a backend (request sizing, KV budget, prefix reuse).
 
 pub mod backend;
@@ -17,6 +18,7 @@ pub mod expert_stream;
 pub mod graph;
 pub mod kv;
 pub mod logits;
+pub mod moe;
 pub mod serving;
 pub mod weights;
 
@@ -27,7 +29,7 @@ use tandem_backend::cpu::pool::ThreadPool;
 use tandem_gguf::GgufFile;
 
 pub use backend::{AttendRows, Backend, LogitRows, SequenceCache, Span};
-pub use config::{Arch, ModelConfig};
+pub use config::{Arch, ModelConfig, MoeConfig};
 pub use cpu::{Rows, Workspace};
 pub use kv::{KvPool, SequenceKv};
 pub use logits::{LentLogits, Logits};

@@ -170,6 +170,7 @@ mod tests {
             activation: Activation::GeluTanh,
             qk_norm: true,
             post_norms: true,
+            moe: None,
         }
     }
 

@@ -41,6 +41,51 @@ impl std::ops::Deref for Norm {
     }
 }
 
+/// `n_expert` matrices of one shape stored back to back in one 3-D tensor (ggml dims
+/// `[cols, rows, n_expert]`): expert e is an ordinary matrix at `e × rows × row_bytes`.
+#[derive(Clone, Debug)]
+pub struct ExpertMatrices {
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// One matrix a expert, named `<tensor>[e]`.
+    pub experts: Vec<Matrix>,
+}
+
+impl ExpertMatrices {
+    pub fn n_expert(&self) -> usize {
+        self.experts.len()
+    }
+
+    /// Bytes of one expert's matrix.
+    pub fn expert_bytes(&self) -> usize {
+        self.experts.first().map_or(0, |m| m.len)
+    }
+}
+
+/// A mixture-of-experts feed-forward block (`config::MoeConfig` says how it is combined).
+pub struct ExpertFfn {
+    /// `n_expert` rows: the router's logits for each expert.
+    pub router: Matrix,
+    pub gate: ExpertMatrices,
+    pub up: ExpertMatrices,
+    pub down: ExpertMatrices,
+}
+
+impl ExpertFfn {
+    /// Bytes of one expert's three matrices.
+    pub fn expert_bytes(&self) -> usize {
+        self.gate.expert_bytes() + self.up.expert_bytes() + self.down.expert_bytes()
+    }
+}
+
+/// A layer's feed-forward block: one gated MLP, or a routed mixture of them.
+pub enum FeedForward {
+    Dense { gate: Matrix, up: Matrix, down: Matrix },
+    Experts(ExpertFfn),
+}
+
 pub struct LayerWeights {
     pub attn_norm: Norm,
     pub wq: Matrix,
@@ -51,9 +96,7 @@ pub struct LayerWeights {
     pub k_norm: Option<Norm>,
     pub post_attn_norm: Option<Norm>,
     pub ffn_norm: Norm,
-    pub gate: Matrix,
-    pub up: Matrix,
-    pub down: Matrix,
+    pub ffn: FeedForward,
     pub post_ffn_norm: Option<Norm>,
 }
 
@@ -63,9 +106,42 @@ impl LayerWeights {
         [&self.wq, &self.wk, &self.wv]
     }
 
-    /// The feed-forward block's projections of its pre-normed input, in the graph's order.
-    pub fn gate_up(&self) -> [&Matrix; 2] {
-        [&self.gate, &self.up]
+    /// The feed-forward block's products of its pre-normed input, in the graph's order: gate and
+    /// up, or the router (whose choice decides which experts read it).
+    pub fn ffn_inputs(&self) -> Vec<&Matrix> {
+        match &self.ffn {
+            FeedForward::Dense { gate, up, .. } => vec![gate, up],
+            FeedForward::Experts(e) => vec![&e.router],
+        }
+    }
+
+    /// Every matrix of the layer, each once: attention, then the feed-forward block (a mixture's
+    /// router, then each expert's gate, up and down).
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut all = vec![&self.wq, &self.wk, &self.wv, &self.wo];
+        match &self.ffn {
+            FeedForward::Dense { gate, up, down } => all.extend([gate, up, down]),
+            FeedForward::Experts(e) => {
+                all.push(&e.router);
+                for i in 0..e.gate.n_expert() {
+                    all.extend([&e.gate.experts[i], &e.up.experts[i], &e.down.experts[i]]);
+                }
+            }
+        }
+        all
+    }
+
+    /// Bytes of weights one row reads in this layer: every matrix, or for a mixture the router and
+    /// `used` experts.
+    fn bytes_per_row(&self, used: usize) -> usize {
+        let attn = [&self.wq, &self.wk, &self.wv, &self.wo]
+            .iter()
+            .map(|m| m.len)
+            .sum::<usize>();
+        attn + match &self.ffn {
+            FeedForward::Dense { gate, up, down } => gate.len + up.len + down.len,
+            FeedForward::Experts(e) => e.router.len + used * e.expert_bytes(),
+        }
     }
 }
 
@@ -105,6 +181,53 @@ fn matrix(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Matri
         cols,
         offset: (file.data_offset + t.offset) as usize,
         len: t.size as usize,
+    })
+}
+
+/// A 3-D expert tensor of `n_expert` matrices of `rows × cols`.
+fn experts(
+    file: &GgufFile,
+    name: &str,
+    cols: usize,
+    rows: usize,
+    n_expert: usize,
+) -> Result<ExpertMatrices, ModelError> {
+    let t = info(file, name)?;
+    if t.dims != [cols as u64, rows as u64, n_expert as u64] {
+        return Err(ModelError::Tensor {
+            name: name.into(),
+            reason: format!("shape {:?}, expected [{cols}, {rows}, {n_expert}]", t.dims),
+        });
+    }
+    if tandem_backend::WeightClass::of(t.ty).is_none() {
+        return Err(ModelError::Tensor {
+            name: name.into(),
+            reason: format!("type {} has no CPU kernel", t.ty),
+        });
+    }
+    let len = t.size as usize / n_expert.max(1);
+    if len * n_expert != t.size as usize {
+        return Err(ModelError::Tensor {
+            name: name.into(),
+            reason: format!("{} bytes do not split into {n_expert} experts", t.size),
+        });
+    }
+    let base = (file.data_offset + t.offset) as usize;
+    Ok(ExpertMatrices {
+        name: name.into(),
+        ty: t.ty,
+        rows,
+        cols,
+        experts: (0..n_expert)
+            .map(|e| Matrix {
+                name: format!("{name}[{e}]"),
+                ty: t.ty,
+                rows,
+                cols,
+                offset: base + e * len,
+                len,
+            })
+            .collect(),
     })
 }
 
@@ -156,9 +279,19 @@ impl Weights {
                 k_norm: optional_vector(file, &n("attn_k_norm"), c.head_dim, c.qk_norm)?,
                 post_attn_norm: optional_vector(file, &n("post_attention_norm"), d, c.post_norms)?,
                 ffn_norm: vector(file, &n("ffn_norm"), d)?,
-                gate: matrix(file, &n("ffn_gate"), d, c.d_ff)?,
-                up: matrix(file, &n("ffn_up"), d, c.d_ff)?,
-                down: matrix(file, &n("ffn_down"), c.d_ff, d)?,
+                ffn: match c.moe {
+                    None => FeedForward::Dense {
+                        gate: matrix(file, &n("ffn_gate"), d, c.d_ff)?,
+                        up: matrix(file, &n("ffn_up"), d, c.d_ff)?,
+                        down: matrix(file, &n("ffn_down"), c.d_ff, d)?,
+                    },
+                    Some(m) => FeedForward::Experts(ExpertFfn {
+                        router: matrix(file, &n("ffn_gate_inp"), d, m.n_expert)?,
+                        gate: experts(file, &n("ffn_gate_exps"), d, m.d_ff_expert, m.n_expert)?,
+                        up: experts(file, &n("ffn_up_exps"), d, m.d_ff_expert, m.n_expert)?,
+                        down: experts(file, &n("ffn_down_exps"), m.d_ff_expert, d, m.n_expert)?,
+                    }),
+                },
                 post_ffn_norm: optional_vector(file, &n("post_ffw_norm"), d, c.post_norms)?,
             });
         }
@@ -177,7 +310,7 @@ impl Weights {
             all.push(&self.output);
         }
         for l in &self.layers {
-            all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]);
+            all.extend(l.matrices());
         }
         all
     }
@@ -188,7 +321,7 @@ impl Weights {
         let mut all = Vec::with_capacity(2 * self.layers.len());
         for l in &self.layers {
             all.push(l.qkv().to_vec());
-            all.push(l.gate_up().to_vec());
+            all.push(l.ffn_inputs());
         }
         all
     }
@@ -207,18 +340,10 @@ impl Weights {
         all
     }
 
-    /// Bytes of weights one decode step streams: every layer matrix and the output projection.
-    pub fn decode_bytes(&self) -> usize {
-        let layer: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
-                    .iter()
-                    .map(|m| m.len)
-                    .sum::<usize>()
-            })
-            .sum();
+    /// Bytes of weights one decode step streams: every layer matrix (of a mixture, the router and
+    /// the `experts_used` experts a row routes to) and the output projection.
+    pub fn decode_bytes(&self, experts_used: usize) -> usize {
+        let layer: usize = self.layers.iter().map(|l| l.bytes_per_row(experts_used)).sum();
         layer + self.output.len
     }
 }

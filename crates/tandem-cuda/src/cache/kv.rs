@@ -237,6 +237,7 @@ mod tests {
             activation: Activation::GeluTanh,
             qk_norm: true,
             post_norms: true,
+            moe: None,
         }
     }
 

@@ -4,9 +4,8 @@ use std::ops::Range;
 
 use cudarc::driver::PushKernelArg;
 use tandem_model::backend::{split_logits, AttendRows, Backend, HeadNorms, QkvRows};
-use tandem_model::config::Activation;
-use tandem_model::config::RopeParams;
-use tandem_model::weights::{Matrix, Norm, Weights};
+use tandem_model::config::{Activation, MoeConfig, RopeParams};
+use tandem_model::weights::{ExpertFfn, Matrix, Norm, Weights};
 use tandem_model::{Logits, ModelConfig, ModelError, Span};
 
 use crate::cache::kv::GpuSequenceKv;
@@ -221,6 +220,20 @@ impl Backend for CudaModel {
             p.collect()?;
         }
         Ok(logits)
+    }
+
+    /// Unreachable while `load` refuses mixture-of-experts models.
+    fn expert_ffn(
+        &self,
+        layer: usize,
+        _x: &GpuAct,
+        _experts: &ExpertFfn,
+        _moe: &MoeConfig,
+        _act: Activation,
+    ) -> Result<GpuAct, ModelError> {
+        Err(ModelError::Unsupported(format!(
+            "layer {layer}: experts on the CUDA backend"
+        )))
     }
 
     fn gather_rows(&self, x: &GpuAct, rows: &[usize]) -> Result<GpuAct, ModelError> {

@@ -159,6 +159,12 @@ impl CudaModel {
 /// The model's attention and matrices have CUDA kernels: a supported head size, and each matrix a
 /// type with a kernel and a width of whole 32-element blocks.
 fn check_supported(cpu: &Model) -> Result<(), CudaError> {
+    if let Some(m) = cpu.config.moe {
+        return Err(CudaError::UnsupportedModel(format!(
+            "a mixture of experts ({:?}, {} experts)",
+            cpu.config.arch, m.n_expert
+        )));
+    }
     let hd = cpu.config.head_dim;
     if !routes::head_dim_supported(hd) {
         return Err(CudaError::UnsupportedHeadDim(hd));
@@ -385,13 +391,13 @@ fn upload_norms(gpu: &Gpu, w: &Weights, memory: &mut GpuMemory) -> Result<HashMa
     Ok(norms)
 }
 
-/// Each pre-norm's readers: a layer's q, k and v, its gate and up; the output head.
+/// Each pre-norm's readers: a layer's q, k and v, its gate and up (or router); the output head.
 fn norm_readers(w: &Weights) -> HashMap<String, Vec<String>> {
     let mut norm_readers = HashMap::new();
     for l in &w.layers {
         let names = |ms: &[&Matrix]| ms.iter().map(|m| m.name.clone()).collect::<Vec<_>>();
         norm_readers.insert(l.attn_norm.name.clone(), names(&l.qkv()));
-        norm_readers.insert(l.ffn_norm.name.clone(), names(&l.gate_up()));
+        norm_readers.insert(l.ffn_norm.name.clone(), names(&l.ffn_inputs()));
     }
     norm_readers.insert(w.output_norm.name.clone(), vec![w.output.name.clone()]);
     norm_readers
