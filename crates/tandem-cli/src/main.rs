@@ -62,10 +62,12 @@ enum Command {
     Detokenize(tokenize::DetokenizeArgs),
     /// Write a model with random weights of a real architecture's shapes.
     Synth {
-        /// llama or gemma3.
+        /// llama, gemma3, qwen3 or qwen3moe.
         #[arg(long)]
         arch: String,
-        /// tiny, smollm2-135m, llama3-8b (llama); tiny, gemma3-270m, gemma3-27b (gemma3).
+        /// tiny, smollm2-135m, llama3-8b (llama); tiny, gemma3-270m, gemma3-27b (gemma3); tiny,
+        /// qwen3-0.6b (qwen3); qwen3-moe-tiny, qwen3-30b-a3b and its 16- and 4-layer slices
+        /// qwen3-30b-a3b-16l, qwen3-30b-a3b-4l (qwen3moe).
         #[arg(long)]
         shape: String,
         /// A quantization mix: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k…q6_k, q4_k_m, q5_k_m.
@@ -76,6 +78,9 @@ enum Command {
         /// Write `tokenizer.ggml.model = none` instead of a byte-level vocabulary.
         #[arg(long)]
         no_vocab: bool,
+        /// Uneven expert popularity for a mixture's routers (0: uniform; about 1: realistic).
+        #[arg(long, default_value_t = 0.0)]
+        route_skew: f32,
         #[arg(short = 'o', long)]
         output: PathBuf,
     },
@@ -136,8 +141,12 @@ fn run(cli: Cli) -> Result<()> {
             quant,
             seed,
             no_vocab,
+            route_skew,
             output,
         } => {
+            if !(0.0..=8.0).contains(&route_skew) {
+                anyhow::bail!("--route-skew must be in [0, 8], got {route_skew}");
+            }
             let arch = synth::shapes::Arch::parse(&arch)?;
             let shape = synth::shapes::find(arch, &shape)?;
             let mix = synth::mix::QuantMix::parse(&quant)?;
@@ -146,6 +155,7 @@ fn run(cli: Cli) -> Result<()> {
                 mix,
                 seed,
                 no_vocab,
+                route_skew,
                 progress: true,
             };
             synth::write(&opts, &output)?;

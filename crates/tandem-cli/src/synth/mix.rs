@@ -67,7 +67,7 @@ impl QuantMix {
 
     /// The type of one tensor. `row_len` is its first dimension.
     pub fn type_for(self, role: Role, layer: Option<u64>, n_layer: u64, row_len: u64) -> GgmlType {
-        if role == Role::Norm {
+        if matches!(role, Role::Norm | Role::Router) {
             return GgmlType::F32;
         }
         let chosen = match self {

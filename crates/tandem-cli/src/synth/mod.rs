@@ -20,6 +20,10 @@ use mix::QuantMix;
 use rng::Rng;
 use shapes::{Arch, Role, Shape};
 
+/// Seeds each router row's width apart from its values, so a skewed file keeps the uniform one's
+/// directions.
+const ROUTE_SKEW_SALT: u64 = 0x5ca1_ab1e_0dd5_eed5;
+
 /// Bytes of f32 source generated per chunk before it is quantized and written.
 const CHUNK_F32_BYTES: u64 = 64 << 20;
 
@@ -29,6 +33,11 @@ pub struct SynthOptions<'a> {
     pub seed: u64,
     /// Write `tokenizer.ggml.model = none` instead of a byte-level BPE vocabulary.
     pub no_vocab: bool,
+    /// How unevenly a mixture's router spreads rows over experts: each expert's router row is scaled
+    /// by `exp(route_skew × z)` (z standard normal, per layer and expert), so experts with wide rows
+    /// win the top-k far more often. 0 (uniform random routers) routes every expert of a 512-row
+    /// chunk; about 1 leaves a realistic share of experts unrouted.
+    pub route_skew: f32,
     pub progress: bool,
 }
 
@@ -40,9 +49,14 @@ pub fn declare(opts: &SynthOptions) -> Result<(GgufWriter, Vec<(shapes::TensorSp
     let k = |suffix: &str| format!("{arch}.{suffix}");
     w.add_metadata("general.architecture", arch)?;
     w.add_metadata("general.type", "model")?;
+    let skew = if opts.route_skew == 0.0 {
+        String::new()
+    } else {
+        format!(" route-skew {}", opts.route_skew)
+    };
     w.add_metadata(
         "general.name",
-        format!("tandem-synth {} {} seed {}", s.name, opts.mix.name(), opts.seed),
+        format!("tandem-synth {} {} seed {}{skew}", s.name, opts.mix.name(), opts.seed),
     )?;
     w.add_metadata(&k("vocab_size"), Value::U32(s.n_vocab as u32))?;
     w.add_metadata(&k("context_length"), Value::U32(s.context as u32))?;
@@ -55,6 +69,15 @@ pub fn declare(opts: &SynthOptions) -> Result<(GgufWriter, Vec<(shapes::TensorSp
     w.add_metadata(&k("rope.freq_base"), Value::F32(s.rope_base))?;
     match s.arch {
         Arch::Llama => w.add_metadata(&k("rope.dimension_count"), Value::U32(s.head_dim as u32))?,
+        Arch::Qwen3 | Arch::Qwen3Moe => {
+            w.add_metadata(&k("attention.key_length"), Value::U32(s.head_dim as u32))?;
+            w.add_metadata(&k("attention.value_length"), Value::U32(s.head_dim as u32))?;
+            if s.arch == Arch::Qwen3Moe {
+                w.add_metadata(&k("expert_count"), Value::U32(s.n_expert as u32))?;
+                w.add_metadata(&k("expert_used_count"), Value::U32(s.n_expert_used as u32))?;
+                w.add_metadata(&k("expert_feed_forward_length"), Value::U32(s.d_ff_expert as u32))?;
+            }
+        }
         Arch::Gemma3 => {
             w.add_metadata(&k("attention.key_length"), Value::U32(s.head_dim as u32))?;
             w.add_metadata(&k("attention.value_length"), Value::U32(s.head_dim as u32))?;
@@ -170,12 +193,23 @@ pub fn write(opts: &SynthOptions, path: &Path) -> Result<()> {
         let untied = !opts.shape.tied_output;
         let tensor_seed = tensor_seed(opts.seed, spec, untied);
         let (mean, std) = scale_for(spec.role, row_len, untied);
+        let skew = if spec.role == Role::Router {
+            opts.route_skew
+        } else {
+            0.0
+        };
         let mut chunk_start = 0;
         while chunk_start < n_rows {
             let rows = rows_per_chunk.min(n_rows - chunk_start);
             let mut out = vec![0u8; rows as usize * row_bytes];
             out.par_chunks_mut(row_bytes).enumerate().try_for_each(|(i, dst)| {
-                let mut rng = Rng::new(rng::mix(tensor_seed, chunk_start + i as u64));
+                let row = chunk_start + i as u64;
+                let mut rng = Rng::new(rng::mix(tensor_seed, row));
+                let std = if skew == 0.0 {
+                    std
+                } else {
+                    std * (skew * Rng::new(rng::mix(tensor_seed ^ ROUTE_SKEW_SALT, row)).normal()).exp()
+                };
                 let src: Vec<f32> = (0..row_len).map(|_| mean + std * rng.normal()).collect();
                 tandem_quant::quantize_row(*ty, &src, dst)
             })?;
@@ -227,6 +261,7 @@ mod tests {
                 mix: QuantMix::parse(mix).unwrap(),
                 seed: 7,
                 no_vocab: true,
+                route_skew: 0.0,
                 progress: false,
             };
             let path = dir.join(format!("{mix}.gguf"));

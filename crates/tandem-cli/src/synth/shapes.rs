@@ -7,6 +7,8 @@ use anyhow::{bail, Result};
 pub enum Arch {
     Llama,
     Gemma3,
+    Qwen3,
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -14,7 +16,9 @@ impl Arch {
         match s {
             "llama" => Ok(Arch::Llama),
             "gemma3" => Ok(Arch::Gemma3),
-            _ => bail!("unknown architecture {s:?} (llama, gemma3)"),
+            "qwen3" => Ok(Arch::Qwen3),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
+            _ => bail!("unknown architecture {s:?} (llama, gemma3, qwen3, qwen3moe)"),
         }
     }
 
@@ -22,7 +26,14 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
+    }
+
+    /// Per-head RMS norms of q and k before RoPE.
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Arch::Gemma3 | Arch::Qwen3 | Arch::Qwen3Moe)
     }
 }
 
@@ -46,6 +57,10 @@ pub struct Shape {
     pub sliding_window: u64,
     /// Gemma 3 27B: linear RoPE scaling of the global layers.
     pub rope_scaling_factor: Option<f32>,
+    /// Qwen3-MoE: experts a layer, experts a row reads, and one expert's hidden width.
+    pub n_expert: u64,
+    pub n_expert_used: u64,
+    pub d_ff_expert: u64,
 }
 
 const fn llama(name: &'static str) -> Shape {
@@ -65,6 +80,30 @@ const fn llama(name: &'static str) -> Shape {
         tied_output: false,
         sliding_window: 0,
         rope_scaling_factor: None,
+        n_expert: 0,
+        n_expert_used: 0,
+        d_ff_expert: 0,
+    }
+}
+
+/// Qwen3-30B-A3B's shape with `n_layer` layers: 128 experts of 768, 8 a row, 32/4 heads of 128.
+const fn qwen3_30b_a3b(name: &'static str, n_layer: u64) -> Shape {
+    Shape {
+        arch: Arch::Qwen3Moe,
+        n_vocab: 151_936,
+        d_model: 2048,
+        n_layer,
+        n_head: 32,
+        n_kv_head: 4,
+        head_dim: 128,
+        d_ff: 6144,
+        context: 40_960,
+        rope_base: 1_000_000.0,
+        eps: 1e-6,
+        n_expert: 128,
+        n_expert_used: 8,
+        d_ff_expert: 768,
+        ..llama(name)
     }
 }
 
@@ -154,6 +193,61 @@ pub const SHAPES: &[Shape] = &[
         rope_scaling_factor: Some(8.0),
         ..llama("gemma3-27b")
     },
+    Shape {
+        arch: Arch::Qwen3,
+        n_vocab: 512,
+        d_model: 256,
+        n_layer: 2,
+        n_head: 4,
+        n_kv_head: 2,
+        head_dim: 64,
+        d_ff: 512,
+        context: 512,
+        rope_base: 1_000_000.0,
+        eps: 1e-6,
+        // Tied, so the layers write into the residual stream at full scale and drive the logits
+        // (an untied synthetic output mostly reads the embedding back): the parity test checks them.
+        tied_output: true,
+        ..llama("tiny")
+    },
+    Shape {
+        arch: Arch::Qwen3,
+        n_vocab: 151_936,
+        d_model: 1024,
+        n_layer: 28,
+        n_head: 16,
+        n_kv_head: 8,
+        head_dim: 128,
+        d_ff: 3072,
+        context: 40_960,
+        rope_base: 1_000_000.0,
+        eps: 1e-6,
+        tied_output: true,
+        ..llama("qwen3-0.6b")
+    },
+    Shape {
+        arch: Arch::Qwen3Moe,
+        n_vocab: 512,
+        d_model: 256,
+        n_layer: 2,
+        n_head: 4,
+        n_kv_head: 2,
+        head_dim: 64,
+        d_ff: 512,
+        context: 512,
+        rope_base: 1_000_000.0,
+        eps: 1e-6,
+        // Tied, so the layers write into the residual stream at full scale and drive the logits
+        // (an untied synthetic output mostly reads the embedding back): the parity test checks them.
+        tied_output: true,
+        n_expert: 16,
+        n_expert_used: 4,
+        d_ff_expert: 256,
+        ..llama("qwen3-moe-tiny")
+    },
+    qwen3_30b_a3b("qwen3-30b-a3b", 48),
+    qwen3_30b_a3b("qwen3-30b-a3b-16l", 16),
+    qwen3_30b_a3b("qwen3-30b-a3b-4l", 4),
 ];
 
 pub fn find(arch: Arch, name: &str) -> Result<&'static Shape> {
@@ -180,6 +274,8 @@ pub enum Role {
     FfnGate,
     FfnUp,
     FfnDown,
+    /// A mixture's router (`ffn_gate_inp`), which llama.cpp keeps in f32.
+    Router,
 }
 
 pub struct TensorSpec {
@@ -216,16 +312,26 @@ impl Shape {
             out.push(t(b("attn_k"), vec![d, kv], Role::AttnK, l));
             out.push(t(b("attn_v"), vec![d, kv], Role::AttnV, l));
             out.push(t(b("attn_output"), vec![q, d], Role::AttnOutput, l));
-            if self.arch == Arch::Gemma3 {
+            if self.arch.qk_norm() {
                 out.push(t(b("attn_q_norm"), vec![self.head_dim], Role::Norm, l));
                 out.push(t(b("attn_k_norm"), vec![self.head_dim], Role::Norm, l));
+            }
+            if self.arch == Arch::Gemma3 {
                 out.push(t(b("post_attention_norm"), vec![d], Role::Norm, l));
                 out.push(t(b("post_ffw_norm"), vec![d], Role::Norm, l));
             }
             out.push(t(b("ffn_norm"), vec![d], Role::Norm, l));
-            out.push(t(b("ffn_gate"), vec![d, self.d_ff], Role::FfnGate, l));
-            out.push(t(b("ffn_up"), vec![d, self.d_ff], Role::FfnUp, l));
-            out.push(t(b("ffn_down"), vec![self.d_ff, d], Role::FfnDown, l));
+            if self.arch == Arch::Qwen3Moe {
+                let (n, f) = (self.n_expert, self.d_ff_expert);
+                out.push(t(b("ffn_gate_inp"), vec![d, n], Role::Router, l));
+                out.push(t(b("ffn_gate_exps"), vec![d, f, n], Role::FfnGate, l));
+                out.push(t(b("ffn_up_exps"), vec![d, f, n], Role::FfnUp, l));
+                out.push(t(b("ffn_down_exps"), vec![f, d, n], Role::FfnDown, l));
+            } else {
+                out.push(t(b("ffn_gate"), vec![d, self.d_ff], Role::FfnGate, l));
+                out.push(t(b("ffn_up"), vec![d, self.d_ff], Role::FfnUp, l));
+                out.push(t(b("ffn_down"), vec![self.d_ff, d], Role::FfnDown, l));
+            }
         }
         out.push(t("output_norm.weight".into(), vec![d], Role::Norm, None));
         if !self.tied_output {
@@ -246,6 +352,8 @@ mod tests {
             assert_eq!(s.d_ff % 32, 0, "{}", s.name);
             assert!(s.n_head % s.n_kv_head == 0, "{}", s.name);
             assert_eq!(s.arch == Arch::Gemma3, s.sliding_window > 0, "{}", s.name);
+            assert_eq!(s.arch == Arch::Qwen3Moe, s.n_expert > 0, "{}", s.name);
+            assert!(s.n_expert_used <= s.n_expert && s.d_ff_expert % 32 == 0, "{}", s.name);
             let names: Vec<_> = s.tensors().into_iter().map(|t| t.name).collect();
             let mut dedup = names.clone();
             dedup.sort();
@@ -254,5 +362,7 @@ mod tests {
         }
         assert!(find(Arch::Llama, "gemma3-270m").is_err());
         assert_eq!(find(Arch::Gemma3, "gemma3-270m").unwrap().tensors().len(), 236);
+        // Qwen3-30B-A3B as its GGUF files list it: 3 + 48 × 12 tensors.
+        assert_eq!(find(Arch::Qwen3Moe, "qwen3-30b-a3b").unwrap().tensors().len(), 579);
     }
 }
