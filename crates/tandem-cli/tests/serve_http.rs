@@ -1,6 +1,7 @@
 //! `tandem serve` with the real Gemma 3 model, over HTTP on a loopback port: both OpenAI routes streamed
 //! and not, concurrent clients equal to the same requests alone, a dropped stream freeing its KV, bad
-//! inputs answered with their status while the server keeps serving, auth, graceful shutdown.
+//! inputs answered with their status while the server keeps serving, auth, graceful shutdown; and a
+//! synthesized mixture of experts under the same scheduler, prefix cache and KV budget.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -8,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+mod common;
 
 struct Server {
     child: Child,
@@ -26,12 +29,16 @@ fn free_port() -> u16 {
 }
 
 fn start(extra: &[&str]) -> Server {
+    start_model("gemma3-270m", extra)
+}
+
+fn start_model(model: &str, extra: &[&str]) -> Server {
     let port = free_port();
     let port_s = port.to_string();
     let mut args = vec![
         "serve",
         "-m",
-        "gemma3-270m",
+        model,
         "--port",
         &port_s,
         "--ctx",
@@ -298,4 +305,85 @@ fn auth_and_admin_keys() {
     assert_eq!(http(port, "GET", "/slots", None, "").0, 401);
     assert_eq!(http(port, "GET", "/slots", Some("boss"), "").0, 200);
     assert_eq!(http(port, "POST", "/admin/cache/flush", Some("boss"), "").0, 200);
+}
+
+/// A mixture of experts (a synthesized Qwen3-MoE) under the ordinary scheduler: concurrent requests
+/// batched into one pass get what each gets alone (the routing of a row depends on that row only), a
+/// repeated prompt reuses its cached KV and gives the same reply, and a KV budget too small for a
+/// request refuses it with a 4xx while the server keeps serving.
+#[test]
+fn serves_a_mixture_of_experts() {
+    let model = common::reference_model("qwen3moe-tiny-skewed");
+    let path = common::scratch("serve-moe").join("qwen3moe.gguf");
+    common::synth(&common::synth_args(&model), &path);
+    let server = start_model(path.to_str().unwrap(), &["--kv-budget", "1M"]);
+    let port = server.port;
+
+    let prompts = [
+        "Once upon a time",
+        "fn main() {",
+        "The sky is",
+        "1, 2, 3,",
+        "Dear Sir,",
+        "Rust is",
+    ];
+    let alone: Vec<Value> = prompts
+        .iter()
+        .map(|p| post(port, "/v1/completions", greedy(p, 24)).1)
+        .collect();
+    for reply in &alone {
+        assert_eq!(reply["usage"]["completion_tokens"], 24, "{reply}");
+    }
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let body = greedy(p, 24);
+            std::thread::spawn(move || post(port, "/v1/completions", body).1)
+        })
+        .collect();
+    let together: Vec<Value> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for (a, t) in alone.iter().zip(&together) {
+        assert_eq!(text_of(a), text_of(t), "batched with others, a reply must not change");
+    }
+
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(6);
+    let (status, first) = post(port, "/v1/completions", greedy(&long, 8));
+    assert_eq!(status, 200, "{first}");
+    let (_, again) = post(port, "/v1/completions", greedy(&long, 8));
+    assert_eq!(text_of(&first), text_of(&again));
+    let line = again["tandem"]["prompt_cache"].as_str().unwrap().to_string();
+    let reused: usize = line
+        .split(" = ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let total: usize = line.split(' ').nth(1).unwrap().parse().unwrap();
+    assert_eq!(
+        reused + 1,
+        total,
+        "a repeated prompt reuses all but its last token: {line}"
+    );
+
+    // 1 MB of KV holds about 1,000 tokens of this model (its context is 512); three requests that
+    // can reach 450 cannot all run at once, and none of them may fail for KV space once admitted.
+    let big: Vec<_> = (0..3)
+        .map(|i| {
+            let body = greedy(&format!("{i} {}", "x y ".repeat(50)), 250);
+            std::thread::spawn(move || post(port, "/v1/completions", body))
+        })
+        .collect();
+    for h in big {
+        let (status, reply) = h.join().unwrap();
+        assert_eq!(status, 200, "{reply}");
+        assert_eq!(reply["usage"]["completion_tokens"], 250, "{reply}");
+    }
+    assert_eq!(
+        text_of(&post(port, "/v1/completions", greedy(prompts[0], 24)).1),
+        text_of(&alone[0])
+    );
+    std::fs::remove_file(&path).ok();
 }

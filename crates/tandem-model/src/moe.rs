@@ -189,7 +189,7 @@ mod tests {
         // Row 0: experts 1 and 3 tie; the lower index comes first. Row 1: 1 then 2 (0.5 ties at 2, 3).
         assert_eq!(r.experts, vec![1, 3, 1, 2]);
         assert!((r.weights[0] - 0.5).abs() < 1e-7 && (r.weights[1] - 0.5).abs() < 1e-7);
-        let (a, b) = (3f32.exp(), 0.5f32.exp());
+        let (a, b) = (2f32.exp(), 0.5f32.exp());
         assert!((r.weights[2] - a / (a + b)).abs() < 1e-6, "{:?}", r.weights);
         assert!((r.weights[2] + r.weights[3] - 1.0).abs() < 1e-6);
     }
