@@ -19,6 +19,8 @@ fn kernel_names_are_found_in_every_file() {
         "gated",
         "to_f16",
         "gather_rows",
+        "moe_route",
+        "moe_combine",
         "kv_store",
         "kv_gather",
         "split_rope_kv_store",

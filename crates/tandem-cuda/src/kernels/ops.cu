@@ -535,6 +535,67 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* _
     for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
 }
 
+// Mixture-of-experts routing, as `Routing::from_logits` (tandem-model's moe.rs) computes it: one
+// thread per row of `logits` (rows x n, row-major). The softmax subtracts the row's maximum and sums
+// the f32 exponentials in f64; each of the k slots takes the most probable expert not yet taken
+// (strictly greater wins, so ties go to the lower index, and NaNs still fill a slot); the weights are
+// the chosen probabilities, divided by their slot-order f32 sum (at least MOE_MIN_WEIGHT_SUM) when
+// `norm` is set. A probability is recomputed, with the same rounding, wherever it is read.
+#define MOE_MIN_WEIGHT_SUM 6.1035156e-5f
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int rows, int n, int k, int norm,
+                                     int* __restrict__ ids, float* __restrict__ weights) {
+    WAIT_PRIOR_GRID();
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float* x = logits + (size_t)r * n;
+    float mx = -INFINITY;
+    for (int e = 0; e < n; e++) mx = fmaxf(mx, x[e]);
+    double sum = 0.0;
+    for (int e = 0; e < n; e++) sum += (double)expf(x[e] - mx);
+    float inv = (float)(1.0 / sum);
+    int* id = ids + (size_t)r * k;
+    float* w = weights + (size_t)r * k;
+    for (int s = 0; s < k; s++) {
+        int best = -1;
+        float bp = 0.f;
+        for (int e = 0; e < n; e++) {
+            bool taken = false;
+            for (int t = 0; t < s; t++) taken |= id[t] == e;
+            if (taken) continue;
+            float p = __fmul_rn(expf(x[e] - mx), inv);
+            if (best < 0 || p > bp) {
+                best = e;
+                bp = p;
+            }
+        }
+        id[s] = best;
+        w[s] = bp;
+    }
+    if (norm) {
+        float total = 0.f;
+        for (int s = 0; s < k; s++) total = __fadd_rn(total, w[s]);
+        total = fmaxf(total, MOE_MIN_WEIGHT_SUM);
+        for (int s = 0; s < k; s++) w[s] = __fdiv_rn(w[s], total);
+    }
+}
+
+// Each row's mixture output: out[r] = sum over its k slots, in slot order, of weights[r*k+s] times
+// row pos[r*k+s] of `expert_out` (the experts' outputs, `width` wide). Separately rounded products
+// and sums, as the CPU's `combine`; one block per row, no atomics.
+extern "C" __global__ void moe_combine(const float* __restrict__ expert_out, const int* __restrict__ pos,
+                                       const float* __restrict__ weights, float* __restrict__ out, int k,
+                                       int width) {
+    WAIT_PRIOR_GRID();
+    const int* p = pos + (size_t)blockIdx.x * k;
+    const float* w = weights + (size_t)blockIdx.x * k;
+    float* dst = out + (size_t)blockIdx.x * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float acc = __fmul_rn(w[0], expert_out[(size_t)p[0] * width + i]);
+        for (int s = 1; s < k; s++) acc = __fadd_rn(acc, __fmul_rn(w[s], expert_out[(size_t)p[s] * width + i]));
+        dst[i] = acc;
+    }
+}
+
 // Writes rows of K and V (f32) into f16 cache rows: row i goes to physical row dst[i] (-1: skipped,
 // a row the ring evicts within the same chunk). One block per row.
 extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,

@@ -1,0 +1,149 @@
+//! Mixture-of-experts kernels: each row's routing from its router logits (`moe_route`) and the
+//! weighted sum of its experts' outputs in slot order (`moe_combine`); and the host's part between
+//! them, where each (row, slot) pair's expert output lies once the rows are grouped by expert.
+
+use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
+use tandem_model::moe::ExpertRows;
+
+use crate::runtime::checked::driver;
+use crate::runtime::device::Gpu;
+use crate::runtime::grid::{blocks, i32_of, launch_cfg};
+use crate::CudaError;
+
+/// A mixture's shape for the routing kernel: `n` experts, `k` chosen a row, weights renormalised
+/// when `norm`.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteShape {
+    pub rows: usize,
+    pub n: usize,
+    pub k: usize,
+    pub norm: bool,
+}
+
+/// The `moe_route` kernel: `ids` and `weights` (`rows × k` each) from `logits` (`rows × n`), as
+/// `Routing::from_logits` computes them.
+pub fn route_into(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    shape: RouteShape,
+    ids: &mut CudaSlice<i32>,
+    weights: &mut CudaSlice<f32>,
+) -> Result<(), CudaError> {
+    let RouteShape { rows, n, k, norm } = shape;
+    if n == 0 || k == 0 || k > n || logits.len() < rows * n || ids.len() < rows * k || weights.len() < rows * k {
+        return Err(CudaError::Driver {
+            what: "moe_route".into(),
+            err: format!("{rows} rows of {n} router logits, {k} experts a row"),
+        });
+    }
+    let (r, ni, ki, norm) = (
+        i32_of(rows, "rows")?,
+        i32_of(n, "experts")?,
+        i32_of(k, "experts used")?,
+        i32::from(norm),
+    );
+    let f = gpu.function("moe_route")?;
+    let mut b = gpu.launch_builder(f)?;
+    b.arg(logits).arg(&r).arg(&ni).arg(&ki).arg(&norm).arg(ids).arg(weights);
+    driver("moe_route", unsafe {
+        b.launch(launch_cfg((blocks(rows, 64), 1, 1), 64))
+    })?;
+    Ok(())
+}
+
+/// The `moe_combine` kernel: `out[r] = Σ_s weights[r·k+s] · expert_out[pos[r·k+s]]` over the `k`
+/// slots in order, `rows` rows of `width`.
+#[allow(clippy::too_many_arguments)]
+pub fn combine_into(
+    gpu: &Gpu,
+    expert_out: &CudaSlice<f32>,
+    pos: &CudaView<'_, i32>,
+    weights: &CudaSlice<f32>,
+    rows: usize,
+    k: usize,
+    width: usize,
+    out: &mut CudaSlice<f32>,
+) -> Result<(), CudaError> {
+    if k == 0 || pos.len() < rows * k || weights.len() < rows * k || out.len() < rows * width {
+        return Err(CudaError::Driver {
+            what: "moe_combine".into(),
+            err: format!("{rows} rows of {width}, {k} slots a row"),
+        });
+    }
+    let (ki, wi) = (i32_of(k, "experts used")?, i32_of(width, "width")?);
+    let f = gpu.function("moe_combine")?;
+    let mut b = gpu.launch_builder(f)?;
+    b.arg(expert_out).arg(pos).arg(weights).arg(out).arg(&ki).arg(&wi);
+    driver("moe_combine", unsafe { b.launch(launch_cfg((rows as u32, 1, 1), 256)) })?;
+    Ok(())
+}
+
+/// Where the expert outputs of `groups` lie when stacked group after group in one buffer: each
+/// group's first row there, and for each (row, slot) pair (`pairs` of them, `Routing::experts`'
+/// order) the row of its expert's output. `None` when a pair has no group or two.
+pub fn stacked_positions(groups: &[ExpertRows], pairs: usize) -> Option<(Vec<usize>, Vec<usize>)> {
+    let mut pos = vec![usize::MAX; pairs];
+    let mut starts = Vec::with_capacity(groups.len());
+    let mut at = 0;
+    for g in groups {
+        starts.push(at);
+        for &p in &g.pairs {
+            if *pos.get(p)? != usize::MAX {
+                return None;
+            }
+            pos[p] = at;
+            at += 1;
+        }
+    }
+    pos.iter().all(|&p| p != usize::MAX).then_some((starts, pos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_model::config::MoeConfig;
+    use tandem_model::moe::Routing;
+
+    #[test]
+    fn each_pair_finds_its_expert_output_in_the_stack() {
+        // Rows route to (0, 1), (1, 2), (3, 0): the groups are experts 0, 1, 2 and 3.
+        let logits = [5.0, 4.0, 0.0, 0.0, 0.0, 5.0, 4.0, 0.0, 4.0, 0.0, 0.0, 5.0];
+        let moe = MoeConfig {
+            n_expert: 4,
+            n_expert_used: 2,
+            d_ff_expert: 8,
+            norm_weights: true,
+        };
+        let r = Routing::from_logits(&logits, &moe).unwrap();
+        let groups = r.by_expert();
+        let (starts, pos) = stacked_positions(&groups, r.experts.len()).unwrap();
+        // Expert 0 holds rows 0 and 2 (stack rows 0, 1), expert 1 rows 0 and 1 (2, 3), expert 2
+        // row 1 (4), expert 3 row 2 (5).
+        assert_eq!(starts, vec![0, 2, 4, 5]);
+        assert_eq!(pos, vec![0, 2, 3, 4, 5, 1]);
+        // Every stack row is some pair's, once, and holds that pair's expert.
+        for (p, &at) in pos.iter().enumerate() {
+            let g = starts.iter().rposition(|&s| s <= at).unwrap();
+            assert_eq!(groups[g].expert as u32, r.experts[p]);
+        }
+    }
+
+    #[test]
+    fn a_pair_missing_or_in_two_groups_is_refused() {
+        let g = |expert, pairs: Vec<usize>| ExpertRows { expert, pairs };
+        assert!(stacked_positions(&[g(0, vec![0]), g(1, vec![1])], 2).is_some());
+        assert!(stacked_positions(&[g(0, vec![0])], 2).is_none());
+        assert!(stacked_positions(&[g(0, vec![0, 1]), g(1, vec![1])], 2).is_none());
+        assert!(stacked_positions(&[g(0, vec![0, 5])], 2).is_none());
+    }
+
+    #[test]
+    fn the_kernels_are_in_the_ops_file_with_the_cpu_clamp() {
+        let src = crate::runtime::nvrtc::assemble(&crate::runtime::nvrtc::OPS);
+        let names = crate::runtime::device::kernel_names(crate::runtime::nvrtc::OPS.body);
+        assert!(names.contains(&"moe_route".to_string()) && names.contains(&"moe_combine".to_string()));
+        // The renormalisation's clamp is moe.rs's (the smallest normal f16).
+        assert!(src.contains("#define MOE_MIN_WEIGHT_SUM 6.1035156e-5f"));
+        assert_eq!(6.103_515_6e-5f32, f32::from_bits(0x3880_0000));
+    }
+}
