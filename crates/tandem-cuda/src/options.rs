@@ -72,6 +72,9 @@ pub struct LabOptions {
     /// Rows up to which q, k and v take one stacked GEMM and a split
     /// (`TANDEM_CUDA_STACKED_SPLIT_MAX_ROWS`; 0 turns it off).
     pub stacked_split_max_rows: usize,
+    /// Each mixture routing made on the device checked against the host's on the same logits
+    /// (`TANDEM_CUDA_CHECK_ROUTING=1`): a pass fails where they differ.
+    pub check_routing: bool,
 }
 
 impl Default for CudaOptions {
@@ -105,6 +108,7 @@ impl Default for LabOptions {
             decode_splits: None,
             group_tiles: None,
             stacked_split_max_rows: routes::STACKED_SPLIT_MAX_ROWS,
+            check_routing: false,
         }
     }
 }
@@ -174,6 +178,7 @@ impl LabOptions {
             decode_splits: number("TANDEM_CUDA_DECODE_SPLITS"),
             group_tiles: number("TANDEM_CUDA_GROUP_TILES"),
             stacked_split_max_rows,
+            check_routing: on_if_one("TANDEM_CUDA_CHECK_ROUTING"),
         })
     }
 }

@@ -33,6 +33,9 @@ use crate::runtime::pool::DevBuf;
 pub struct GraphCache {
     /// Decode steps through captured CUDA graphs (`TANDEM_CUDA_GRAPHS=0` turns this off).
     pub enabled: Cell<bool>,
+    /// Why this model never decodes through graphs, whatever `enabled` says (a mixture's expert
+    /// launches follow routing read back on the host: `model/experts.rs`).
+    pub blocked: Option<&'static str>,
     /// Batched decode steps through them too (`TANDEM_CUDA_BATCH_GRAPHS=0` turns only this off; a
     /// failed batched capture too).
     pub batch_enabled: Cell<bool>,

@@ -222,18 +222,17 @@ impl Backend for CudaModel {
         Ok(logits)
     }
 
-    /// Unreachable while `load` refuses mixture-of-experts models.
+    /// Routing on the device, the rows grouped by expert on the host, combined on the device
+    /// (`experts.rs`).
     fn expert_ffn(
         &self,
-        layer: usize,
-        _x: &GpuAct,
-        _experts: &ExpertFfn,
-        _moe: &MoeConfig,
-        _act: Activation,
+        _layer: usize,
+        x: &GpuAct,
+        experts: &ExpertFfn,
+        moe: &MoeConfig,
+        act: Activation,
     ) -> Result<GpuAct, ModelError> {
-        Err(ModelError::Unsupported(format!(
-            "layer {layer}: experts on the CUDA backend"
-        )))
+        self.mixture(x, experts, moe, act)
     }
 
     fn gather_rows(&self, x: &GpuAct, rows: &[usize]) -> Result<GpuAct, ModelError> {

@@ -28,7 +28,8 @@ impl CudaModel {
         spans: &mut [Span<GpuSequenceKv>],
     ) -> Result<Vec<Logits>, ModelError> {
         let shape: Vec<SpanShape> = spans.iter().map(|s| SpanShape::of(s)).collect();
-        let key = graph_key(&shape, self.graphs.batch_enabled.get()).filter(|_| self.graphs.enabled.get());
+        let key = graph_key(&shape, self.graphs.batch_enabled.get())
+            .filter(|_| self.graphs.enabled.get() && self.graphs.blocked.is_none());
         let Some(key) = key else {
             let Some(clock) = &self.diagnostics.pass_clock else {
                 return graph::forward(self, scratch, spans);

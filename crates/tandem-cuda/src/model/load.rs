@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use cudarc::driver::{CudaSlice, CudaView};
 use tandem_gguf::GgmlType;
-use tandem_model::weights::{Matrix, Weights};
+use tandem_model::weights::{FeedForward, Matrix, Weights};
 use tandem_model::Model;
 
 use crate::cache::graphs::GraphCache;
@@ -23,6 +23,7 @@ use crate::matmul::weights::F16Weights;
 use crate::matmul::weights::GpuMatrix;
 use crate::matmul::weights::GpuMemory;
 use crate::matmul::weights::WeightBytes;
+use crate::model::experts::MIXTURE_GRAPHS_OFF;
 use crate::model::{Buffers, CudaModel, Mode, PassState, ARENA_INTS};
 use crate::options::{CudaOptions, LabOptions};
 use crate::routes;
@@ -141,7 +142,10 @@ impl CudaModel {
             stacked_split_max_rows: gpu.options.lab.stacked_split_max_rows,
             fused_qkv_store: gpu.options.fused_qkv_store,
         };
-        let graphs = graph_cache(&gpu.options, diagnostics.profile.is_none());
+        let mut graphs = graph_cache(&gpu.options, diagnostics.profile.is_none());
+        if cpu.config.moe.is_some() {
+            graphs.blocked = Some(MIXTURE_GRAPHS_OFF);
+        }
         gpu.synchronize()?;
         Ok(CudaModel {
             cpu,
@@ -157,14 +161,8 @@ impl CudaModel {
 }
 
 /// The model's attention and matrices have CUDA kernels: a supported head size, and each matrix a
-/// type with a kernel and a width of whole 32-element blocks.
+/// type with a kernel and a width of whole 32-element blocks (a mixture's experts each a matrix).
 fn check_supported(cpu: &Model) -> Result<(), CudaError> {
-    if let Some(m) = cpu.config.moe {
-        return Err(CudaError::UnsupportedModel(format!(
-            "a mixture of experts ({:?}, {} experts)",
-            cpu.config.arch, m.n_expert
-        )));
-    }
     let hd = cpu.config.head_dim;
     if !routes::head_dim_supported(hd) {
         return Err(CudaError::UnsupportedHeadDim(hd));
@@ -178,6 +176,24 @@ fn check_supported(cpu: &Model) -> Result<(), CudaError> {
         }
     }
     Ok(())
+}
+
+/// A mixture's router and experts, which get no f16 copy for the GEMM route. The experts: a copy of
+/// every one would double or triple the resident weights (about 60 GB more for a 30B-A3B), and an
+/// expert's rows in a chunk are a few of them, which the kernels over the quantized weights take
+/// anyway. The router: its f32 logits decide the routing, which rounding them to f16 operands would
+/// move from the CPU's for near ties; without a copy it takes the matvec route.
+fn mixture_matrices(w: &Weights) -> HashSet<&str> {
+    let mut names = HashSet::new();
+    for l in &w.layers {
+        if let FeedForward::Experts(e) = &l.ffn {
+            names.insert(e.router.name.as_str());
+            for set in [&e.gate, &e.up, &e.down] {
+                names.extend(set.experts.iter().map(|m| m.name.as_str()));
+            }
+        }
+    }
+    names
 }
 
 /// The dequantizing batch kernel's K-split partials (`dqmma.rs`): room for a launch of up to three
@@ -214,6 +230,7 @@ fn upload_and_tune(
     let int8_enabled = gpu.options.int8;
     let mut pending: HashMap<String, Pending> = HashMap::new();
     let mut tuned: HashMap<(&str, usize, usize, bool), Tuning> = HashMap::new();
+    let mixture = mixture_matrices(w);
     for m in mats {
         let bytes = m.bytes(&cpu.file);
         let suffix = type_suffix(m.ty).expect("checked above");
@@ -221,7 +238,7 @@ fn upload_and_tune(
         memory.weights_quantized += bytes.len();
         // The embedding table only needs its f16 copy when it is also the output projection.
         let multiplies = m.name != w.token_embd.name || w.output.name == w.token_embd.name;
-        let f16 = match (multiplies && !deterministic, m.ty) {
+        let f16 = match (multiplies && !deterministic && !mixture.contains(m.name.as_str()), m.ty) {
             (false, _) => None,
             (true, GgmlType::F16) => Some(F16Weights::Original),
             (true, _) => {
@@ -449,6 +466,7 @@ fn buffers(gpu: &Gpu, arrivals: CudaSlice<i32>, dqmma_rows: usize) -> Result<Buf
 fn graph_cache(options: &CudaOptions, not_profiling: bool) -> GraphCache {
     GraphCache {
         enabled: Cell::new(not_profiling && options.graphs),
+        blocked: None,
         batch_enabled: Cell::new(options.batch_graphs),
         captured_out: RefCell::new(None),
         cache: RefCell::new(Vec::new()),

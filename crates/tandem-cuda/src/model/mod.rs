@@ -3,12 +3,14 @@
 //! activations as f32 device buffers from a pool, KV in `GpuSequenceKv`. Decode steps replay a captured
 //! CUDA graph (`decode_graph.rs`), so every op here runs in one of three modes (`Mode`). The heavier ops
 //! live beside this file: matmuls in `matmul.rs`, row kernels (norms, RoPE, gating) in `rows.rs`,
-//! attention in `attend.rs` (tile route) and `flash.rs` (prefill tensor-core route).
+//! attention in `attend.rs` (tile route) and `flash.rs` (prefill tensor-core route), a mixture's
+//! experts in `experts.rs`.
 
 mod attend;
 mod attend_rows;
 mod backend;
 mod decode_graph;
+mod experts;
 mod ffn;
 mod flash;
 mod host_logits;
