@@ -3,9 +3,11 @@
 //! 1. A prompt prefilled and then greedy decoding on both backends; tokens must agree up to the first
 //!    step whose CPU top-2 margin is below 0.1; the largest relative logit error is reported.
 //! 2. Decode steps replayed from captured CUDA graphs must give the bits of direct launches, alone
-//!    and batched (`batch_graphs.rs`), and batched decode must agree with each sequence alone.
+//!    and batched (`batch_graphs.rs`; skipped for a model that decodes without graphs, a mixture of
+//!    experts), and batched decode must agree with each sequence alone.
 //! 3. Deterministic mode (the model loaded again as `--deterministic` loads it): `logits_sha256` of
-//!    teacher-forced scoring must match across chunk sizes.
+//!    teacher-forced scoring must match across chunk sizes, and batched decode must give each
+//!    sequence's logits alone to the bit.
 //!
 //! Each kernel against f64 references is a test of `tandem-cuda` (`cargo test -p tandem-cuda --test
 //! kernels` on a GPU machine); kernel timings and GPU probes are `tandem-dev bench`.
@@ -191,8 +193,35 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
         pass: diverged.is_none(),
     });
 
-    // Decode steps replayed from a captured CUDA graph give the bits of direct launches.
-    let steps = 24.min(args.gen);
+    // Decode steps replayed from a captured CUDA graph give the bits of direct launches (none to
+    // compare where the model never decodes through graphs: a passing row that says why).
+    if let Some(why) = gpu.model.graphs.blocked {
+        table.push(Row {
+            check: format!("{short}: decode steps and batches, CUDA graph replays vs direct launches"),
+            result: format!("skipped: no decode graphs for this model ({why})"),
+            pass: true,
+        });
+    } else {
+        graph_rows(&mut gpu, &short, &prompt, args.gen, n_ctx, table)?;
+    }
+    // Batched decode against the same sequences alone: the batch routes' rounding, at sizes the
+    // small-batch kernels (4 rows) and cuBLAS (12, 16, 24) take.
+    let mixture = gpu.model.cpu.config.moe.is_some();
+    let compare = batch_graphs::Compare::Rounding { mixture };
+    batch_graphs::batch_vs_lone_rows(&mut gpu, &short, &prompt, &[4, 12, 16, 24], compare, table)?;
+    deterministic_rows(args, &path, threads, gpu, &short, &prompt, table)
+}
+
+/// Decode steps, alone and batched, replayed from captured graphs against direct launches.
+fn graph_rows(
+    gpu: &mut Engine<tandem_cuda::CudaModel>,
+    short: &str,
+    prompt: &[u32],
+    gen: usize,
+    n_ctx: usize,
+    table: &mut Vec<Row>,
+) -> Result<()> {
+    let steps = 24.min(gen);
     let ahead_before = gpu.model.graphs.ahead_taken.get();
     let mut runs = Vec::new();
     for graphs in [false, true] {
@@ -235,11 +264,21 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
 
     // Batched decode steps: on the tensor cores over the quantized weights (3 and 8 rows) and through
     // cuBLAS (20 rows), each replayed from graphs.
-    batch_graphs::batch_graph_rows(&mut gpu, &short, &prompt, &[3, 8, 20], table)?;
-    // Batched decode against the same sequences alone: the batch routes' rounding, at sizes the
-    // small-batch kernels (4 rows) and cuBLAS (12, 16, 24) take.
-    batch_graphs::batch_vs_lone_rows(&mut gpu, &short, &prompt, &[4, 12, 16, 24], table)?;
+    batch_graphs::batch_graph_rows(gpu, short, prompt, &[3, 8, 20], table)
+}
 
+/// Teacher-forced scoring's `logits_sha256` across chunk sizes, in default mode (reported) and in
+/// deterministic mode (must match).
+fn deterministic_rows(
+    args: &GpuCheckArgs,
+    path: &std::path::Path,
+    threads: usize,
+    mut gpu: Engine<tandem_cuda::CudaModel>,
+    short: &str,
+    prompt: &[u32],
+    table: &mut Vec<Row>,
+) -> Result<()> {
+    let n_vocab = gpu.model.cpu.config.n_vocab;
     // Default mode first: its hashes differ across chunkings (the GEMM and flash routes).
     let hash_prompt = prompt_ids(args.hash_prompt, n_vocab, 11);
     let fast: Vec<String> = args
@@ -257,7 +296,7 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
     // would keep whatever its timing picked, split-K variants included: still chunk-invariant, but a
     // hash that moves between runs.)
     drop(gpu);
-    let det_model = tandem_runtime::load_cuda(Model::load(&path, threads)?, args.gpu, true, |_, _| {})?;
+    let det_model = tandem_runtime::load_cuda(Model::load(path, threads)?, args.gpu, true, |_, _| {})?;
     let mut det = Engine::new(det_model);
     let mut hashes = Vec::new();
     for &chunk in &args.chunks {
@@ -286,5 +325,7 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
         ),
         pass: same,
     });
-    Ok(())
+    // And batched decode gives each sequence's logits alone, to the bit (with a mixture: the same
+    // routing, whatever the batch).
+    batch_graphs::batch_vs_lone_rows(&mut det, short, prompt, &[4, 16], batch_graphs::Compare::Exact, table)
 }
