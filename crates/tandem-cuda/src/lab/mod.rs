@@ -69,6 +69,10 @@ pub mod ops {
         pub use crate::ops::ffn::gated_pair_into;
     }
 
+    pub mod moe {
+        pub use crate::ops::moe::{combine_into, route_into, RouteShape};
+    }
+
     pub mod rows {
         pub use crate::ops::rows::{add_norm_rows_into, add_norm_to_into, quant_flag, rms_norm_into, rope_into};
     }

@@ -12,6 +12,7 @@ mod flash;
 mod gemm;
 mod int8;
 mod matvec;
+mod moe;
 mod qmma;
 mod rows;
 mod split_rope;
