@@ -53,6 +53,8 @@ pub enum ModelError {
     ContextFull { n_ctx: usize, len: usize, adding: usize },
     #[error("the KV cache budget of {budget_bytes} bytes is spent")]
     KvFull { budget_bytes: usize },
+    #[error("KV transfer: {0}")]
+    Kv(String),
 }
 
 /// A loaded model: configuration, weights (in the mapped file) and the threads its kernels run on.
@@ -90,6 +92,11 @@ impl Model {
     /// A fresh KV cache for one sequence of up to `n_ctx` positions.
     pub fn new_sequence(&self, n_ctx: usize) -> SequenceKv {
         SequenceKv::new(&self.config, n_ctx, self.ring_slack, &self.kv_pool)
+    }
+
+    /// The model's identity for KV exchange (`kv::wire::fingerprint`): reads the whole file once.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        kv::wire::fingerprint(&self.config, self.file.bytes())
     }
 
     /// Caps KV memory (all sequences together) at `bytes`; takes effect for sequences made afterwards.

@@ -5,6 +5,7 @@
 
 use crate::backend::{Backend, SequenceCache};
 use crate::config::ModelConfig;
+use crate::kv::wire::LayerRows;
 use crate::kv::{layer_rows, Checkpoint, SequenceKv, BLOCK_ROWS};
 use crate::{Model, ModelError};
 
@@ -73,6 +74,16 @@ pub trait ServingCache: SequenceCache {
     /// Bytes the cache will hold once it has grown to `len` positions from where it is now: what a
     /// request continuing on it must reserve (storage it holds is not given back while it grows).
     fn bytes_reaching(&self, len: usize) -> usize;
+    /// Copies the cached rows `from..to` of layer `layer` for a peer (`kv::wire`).
+    fn export_rows(&self, layer: usize, from: usize, to: usize) -> Result<LayerRows, ModelError>;
+    /// Per layer, the first row a stream filling `0..to` ships from now: what the layer keeps at `to`,
+    /// and no row it no longer holds.
+    fn export_from(&self, to: usize) -> Vec<usize>;
+    /// Writes a peer's rows into this detached cache, which the stream fills to `to`
+    /// (`kv::wire::check_install` first; the same placement a local prefill gives).
+    fn install_rows(&mut self, rows: &LayerRows, to: usize) -> Result<(), ModelError>;
+    /// Checks that an installed stream filled every layer to `to` with every row a query at `to` sees.
+    fn check_installed(&self, to: usize) -> Result<(), ModelError>;
 }
 
 /// A backend the serving engine can run: its caches are reusable and its KV memory capped.
@@ -119,6 +130,22 @@ impl ServingCache for SequenceKv {
 
     fn bytes_reaching(&self, len: usize) -> usize {
         SequenceKv::bytes_reaching(self, len)
+    }
+
+    fn export_rows(&self, layer: usize, from: usize, to: usize) -> Result<LayerRows, ModelError> {
+        SequenceKv::export_rows(self, layer, from, to)
+    }
+
+    fn export_from(&self, to: usize) -> Vec<usize> {
+        SequenceKv::export_from(self, to)
+    }
+
+    fn install_rows(&mut self, rows: &LayerRows, to: usize) -> Result<(), ModelError> {
+        SequenceKv::install_rows(self, rows, to)
+    }
+
+    fn check_installed(&self, to: usize) -> Result<(), ModelError> {
+        SequenceKv::check_installed(self, to)
     }
 }
 

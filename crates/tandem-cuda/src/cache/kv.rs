@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
+use half::f16;
+use tandem_model::kv::wire::{self, LayerRows};
 use tandem_model::kv::RingPlacement;
 use tandem_model::{KvCheckpoint, KvSizing, ModelConfig, ModelError, SequenceCache, ServingCache};
 
@@ -205,6 +207,99 @@ impl ServingCache for GpuSequenceKv {
     fn bytes_reaching(&self, _len: usize) -> usize {
         self.bytes()
     }
+
+    /// Device to host, one copy per contiguous physical run (at most two: a ring wraps once).
+    fn export_rows(&self, layer: usize, from: usize, to: usize) -> Result<LayerRows, ModelError> {
+        let l = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| ModelError::Kv(format!("no layer {layer} to export")))?;
+        if from >= to || l.placement.physical(from).is_none() || l.placement.physical(to - 1).is_none() {
+            return Err(ModelError::Kv(format!(
+                "layer {layer} does not hold rows {from}..{to} (it holds {}..{})",
+                l.placement.origin_logical,
+                l.placement.end()
+            )));
+        }
+        let w = self.kv_width;
+        let physical: Vec<Option<usize>> = (from..to).map(|p| l.placement.physical(p)).collect();
+        let mut k = vec![0u16; (to - from) * w];
+        let mut v = vec![0u16; (to - from) * w];
+        let stream = Arc::clone(l.k.stream());
+        for (at, r, n) in runs(&physical) {
+            let (src, dst) = (r * w..(r + n) * w, at * w..(at + n) * w);
+            driver(
+                "cuMemcpyDtoH (export K)",
+                stream.memcpy_dtoh(&l.k.slice(src.clone()), &mut k[dst.clone()]),
+            )?;
+            driver(
+                "cuMemcpyDtoH (export V)",
+                stream.memcpy_dtoh(&l.v.slice(src), &mut v[dst]),
+            )?;
+        }
+        driver("cuStreamSynchronize (export)", stream.synchronize())?;
+        Ok(LayerRows {
+            layer,
+            first: from,
+            placement: l.placement,
+            k: k.into_iter().map(f16::from_bits).collect(),
+            v: v.into_iter().map(f16::from_bits).collect(),
+        })
+    }
+
+    fn export_from(&self, to: usize) -> Vec<usize> {
+        self.layers
+            .iter()
+            .map(|l| to.saturating_sub(l.placement.capacity).max(l.placement.origin_logical))
+            .collect()
+    }
+
+    /// Host to device into the whole-capacity buffers, at the rows a local prefill would write.
+    fn install_rows(&mut self, rows: &LayerRows, to: usize) -> Result<(), ModelError> {
+        let w = self.kv_width;
+        let l = self
+            .layers
+            .get_mut(rows.layer)
+            .ok_or_else(|| ModelError::Kv(format!("rows for layer {}, the model has fewer", rows.layer)))?;
+        if let Some(start) = wire::check_install(&l.placement, l.window, rows, w, to)? {
+            l.placement = start;
+        }
+        let (physical, after) = l.placement.append(rows.n_rows(w));
+        let k: Vec<u16> = rows.k.iter().map(|x| x.to_bits()).collect();
+        let v: Vec<u16> = rows.v.iter().map(|x| x.to_bits()).collect();
+        let stream = Arc::clone(l.k.stream());
+        for (at, r, n) in runs(&physical) {
+            let (dst, src) = (r * w..(r + n) * w, at * w..(at + n) * w);
+            driver(
+                "cuMemcpyHtoD (install K)",
+                stream.memcpy_htod(&k[src.clone()], &mut l.k.slice_mut(dst.clone())),
+            )?;
+            driver(
+                "cuMemcpyHtoD (install V)",
+                stream.memcpy_htod(&v[src], &mut l.v.slice_mut(dst)),
+            )?;
+        }
+        driver("cuStreamSynchronize (install)", stream.synchronize())?;
+        l.placement = after;
+        Ok(())
+    }
+
+    fn check_installed(&self, to: usize) -> Result<(), ModelError> {
+        wire::check_complete(self.layers.iter().map(|l| (l.placement, l.window)), to)
+    }
+}
+
+/// `(index, physical row, rows)` of each run of consecutive physical rows in `rows` (`None`: skipped).
+fn runs(rows: &[Option<usize>]) -> Vec<(usize, usize, usize)> {
+    let mut out: Vec<(usize, usize, usize)> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        let Some(r) = *r else { continue };
+        match out.last_mut() {
+            Some((at, start, n)) if *at + *n == i && *start + *n == r => *n += 1,
+            _ => out.push((i, r, 1)),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

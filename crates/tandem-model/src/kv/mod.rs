@@ -5,6 +5,7 @@
 
 mod placement;
 mod pool;
+pub mod wire;
 
 pub use placement::{ChunkRoute, RingPlacement};
 pub use pool::{KvPool, BLOCK_ROWS};
@@ -119,6 +120,19 @@ impl LayerCache {
     /// Writes `t` rows of K and V (f32, `width` each) at the end of the cache, evicting the oldest rows
     /// of a full ring.
     fn commit(&mut self, k: &[f32], v: &[f32], t: usize) -> Result<(), ModelError> {
+        self.commit_with(t, |i, w, kd, vd| {
+            to_f16(&k[i * w..(i + 1) * w], kd);
+            to_f16(&v[i * w..(i + 1) * w], vd);
+        })
+    }
+
+    /// Appends `t` rows at the end of the cache, `write(i, width, k_row, v_row)` filling row `i` of them
+    /// (rows a full ring evicts within the append are not written).
+    fn commit_with(
+        &mut self,
+        t: usize,
+        mut write: impl FnMut(usize, usize, &mut [f16], &mut [f16]),
+    ) -> Result<(), ModelError> {
         let (rows, after) = self.placement.append(t);
         let needed = rows.iter().flatten().max().map_or(0, |&r| r + 1);
         self.ensure_rows(needed)?;
@@ -127,8 +141,7 @@ impl LayerCache {
             if let Some(r) = *phys {
                 let block = &mut self.blocks[r / BLOCK_ROWS];
                 let at = (r % BLOCK_ROWS) * w;
-                to_f16(&k[i * w..(i + 1) * w], &mut block.k[at..at + w]);
-                to_f16(&v[i * w..(i + 1) * w], &mut block.v[at..at + w]);
+                write(i, w, &mut block.k[at..at + w], &mut block.v[at..at + w]);
             }
         }
         self.placement = after;
@@ -365,6 +378,71 @@ impl SequenceKv {
         }
         self.layers.iter_mut().for_each(|l| l.truncate(pos));
         true
+    }
+
+    /// Copies the cached rows `from..to` of layer `layer` (f16 K and V, in logical order) with the
+    /// layer's placement, for a peer to install (`kv::wire`).
+    pub fn export_rows(&self, layer: usize, from: usize, to: usize) -> Result<wire::LayerRows, ModelError> {
+        let l = self
+            .layers
+            .get(layer)
+            .ok_or_else(|| ModelError::Kv(format!("no layer {layer} to export")))?;
+        if from >= to || l.placement.physical(from).is_none() || l.placement.physical(to - 1).is_none() {
+            return Err(ModelError::Kv(format!(
+                "layer {layer} does not hold rows {from}..{to} (it holds {}..{})",
+                l.placement.origin_logical,
+                l.placement.end()
+            )));
+        }
+        let mut k = Vec::with_capacity((to - from) * l.width);
+        let mut v = Vec::with_capacity((to - from) * l.width);
+        for pos in from..to {
+            let r = l.placement.physical(pos).expect("checked above: the range is cached");
+            k.extend_from_slice(l.k_at(r));
+            v.extend_from_slice(l.v_at(r));
+        }
+        Ok(wire::LayerRows {
+            layer,
+            first: from,
+            placement: l.placement,
+            k,
+            v,
+        })
+    }
+
+    /// Writes rows a peer exported into this (detached) cache, for a stream that fills positions
+    /// `0..to`: checked with `wire::check_install` first, then appended as a local prefill would have
+    /// (the same physical placement for the same capacity). Blocks come from the pool, so this fails
+    /// when the KV budget is spent.
+    pub fn install_rows(&mut self, rows: &wire::LayerRows, to: usize) -> Result<(), ModelError> {
+        let width = self.layers.first().map_or(0, |l| l.width);
+        let l = self
+            .layers
+            .get_mut(rows.layer)
+            .ok_or_else(|| ModelError::Kv(format!("rows for layer {}, the model has fewer", rows.layer)))?;
+        let start = wire::check_install(&l.placement, l.window, rows, width, to)?;
+        if let Some(placement) = start {
+            l.placement = placement;
+        }
+        let n = rows.n_rows(width);
+        l.commit_with(n, |i, w, kd, vd| {
+            kd.copy_from_slice(&rows.k[i * w..(i + 1) * w]);
+            vd.copy_from_slice(&rows.v[i * w..(i + 1) * w]);
+        })
+    }
+
+    /// Checks that an installed stream filled every layer to `to` with every row a query at `to` sees.
+    pub fn check_installed(&self, to: usize) -> Result<(), ModelError> {
+        wire::check_complete(self.layers.iter().map(|l| (l.placement, l.window)), to)
+    }
+
+    /// Per layer, the first row a stream filling `0..to` ships from here: what the layer's ring keeps
+    /// at `to`, and no row it no longer holds.
+    pub fn export_from(&self, to: usize) -> Vec<usize> {
+        self.layers
+            .iter()
+            .map(|l| to.saturating_sub(l.placement.capacity).max(l.placement.origin_logical))
+            .collect()
     }
 
     /// Bytes of K and V storage allocated now.
