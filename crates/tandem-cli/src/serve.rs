@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_cuda::CudaModel;
-use tandem_engine::serve::ServingConfig;
+use tandem_engine::serve::{RemotePrefill, ServingConfig};
 use tandem_model::{Model, ServingBackend};
 use tandem_runtime::{on_model, Device, DeviceModel};
 use tandem_server::{AppState, ServerConfig};
@@ -96,6 +96,29 @@ pub struct ServeArgs {
     /// Print model and memory details to stderr.
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// `both`: read every prompt here. `prefill`: also answer decode nodes' KV requests
+    /// (`POST /v1/kv/prefill`, docs/KV-WIRE.md). `decode`: read long prompts on a --prefill-peer.
+    #[arg(long, value_enum, default_value_t = Role::Both)]
+    role: Role,
+    /// A prefill node, `http://host:port` (repeatable; taken in turn). With --role decode.
+    #[arg(long = "prefill-peer", value_name = "URL")]
+    prefill_peers: Vec<String>,
+    /// The key sent to prefill peers (default: the first --api-key).
+    #[arg(long)]
+    prefill_key: Option<String>,
+    /// Prompts with fewer new tokens (after prefix reuse) are read here: not worth the wire hop.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    remote_prefill_min_tokens: usize,
+    /// Seconds a whole remote prefill may take before the prompt is read here instead.
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_secs)]
+    prefill_timeout: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Role {
+    Both,
+    Prefill,
+    Decode,
 }
 
 /// `512`, `64K`, `1M`, `2G` (powers of 1024).
@@ -139,6 +162,24 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let template = ChatTemplate::from_gguf(&file)?;
     let model = Model::from_file(file, threads)?;
+    if args.role == Role::Decode && args.prefill_peers.is_empty() {
+        bail!("--role decode needs at least one --prefill-peer URL");
+    }
+    if args.role != Role::Decode && !args.prefill_peers.is_empty() {
+        bail!("--prefill-peer is for --role decode");
+    }
+    let peers = args
+        .prefill_peers
+        .iter()
+        .map(|u| tandem_server::kv::Peer::parse(u).map_err(anyhow::Error::msg))
+        .collect::<Result<Vec<_>>>()?;
+    // Both sides of a KV exchange prove the model: the file's bytes and the derived configuration.
+    let fingerprint = (args.role != Role::Both).then(|| model.fingerprint());
+    let kv_identity = fingerprint.map(|fingerprint| tandem_server::kv::KvIdentity {
+        fingerprint,
+        n_layers: model.config.layers.len(),
+        width: model.config.kv_width(),
+    });
     let n_ctx = args.ctx.unwrap_or(model.config.context_length.min(8192)).max(16);
     if args.verbose {
         print_model(&path, &model, threads);
@@ -153,6 +194,24 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
                 .map(String::from),
         );
     }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let remote = match (args.role, fingerprint) {
+        (Role::Decode, Some(fingerprint)) => Some(RemotePrefill {
+            peers: Arc::new(tandem_server::kv::PeerClient::new(
+                peers,
+                args.prefill_key.clone().or_else(|| api_keys.first().cloned()),
+                fingerprint,
+                Duration::from_secs_f64(args.prefill_timeout),
+                runtime.handle().clone(),
+            )),
+            min_tokens: args.remote_prefill_min_tokens.max(1),
+        }),
+        _ => None,
+    };
     let serving = ServingConfig {
         n_ctx,
         prefill_chunk: args.prefill_chunk,
@@ -161,6 +220,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         cache_budget_bytes: args.cache_budget,
         max_queue: args.max_queue,
         max_tokens_limit: args.max_tokens_limit,
+        remote,
     };
     // The CPU has no kernels to load: one row reads every weight in. The GPU warms each chunk size
     // the scheduler takes (each picks its own cuBLAS kernels), the one-row decode route, and decode
@@ -223,23 +283,20 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         body_timeout: limit(args.timeout_body),
         idle_timeout: limit(args.timeout_idle),
         max_connections: (args.max_connections > 0).then_some(args.max_connections),
+        kv_export: kv_identity.filter(|_| args.role == Role::Prefill),
         ..ServerConfig::default()
     };
     let state = Arc::new(AppState::new(Arc::new(engine), tokenizer, template, config));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
     runtime.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
         eprintln!(
-            "tandem: serving {model_name} on http://{} ({device}, context {n_ctx}, KV budget {} MB)",
+            "tandem: serving {model_name} on http://{} ({device}, context {n_ctx}, KV budget {} MB, role {:?})",
             listener.local_addr()?,
-            args.kv_budget >> 20
+            args.kv_budget >> 20,
+            args.role
         );
         tandem_server::serve(listener, state, tandem_server::shutdown_signal()).await?;
         eprintln!("tandem: stopped");

@@ -60,7 +60,7 @@ fn drain(
     let mut tokens = 0;
     while let Some(e) = rx.blocking_recv() {
         match e {
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::KvRows(_) => {}
             Event::Token { .. } => {
                 tokens += 1;
                 if cancel_after == Some(tokens) {

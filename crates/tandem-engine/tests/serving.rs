@@ -33,6 +33,7 @@ fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (usize, Vec<(
             Event::Token { id, logprob } => tokens.push((id, logprob.map_or(f32::NAN, |l| l.logprob))),
             Event::Done { reason, .. } => return (reused, tokens, reason),
             Event::Failed(m) => panic!("request failed: {m}"),
+            Event::KvRows(_) => panic!("a generation sent KV rows"),
         }
     }
     panic!("the stream ended without Done")

@@ -32,6 +32,8 @@ pub struct ServerConfig {
     /// Connections open at once; beyond it new ones wait in the accept backlog until one closes.
     /// `None`: no limit.
     pub max_connections: Option<usize>,
+    /// A prefill node's model identity: with it, `POST /v1/kv/prefill` exports KV (`kv.rs`).
+    pub kv_export: Option<crate::kv::KvIdentity>,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +55,7 @@ impl Default for ServerConfig {
             idle_timeout: Some(Duration::from_secs(60)),
             // Far above what one engine can serve at once; a cap on file descriptors and memory.
             max_connections: Some(512),
+            kv_export: None,
         }
     }
 }

@@ -115,6 +115,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::KvBudget { .. } => ApiError::bad_request(message).with_code("kv_budget_exceeded"),
             SubmitError::QueueFull { .. } => ApiError::unavailable(message, "queue_full"),
             SubmitError::ShuttingDown => ApiError::unavailable(message, "shutting_down"),
+            SubmitError::NoKvExport => ApiError::not_found(message),
         }
     }
 }

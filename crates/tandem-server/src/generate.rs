@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tandem_engine::serve::{Event, FinishReason, GenerationRequest, RequestTimings, SubmitError, TokenLogprob};
+use tandem_engine::serve::{
+    Event, FinishReason, GenerationRequest, PrefillRoute, RequestTimings, SubmitError, TokenLogprob,
+};
 use tandem_engine::SamplingParams;
 use tandem_tokenizer::StreamDecoder;
 use tokio::sync::{mpsc, watch};
@@ -97,6 +99,8 @@ pub struct Generation {
     top_logprobs: Option<usize>,
     pub prompt_tokens: usize,
     pub reused: usize,
+    /// Where the prompt was read (a decode node's remote prefill).
+    pub prefill: PrefillRoute,
     pub completion_tokens: usize,
     submitted: Instant,
     started: Option<Instant>,
@@ -148,6 +152,7 @@ impl Generation {
             top_logprobs: p.top_logprobs,
             prompt_tokens: n_prompt,
             reused: 0,
+            prefill: PrefillRoute::Local,
             completion_tokens: 0,
             submitted,
             started: None,
@@ -160,7 +165,11 @@ impl Generation {
             finished: false,
         };
         match g.recv().await {
-            Some(Event::Started { prompt_tokens, reused }) => g.on_started(prompt_tokens, reused),
+            Some(Event::Started {
+                prompt_tokens,
+                reused,
+                prefill,
+            }) => g.on_started(prompt_tokens, reused, prefill),
             Some(Event::Failed(msg)) => {
                 g.finished = true;
                 return Err(ApiError::internal(format!("generation failed: {msg}")));
@@ -179,10 +188,25 @@ impl Generation {
         Ok(g)
     }
 
-    /// `"prompt N = R reused + K read"`, for the `x-tandem-prompt` header and the `tandem` object.
+    /// `"prompt N = R reused + K read"`, for the `x-tandem-prompt` header and the `tandem` object; on a
+    /// decode node `"prompt N = R reused + M remote + K read"` with the route in parentheses.
     pub fn prompt_cache_line(&self) -> String {
-        let read = self.prompt_tokens.saturating_sub(self.reused);
-        format!("prompt {} = {} reused + {} read", self.prompt_tokens, self.reused, read)
+        let (n, reused) = (self.prompt_tokens, self.reused);
+        match self.prefill {
+            PrefillRoute::Local => format!("prompt {n} = {reused} reused + {} read", n.saturating_sub(reused)),
+            PrefillRoute::Remote { rows } => format!(
+                "prompt {n} = {reused} reused + {rows} remote + {} read (remote prefill)",
+                n.saturating_sub(reused + rows)
+            ),
+            PrefillRoute::Short => format!(
+                "prompt {n} = {reused} reused + 0 remote + {} read (local: short)",
+                n.saturating_sub(reused)
+            ),
+            PrefillRoute::Fallback { cause } => format!(
+                "prompt {n} = {reused} reused + 0 remote + {} read (local: fallback {cause})",
+                n.saturating_sub(reused)
+            ),
+        }
     }
 
     pub fn tandem_json(&self) -> serde_json::Value {
@@ -203,7 +227,13 @@ impl Generation {
                 return Some(Step::Failed(err));
             };
             match event {
-                Event::Started { prompt_tokens, reused } => self.on_started(prompt_tokens, reused),
+                Event::Started {
+                    prompt_tokens,
+                    reused,
+                    prefill,
+                } => self.on_started(prompt_tokens, reused, prefill),
+                // Only exports send rows; a generation never does.
+                Event::KvRows(_) => {}
                 Event::Token { id, logprob } => {
                     if let Some(step) = self.on_token(id, logprob) {
                         return Some(step);
@@ -250,13 +280,14 @@ impl Generation {
         }
     }
 
-    fn on_started(&mut self, prompt_tokens: usize, reused: usize) {
+    fn on_started(&mut self, prompt_tokens: usize, reused: usize, prefill: PrefillRoute) {
         if self.started.is_some() {
             return;
         }
         self.started = Some(Instant::now());
         self.prompt_tokens = prompt_tokens;
         self.reused = reused;
+        self.prefill = prefill;
         let m = &self.state.metrics;
         Metrics::inc(&m.prompt_tokens, prompt_tokens as u64);
         if reused > 0 {

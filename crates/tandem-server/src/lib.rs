@@ -9,6 +9,7 @@
 //! | `POST /tokenize`, `POST /detokenize` | llama.cpp's `{content, add_special, parse_special, with_pieces}` / `{tokens}` |
 //! | `GET /health` | `{"status":"ok"}`, never behind a key |
 //! | `GET /metrics` | Prometheus text (see [`metrics`]) |
+//! | `POST /v1/kv/prefill` | a prefill node's KV export, streamed (`docs/KV-WIRE.md`, [`kv`]) |
 //! | `GET /slots`, `POST /admin/cache/flush` | admin key only: engine stats, drop the prefix cache |
 //!
 //! A generation that fails after its stream started (the engine failed, or shutdown cut it) still ends
@@ -36,6 +37,7 @@ pub mod config;
 mod conn;
 pub mod errors;
 mod generate;
+pub mod kv;
 mod llamacpp;
 pub mod metrics;
 mod openai;
@@ -123,6 +125,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(llamacpp::tokenize))
         .route("/detokenize", post(llamacpp::detokenize))
         .route("/metrics", get(metrics::handler))
+        .route("/v1/kv/prefill", post(kv::prefill))
         .route_layer(from_fn_with_state(state.clone(), auth::require_api_key));
     let admin = Router::new()
         .route("/slots", get(llamacpp::slots))

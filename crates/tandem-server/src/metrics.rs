@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
-use tandem_engine::serve::EngineStats;
+use tandem_engine::serve::{EngineStats, FALLBACK_CAUSES};
 
 use crate::AppState;
 
@@ -262,6 +262,43 @@ impl Metrics {
              # TYPE {name} counter\n{name} {}",
             stats.kv_accounting_violations
         );
+        for (name, help, v) in [
+            (
+                "tandem_remote_prefill_total",
+                "Prompts read from a prefill peer's KV.",
+                stats.remote_prefills_total,
+            ),
+            (
+                "tandem_remote_prefill_rows_total",
+                "Positions installed from prefill peers.",
+                stats.remote_rows_total,
+            ),
+            (
+                "tandem_remote_prefill_short_total",
+                "Prompts read here on a decode node: too few new tokens for the wire hop.",
+                stats.local_short_prefills_total,
+            ),
+            (
+                "tandem_kv_exports_total",
+                "KV exports a prefill node served.",
+                stats.kv_exports_total,
+            ),
+            (
+                "tandem_kv_exported_rows_total",
+                "Layer rows a prefill node sent.",
+                stats.kv_exported_rows_total,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
+        let name = "tandem_remote_prefill_fallback_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Remote prefills that fell back to a local one, by cause.\n# TYPE {name} counter"
+        );
+        for (cause, v) in FALLBACK_CAUSES.iter().zip(stats.remote_fallbacks_total) {
+            let _ = writeln!(out, "{name}{{cause=\"{cause}\"}} {v}");
+        }
         out
     }
 }

@@ -1,7 +1,9 @@
 //! What the serving engine offers the HTTP layer: submit a generation, receive its events, read stats.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tandem_model::kv::wire::LayerRows;
 use tokio::sync::mpsc;
 
 use crate::SamplingParams;
@@ -39,11 +41,15 @@ pub enum FinishReason {
 /// `Failed`. Dropping the receiver cancels the request and frees its KV cache at once.
 #[derive(Clone, Debug)]
 pub enum Event {
-    /// Prefill began: `prompt_tokens = reused + read` (`reused` came from the prefix cache).
+    /// Prefill began: `prompt_tokens = reused + remote + read` (`reused` came from the prefix cache,
+    /// `remote` rows from a prefill peer: see `PrefillRoute`).
     Started {
         prompt_tokens: usize,
         reused: usize,
+        prefill: PrefillRoute,
     },
+    /// KV rows of an export (`EngineHandle::export_kv`), in the order they are to be installed.
+    KvRows(Box<LayerRows>),
     Token {
         id: u32,
         logprob: Option<TokenLogprob>,
@@ -53,6 +59,70 @@ pub enum Event {
         timings: RequestTimings,
     },
     Failed(String),
+}
+
+/// Where a request's prompt was read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillRoute {
+    /// Here, with no prefill peer configured.
+    #[default]
+    Local,
+    /// Here: fewer new tokens than `RemotePrefill::min_tokens`, not worth the wire hop.
+    Short,
+    /// A peer sent the KV of the first `rows` positions (all but the last prompt token, read here).
+    Remote { rows: usize },
+    /// Here, after the remote prefill failed for `cause` (one of `FALLBACK_CAUSES`).
+    Fallback { cause: &'static str },
+}
+
+/// Why a remote prefill fell back to a local one: the peer refused (an HTTP error, or its own failure
+/// mid-stream), could not be reached, took longer than the timeout, sent a frame whose checksum did not
+/// match, serves another model, dropped the connection mid-transfer, sent frames that break the format
+/// or the install rules, or the detached cache did not fit the KV budget.
+pub const FALLBACK_CAUSES: [&str; 8] = [
+    "refused",
+    "unreachable",
+    "timeout",
+    "checksum",
+    "identity",
+    "dropped",
+    "protocol",
+    "kv_budget",
+];
+
+/// What a remote prefill's fetch reports to the engine, in order: `Rows`, then `Done` or `Failed`.
+#[derive(Debug)]
+pub enum RemoteMsg {
+    Rows(Box<LayerRows>),
+    /// Every frame came and checked out.
+    Done,
+    Failed {
+        cause: &'static str,
+        detail: String,
+    },
+}
+
+/// Prefill peers: fetch the KV of a prompt's positions `0..tokens.len()` from one of them.
+pub trait PrefillPeers: Send + Sync + 'static {
+    /// Starts a fetch; its messages arrive on the returned channel, and `wake` is called after each
+    /// one is sent. Dropping the receiver cancels it.
+    fn fetch(&self, tokens: Vec<u32>, wake: Arc<dyn Fn() + Send + Sync>) -> mpsc::Receiver<RemoteMsg>;
+}
+
+/// A decode node's remote prefill: where, and from how many new prompt tokens on.
+#[derive(Clone)]
+pub struct RemotePrefill {
+    pub peers: Arc<dyn PrefillPeers>,
+    /// Prompts with fewer new tokens (after prefix reuse) are read locally.
+    pub min_tokens: usize,
+}
+
+impl std::fmt::Debug for RemotePrefill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemotePrefill")
+            .field("min_tokens", &self.min_tokens)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -81,6 +151,8 @@ pub enum SubmitError {
     QueueFull { queued: usize },
     #[error("the engine has stopped")]
     ShuttingDown,
+    #[error("this server does not export KV")]
+    NoKvExport,
 }
 
 /// A snapshot of the engine for `/metrics`, `/health` and `/slots`.
@@ -110,6 +182,16 @@ pub struct EngineStats {
     /// The longest prefill chunk taken while a decoder was waiting, and the longest decode step.
     pub max_busy_prefill_chunk_seconds: f64,
     pub max_decode_step_seconds: f64,
+    /// Prompts read from a peer's KV, with the rows installed.
+    pub remote_prefills_total: u64,
+    pub remote_rows_total: u64,
+    /// Prompts read here because they were too short for the wire hop.
+    pub local_short_prefills_total: u64,
+    /// Remote prefills that fell back, by cause (`FALLBACK_CAUSES`, same order).
+    pub remote_fallbacks_total: [u64; FALLBACK_CAUSES.len()],
+    /// KV exports served to decode nodes, and the rows they sent.
+    pub kv_exports_total: u64,
+    pub kv_exported_rows_total: u64,
 }
 
 /// The interface the HTTP layer programs against (the real engine, or a fake in tests).
@@ -118,6 +200,12 @@ pub trait EngineHandle: Send + Sync + 'static {
     fn stats(&self) -> EngineStats;
     /// Drops every cached (finished) conversation; returns how many.
     fn flush_cache(&self) -> usize;
+    /// Reads `tokens` and sends the KV of positions `0..tokens.len()` as `KvRows` events (`Started`
+    /// first, `Done` or `Failed` last), for a decode node to install: what a prefill node serves.
+    fn export_kv(&self, tokens: Vec<u32>) -> Result<mpsc::UnboundedReceiver<Event>, SubmitError> {
+        let _ = tokens;
+        Err(SubmitError::NoKvExport)
+    }
     /// Stops accepting work; running requests finish or are cancelled by their deadline.
     fn shutdown(&self);
 }

@@ -46,6 +46,7 @@ use tandem_model::kv::RING_SLACK;
 use tandem_model::{
     Backend, KvSizing, LogitRows, Logits, Model, ModelError, SequenceCache, ServingBackend, ServingCache, Span,
 };
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use super::api::*;
@@ -67,6 +68,8 @@ pub struct ServingConfig {
     /// Requests waiting for memory beyond which new ones are refused.
     pub max_queue: usize,
     pub max_tokens_limit: usize,
+    /// A decode node's prefill peers (`None`: every prompt is read here).
+    pub remote: Option<RemotePrefill>,
 }
 
 impl Default for ServingConfig {
@@ -79,6 +82,7 @@ impl Default for ServingConfig {
             cache_budget_bytes: 256 << 20,
             max_queue: 64,
             max_tokens_limit: 4096,
+            remote: None,
         }
     }
 }
@@ -87,6 +91,8 @@ struct Pending {
     request: GenerationRequest,
     events: UnboundedSender<Event>,
     submitted: Instant,
+    /// A KV export (`export_kv`): read the prompt, send its rows, sample nothing.
+    export: bool,
 }
 
 struct Shared {
@@ -95,6 +101,8 @@ struct Shared {
     stats: Mutex<EngineStats>,
     stopping: AtomicBool,
     flush: Mutex<Option<std::sync::mpsc::Sender<usize>>>,
+    /// A remote prefill's fetch has sent something since the loop last looked.
+    remote_ready: AtomicBool,
 }
 
 /// The engine handle: cheap to share, talks to the loop thread.
@@ -133,6 +141,7 @@ impl ServingEngine {
             }),
             stopping: AtomicBool::new(false),
             flush: Mutex::new(None),
+            remote_ready: AtomicBool::new(false),
         });
         let loop_shared = Arc::clone(&shared);
         let loop_config = config.clone();
@@ -177,6 +186,27 @@ impl ServingEngine {
         })
     }
 
+    fn enqueue(
+        &self,
+        request: GenerationRequest,
+        export: bool,
+    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, SubmitError> {
+        let mut inbox = self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        if inbox.len() >= self.config.max_queue {
+            return Err(SubmitError::QueueFull { queued: inbox.len() });
+        }
+        let (tx, rx) = unbounded_channel();
+        inbox.push_back(Pending {
+            request,
+            events: tx,
+            submitted: Instant::now(),
+            export,
+        });
+        drop(inbox);
+        self.shared.wake.notify_one();
+        Ok(rx)
+    }
+
     /// KV bytes a request reaching `positions` reserves (on the GPU: the whole cache at any length).
     pub fn kv_bytes_for(&self, positions: usize) -> usize {
         self.sizing.bytes_at(positions.min(self.config.n_ctx))
@@ -210,19 +240,37 @@ impl EngineHandle for ServingEngine {
                 budget: self.config.kv_budget_bytes,
             });
         }
-        let mut inbox = self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
-        if inbox.len() >= self.config.max_queue {
-            return Err(SubmitError::QueueFull { queued: inbox.len() });
+        self.enqueue(request, false)
+    }
+
+    fn export_kv(&self, tokens: Vec<u32>) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, SubmitError> {
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return Err(SubmitError::ShuttingDown);
         }
-        let (tx, rx) = unbounded_channel();
-        inbox.push_back(Pending {
-            request,
-            events: tx,
-            submitted: Instant::now(),
-        });
-        drop(inbox);
-        self.shared.wake.notify_one();
-        Ok(rx)
+        if tokens.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if tokens.len() >= self.config.n_ctx {
+            return Err(SubmitError::PromptTooLong {
+                n_prompt: tokens.len(),
+                n_ctx: self.config.n_ctx,
+            });
+        }
+        let need = self.kv_bytes_for(tokens.len());
+        if need > self.config.kv_budget_bytes {
+            return Err(SubmitError::KvBudget {
+                need,
+                budget: self.config.kv_budget_bytes,
+            });
+        }
+        let request = GenerationRequest {
+            prompt: tokens,
+            max_tokens: 0,
+            sampling: Default::default(),
+            stop_ids: Vec::new(),
+            top_logprobs: None,
+        };
+        self.enqueue(request, true)
     }
 
     fn stats(&self) -> EngineStats {
@@ -279,6 +327,24 @@ struct Sequence<K: ServingCache> {
     first_token: Option<Instant>,
     /// Finished (its last event sent); leaves the running set at the end of the step.
     done: bool,
+    /// A KV export: per layer, the first row not yet sent.
+    export: Option<Vec<usize>>,
+}
+
+/// A remote prefill under way: the peer's rows go into `detached`, a cache no step reads, which
+/// becomes the sequence's cache only once every frame came and checked out (`Loop::pump_remote`).
+struct RemoteFill<K: ServingCache> {
+    pending: Pending,
+    /// The cached conversation the prompt continues (cut back), kept for a local fallback.
+    conversation: Option<Conversation<K>>,
+    detached: K,
+    /// The stream fills positions `0..to` (all but the last prompt token).
+    to: usize,
+    rx: tokio::sync::mpsc::Receiver<RemoteMsg>,
+    /// Pool bytes reserved: the detached cache's reach, plus the conversation's for the fallback.
+    reserved: usize,
+    /// What the conversation (or a fresh cache) reserves when the prompt is read here after all.
+    need_local: usize,
 }
 
 /// Checkpoints kept per conversation: the ends of its last few prompts.
@@ -307,6 +373,8 @@ struct Loop<B: ServingBackend> {
     reserved: usize,
     /// Sizes a request's KV need (`bytes_at`).
     sizing: KvSizing,
+    /// Remote prefills under way (invisible to the decode and prefill steps).
+    remote: Vec<RemoteFill<B::Kv>>,
 }
 
 impl<B: ServingBackend> Loop<B> {
@@ -321,6 +389,7 @@ impl<B: ServingBackend> Loop<B> {
             running: Vec::new(),
             cache: PrefixCache::default(),
             reserved: 0,
+            remote: Vec::new(),
         }
     }
 
@@ -334,11 +403,18 @@ impl<B: ServingBackend> Loop<B> {
                 for p in self.queue.drain(..) {
                     let _ = p.events.send(Event::Failed("the server is shutting down".into()));
                 }
+                for f in self.remote.drain(..) {
+                    let _ = f
+                        .pending
+                        .events
+                        .send(Event::Failed("the server is shutting down".into()));
+                }
                 return;
             }
             self.handle_flush();
             self.drop_cancelled();
             self.admit();
+            self.pump_remote();
             let decoded = self.decode_step();
             let prefilled = self.prefill_step();
             self.publish_stats();
@@ -355,7 +431,9 @@ impl<B: ServingBackend> Loop<B> {
 
     fn wait_for_work(&mut self) {
         let inbox = self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
-        if inbox.is_empty() && !self.shared.stopping.load(Ordering::Acquire) {
+        // A fetch sets the flag under the inbox lock before it notifies, so no wake-up is lost.
+        let remote_ready = self.shared.remote_ready.swap(false, Ordering::AcqRel);
+        if inbox.is_empty() && !remote_ready && !self.shared.stopping.load(Ordering::Acquire) {
             let _ = self.shared.wake.wait_timeout(inbox, Duration::from_millis(50));
         }
     }
@@ -378,6 +456,13 @@ impl<B: ServingBackend> Loop<B> {
             }
             keep
         });
+        self.remote.retain(|f| {
+            let keep = !f.pending.events.is_closed();
+            if !keep {
+                freed += f.reserved;
+            }
+            keep
+        });
         self.reserved -= freed;
         if self.running.len() != before {
             self.queue.retain(|p| !p.events.is_closed());
@@ -393,6 +478,12 @@ impl<B: ServingBackend> Loop<B> {
                 .running
                 .iter()
                 .map(|s| checkpoint_bytes(&s.checkpoints))
+                .sum::<usize>()
+            + self
+                .remote
+                .iter()
+                .filter_map(|f| f.conversation.as_ref())
+                .map(|c| checkpoint_bytes(&c.checkpoints))
                 .sum::<usize>()
     }
 
@@ -430,8 +521,26 @@ impl<B: ServingBackend> Loop<B> {
                 None => self.sizing.bytes_at(reach),
             };
             let held = taken.as_ref().map_or(0, |(c, _)| checkpoint_bytes(&c.checkpoints));
+            let reused = taken.as_ref().map_or(0, |(c, _)| c.kv.len());
+            let mut route = match &self.config.remote {
+                None => PrefillRoute::Local,
+                Some(_) if p.export => PrefillRoute::Local,
+                Some(r) if prompt.len() < 2 || prompt.len() - reused < r.min_tokens => PrefillRoute::Short,
+                Some(_) => PrefillRoute::Remote { rows: prompt.len() - 1 },
+            };
+            // A fresh request's detached cache becomes its cache: the same reservation. One continuing a
+            // conversation keeps the conversation for the fallback, so the detached cache comes on top.
+            let mut detached_need = 0;
+            if matches!(route, PrefillRoute::Remote { .. }) && taken.is_some() {
+                let detached = self.sizing.bytes_at(reach);
+                if self.make_room(need + held + detached) {
+                    detached_need = detached;
+                } else {
+                    route = PrefillRoute::Fallback { cause: "kv_budget" };
+                }
+            }
             if !self.make_room(need + held) {
-                if !self.running.is_empty() {
+                if !self.running.is_empty() || !self.remote.is_empty() {
                     if let Some((c, last_used)) = taken {
                         self.cache.put_back(c, last_used);
                     }
@@ -443,6 +552,33 @@ impl<B: ServingBackend> Loop<B> {
                 need = self.sizing.bytes_at(reach);
             }
             let Some(p) = self.queue.pop_front() else { return };
+            if let (PrefillRoute::Remote { rows }, Some(remote)) = (route, &self.config.remote) {
+                match self.model.new_kv(self.config.n_ctx) {
+                    Ok(detached) => {
+                        let shared = Arc::clone(&self.shared);
+                        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                            let _inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+                            shared.remote_ready.store(true, Ordering::Release);
+                            shared.wake.notify_one();
+                        });
+                        let rx = remote.peers.fetch(p.request.prompt[..rows].to_vec(), wake);
+                        let reserved = need + detached_need;
+                        self.reserved += reserved;
+                        self.remote.push(RemoteFill {
+                            pending: p,
+                            conversation: taken.map(|(c, _)| c),
+                            detached,
+                            to: rows,
+                            rx,
+                            reserved,
+                            need_local: need,
+                        });
+                        continue;
+                    }
+                    // Device memory can run out below the budget: read the prompt here instead.
+                    Err(_) => route = PrefillRoute::Fallback { cause: "kv_budget" },
+                }
+            }
             let conversation = match taken {
                 Some((c, _)) => c,
                 // Device memory can run out below the budget (the GPU is shared with the weights).
@@ -458,38 +594,193 @@ impl<B: ServingBackend> Loop<B> {
                     }
                 },
             };
-            let reused = conversation.kv.len();
-            let _ = p.events.send(Event::Started {
-                prompt_tokens: p.request.prompt.len(),
-                reused,
-            });
-            {
-                let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
-                st.requests_total += 1;
-                if reused > 0 {
-                    st.prefix_hits_total += 1;
-                    st.prefix_tokens_reused_total += reused as u64;
+            self.start(p, conversation, need, route);
+        }
+    }
+
+    /// Puts an admitted request into the running set on `conversation` (its cache holds the prompt's
+    /// first positions), reserving `need` bytes.
+    fn start(&mut self, p: Pending, conversation: Conversation<B::Kv>, need: usize, route: PrefillRoute) {
+        let read = conversation.kv.len();
+        let reused = match route {
+            PrefillRoute::Remote { .. } => 0,
+            _ => read,
+        };
+        let _ = p.events.send(Event::Started {
+            prompt_tokens: p.request.prompt.len(),
+            reused,
+            prefill: route,
+        });
+        {
+            let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+            st.requests_total += 1;
+            if reused > 0 {
+                st.prefix_hits_total += 1;
+                st.prefix_tokens_reused_total += reused as u64;
+            }
+            match route {
+                PrefillRoute::Local => {}
+                PrefillRoute::Short => st.local_short_prefills_total += 1,
+                PrefillRoute::Remote { rows } => {
+                    st.remote_prefills_total += 1;
+                    st.remote_rows_total += rows as u64;
+                }
+                PrefillRoute::Fallback { cause } => {
+                    if let Some(i) = FALLBACK_CAUSES.iter().position(|c| *c == cause) {
+                        st.remote_fallbacks_total[i] += 1;
+                    }
                 }
             }
-            self.reserved += need;
-            let sampler = Sampler::new(p.request.sampling.clone());
-            self.running.push(Sequence {
-                history: p.request.prompt.clone(),
-                phase: Phase::Prefill { read: reused },
-                request: p.request,
-                events: p.events,
-                kv: conversation.kv,
-                fed: conversation.fed,
-                sampler,
-                generated: 0,
-                reserved: need,
-                checkpoints: conversation.checkpoints,
-                failed: false,
-                submitted: p.submitted,
-                started: Instant::now(),
-                first_token: None,
-                done: false,
-            });
+        }
+        self.reserved += need;
+        let sampler = Sampler::new(p.request.sampling.clone());
+        let export = p.export.then(|| vec![0; self.model.config().layers.len()]);
+        self.running.push(Sequence {
+            history: p.request.prompt.clone(),
+            phase: Phase::Prefill { read },
+            request: p.request,
+            events: p.events,
+            kv: conversation.kv,
+            fed: conversation.fed,
+            sampler,
+            generated: 0,
+            reserved: need,
+            checkpoints: conversation.checkpoints,
+            failed: false,
+            submitted: p.submitted,
+            started: Instant::now(),
+            first_token: None,
+            done: false,
+            export,
+        });
+        // An export sends the rows it reused at once.
+        let last = self.running.len() - 1;
+        self.ship(last);
+    }
+
+    /// Sends an export's rows written since the last call: per layer, those its cache will still hold
+    /// when the prompt is read (a ring's last rows). A failure fails the export.
+    fn ship(&mut self, i: usize) {
+        let s = &mut self.running[i];
+        let Some(next) = s.export.as_mut() else { return };
+        let to = s.request.prompt.len();
+        let end = s.kv.len();
+        let mut rows = 0u64;
+        for (layer, keep_from) in s.kv.export_from(to).into_iter().enumerate() {
+            let from = keep_from.max(next[layer]);
+            if from >= end {
+                continue;
+            }
+            match s.kv.export_rows(layer, from, end) {
+                Ok(r) => {
+                    let width = r.k.len() / (end - from);
+                    for piece in r.split(width) {
+                        let _ = s.events.send(Event::KvRows(Box::new(piece)));
+                    }
+                    rows += (end - from) as u64;
+                    next[layer] = end;
+                }
+                Err(e) => {
+                    let _ = s.events.send(Event::Failed(format!("exporting KV: {e}")));
+                    s.failed = true;
+                    s.done = true;
+                    return;
+                }
+            }
+        }
+        let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+        st.kv_exported_rows_total += rows;
+    }
+
+    /// Installs what the remote prefills' fetches sent; a fill that completed swaps its detached cache
+    /// in, one that failed discards it (its blocks back to the pool) and reads the prompt here.
+    fn pump_remote(&mut self) {
+        let mut i = 0;
+        while i < self.remote.len() {
+            match Self::pump_one(&mut self.remote[i]) {
+                None => i += 1,
+                Some(outcome) => {
+                    let fill = self.remote.swap_remove(i);
+                    self.finish_fill(fill, outcome);
+                }
+            }
+        }
+    }
+
+    /// `None` while the fetch goes on; else whether the detached cache is complete (or why not).
+    fn pump_one(f: &mut RemoteFill<B::Kv>) -> Option<Result<(), (&'static str, String)>> {
+        loop {
+            match f.rx.try_recv() {
+                Ok(RemoteMsg::Rows(rows)) => {
+                    if let Err(e) = f.detached.install_rows(&rows, f.to) {
+                        let cause = match e {
+                            ModelError::KvFull { .. } => "kv_budget",
+                            _ => "protocol",
+                        };
+                        return Some(Err((cause, e.to_string())));
+                    }
+                }
+                Ok(RemoteMsg::Done) => {
+                    return Some(
+                        f.detached
+                            .check_installed(f.to)
+                            .map_err(|e| ("protocol", e.to_string())),
+                    );
+                }
+                Ok(RemoteMsg::Failed { cause, detail }) => return Some(Err((cause, detail))),
+                Err(TryRecvError::Empty) => return None,
+                Err(TryRecvError::Disconnected) => {
+                    return Some(Err(("dropped", "the fetch ended without its last message".into())));
+                }
+            }
+        }
+    }
+
+    fn finish_fill(&mut self, f: RemoteFill<B::Kv>, outcome: Result<(), (&'static str, String)>) {
+        let RemoteFill {
+            pending: p,
+            conversation,
+            detached,
+            to,
+            rx,
+            reserved,
+            need_local,
+        } = f;
+        drop(rx);
+        self.reserved -= reserved;
+        match outcome {
+            Ok(()) => {
+                // The conversation kept for the fallback gives its blocks back first.
+                drop(conversation);
+                let reach = (p.request.prompt.len() + p.request.max_tokens).min(self.config.n_ctx);
+                let need = self.sizing.bytes_at(reach);
+                let fed = p.request.prompt[..to].to_vec();
+                let c = Conversation {
+                    fed,
+                    kv: detached,
+                    checkpoints: Vec::new(),
+                };
+                self.start(p, c, need, PrefillRoute::Remote { rows: to });
+            }
+            Err((cause, detail)) => {
+                drop(detached);
+                eprintln!("tandem: remote prefill failed ({cause}), reading the prompt here: {detail}");
+                let conversation = match conversation {
+                    Some(c) => c,
+                    None => match self.model.new_kv(self.config.n_ctx) {
+                        Ok(kv) => Conversation {
+                            fed: Vec::new(),
+                            kv,
+                            checkpoints: Vec::new(),
+                        },
+                        Err(e) => {
+                            let _ = p.events.send(Event::Failed(format!("allocating the KV cache: {e}")));
+                            return;
+                        }
+                    },
+                };
+                self.start(p, conversation, need_local, PrefillRoute::Fallback { cause });
+            }
         }
     }
 
@@ -629,17 +920,36 @@ impl<B: ServingBackend> Loop<B> {
         match result {
             Ok(logits) => {
                 let mut read_whole = Vec::new();
+                let mut exporting = Vec::new();
                 for ((s, k), l) in picked.into_iter().zip(logits) {
                     let (i, _, end) = shares[k];
                     s.fed.extend_from_slice(&pieces[k]);
                     s.phase = Phase::Prefill { read: end };
+                    if s.export.is_some() {
+                        exporting.push(i);
+                    }
                     if end == s.request.prompt.len() {
                         read_whole.push((i, l));
                     }
                 }
+                for i in exporting {
+                    self.ship(i);
+                }
                 for (i, l) in read_whole {
                     self.checkpoint(i);
-                    Self::emit_next(&mut self.running[i], &l);
+                    let s = &mut self.running[i];
+                    if s.export.is_some() {
+                        if !s.done {
+                            Self::finish_export(s);
+                            self.shared
+                                .stats
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .kv_exports_total += 1;
+                        }
+                    } else {
+                        Self::emit_next(s, &l);
+                    }
                 }
                 let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
                 st.prefill_tokens_total += rows as u64;
@@ -658,6 +968,22 @@ impl<B: ServingBackend> Loop<B> {
         }
         self.retire_finished();
         true
+    }
+
+    /// An export has sent every row: it ends (its cache stays for reuse like a conversation's).
+    fn finish_export(s: &mut Sequence<B::Kv>) {
+        let now = Instant::now();
+        let timings = RequestTimings {
+            queued: s.started - s.submitted,
+            ttft: now - s.submitted,
+            decode: Duration::ZERO,
+            completion_tokens: 0,
+        };
+        let _ = s.events.send(Event::Done {
+            reason: FinishReason::Length,
+            timings,
+        });
+        s.done = true;
     }
 
     /// Samples the next token from `logits`, sends it, and decides whether the sequence goes on.
@@ -733,10 +1059,14 @@ impl<B: ServingBackend> Loop<B> {
         let in_use = self.model.kv_bytes_in_use();
         let broken = committed > self.config.kv_budget_bytes
             || in_use > committed
-            || self.running.iter().any(|s| s.kv.bytes_allocated() > s.reserved);
+            || self.running.iter().any(|s| s.kv.bytes_allocated() > s.reserved)
+            || self.remote.iter().any(|f| {
+                f.detached.bytes_allocated() + f.conversation.as_ref().map_or(0, |c| c.kv.bytes_allocated())
+                    > f.reserved
+            });
         let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
         st.queued = self.queue.len() + self.shared.inbox.lock().map_or(0, |q| q.len());
-        st.running = self.running.len();
+        st.running = self.running.len() + self.remote.len();
         st.kv_bytes_used = in_use;
         st.kv_bytes_reserved = self.reserved;
         st.kv_bytes_cached = committed - self.reserved;

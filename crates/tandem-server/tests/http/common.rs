@@ -80,6 +80,7 @@ async fn run(engine: Arc<FakeEngine>, req: GenerationRequest, script: Script, tx
     let _ = tx.send(Event::Started {
         prompt_tokens,
         reused: script.reused.min(prompt_tokens),
+        prefill: Default::default(),
     });
     let mut echo: Vec<u32> = req.prompt.iter().copied().filter(|&t| t != BOS).collect();
     if echo.is_empty() {
