@@ -1,0 +1,258 @@
+//! Disaggregated prefill with real processes on loopback: a decode node (`--role decode`) reading long
+//! prompts from a prefill node (`--role prefill`) gives the same tokens and logprobs, in bits, as a
+//! server reading them itself (Gemma 3 past its 768-row rings, a continued conversation, SmolLM2); and
+//! every failure — the peer unreachable, another model, slower than the timeout, a flipped byte, the
+//! connection cut mid-transfer, a KV budget the detached cache does not fit — falls back to a local
+//! read with the same tokens, counted by cause, with nothing left reserved and the server still serving.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn start(model: &str, extra: &[String]) -> Server {
+    let port = free_port();
+    let mut args: Vec<String> = [
+        "serve",
+        "-m",
+        model,
+        "--port",
+        &port.to_string(),
+        "--ctx",
+        "2048",
+        "-t",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend_from_slice(extra);
+    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(&args)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server { child, port };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(request(port, "GET", "/health", ""), Ok((200, _, _))) {
+        assert!(Instant::now() < deadline, "the server did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
+fn decode_node(model: &str, peer: u16, extra: &[&str]) -> Server {
+    let mut args = vec![
+        "--role".to_string(),
+        "decode".into(),
+        "--prefill-peer".into(),
+        format!("http://127.0.0.1:{peer}"),
+        "--remote-prefill-min-tokens".into(),
+        "32".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    start(model, &args)
+}
+
+/// (status, x-tandem-prompt header, body).
+fn request(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let prompt = head
+        .lines()
+        .find_map(|l| l.strip_prefix("x-tandem-prompt: "))
+        .unwrap_or("")
+        .to_string();
+    Ok((status, prompt, body.to_string()))
+}
+
+/// Greedy completion with logprobs: (prompt line, choices).
+fn complete(port: u16, prompt: &str) -> (String, Value) {
+    let body = json!({"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 3}).to_string();
+    let (status, line, text) = request(port, "POST", "/v1/completions", &body).unwrap();
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    (line, v["choices"].clone())
+}
+
+fn metric(port: u16, name: &str) -> u64 {
+    let (_, _, text) = request(port, "GET", "/metrics", "").unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no metric {name}"))
+        .parse()
+        .unwrap()
+}
+
+/// Nothing reserved once the requests are done, the books never broken.
+fn settled(port: u16) {
+    // The engine publishes its books after the step that sent the last token.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(port, "tandem_kv_cache_bytes_reserved") != 0 {
+        assert!(Instant::now() < deadline, "KV still reserved after the requests ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(port, "tandem_kv_accounting_violations_total"), 0);
+}
+
+/// About 900 Gemma tokens: past the 512-row window and the 768-row ring.
+fn long_prompt(seed: usize) -> String {
+    (0..90)
+        .map(|i| format!("item{i} costs {} coins.", i * 3 + seed))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Forwards connections to `upstream`, passing the response through `damage` (bytes so far, byte):
+/// `Some(b)` sends `b`, `None` cuts the connection there.
+fn proxy(upstream: u16, damage: fn(usize, u8) -> Option<u8>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { continue };
+            let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut s2);
+            });
+            let mut at = 0;
+            let mut buf = [0u8; 4096];
+            'relay: while let Ok(n) = server.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut out = Vec::with_capacity(n);
+                for &b in &buf[..n] {
+                    match damage(at, b) {
+                        Some(b) => out.push(b),
+                        None => {
+                            let _ = client.write_all(&out);
+                            break 'relay;
+                        }
+                    }
+                    at += 1;
+                }
+                if client.write_all(&out).is_err() {
+                    break;
+                }
+            }
+            let _ = client.shutdown(std::net::Shutdown::Both);
+            let _ = server.shutdown(std::net::Shutdown::Both);
+        }
+    });
+    port
+}
+
+#[test]
+fn remote_prefill_gives_local_bits_and_fails_closed() {
+    let prefill = start("gemma3-270m", &["--role".into(), "prefill".into()]);
+    let local = start("gemma3-270m", &[]);
+    let decode = decode_node("gemma3-270m", prefill.port, &[]);
+    let first = long_prompt(0);
+
+    // A fresh long prompt, then a conversation continuing it, then a short one.
+    let (line, want) = complete(local.port, &first);
+    assert!(line.ends_with("read"), "{line}");
+    let (line, got) = complete(decode.port, &first);
+    assert!(line.contains("remote + 1 read (remote prefill)"), "{line}");
+    assert_eq!(got, want, "remote prefill differs from local");
+    let text = want[0]["text"].as_str().unwrap();
+    let next = format!("{first}{text} {}", long_prompt(7));
+    let (_, want_next) = complete(local.port, &next);
+    let (line, got_next) = complete(decode.port, &next);
+    assert!(line.contains("(remote prefill)"), "{line}");
+    assert_eq!(got_next, want_next, "a continued conversation differs");
+    let (line, _) = complete(decode.port, "The capital of France is");
+    assert!(line.ends_with("(local: short)"), "{line}");
+    assert_eq!(metric(decode.port, "tandem_remote_prefill_total"), 2);
+    assert_eq!(metric(decode.port, "tandem_remote_prefill_short_total"), 1);
+    settled(decode.port);
+    settled(prefill.port);
+    drop(decode);
+
+    // Each failure falls back, with the same tokens; `prompt` differs per case so no cache helps.
+    let fallback = |node: &Server, cause: &str, seed: usize| {
+        let prompt = long_prompt(seed);
+        let (_, want) = complete(local.port, &prompt);
+        let (line, got) = complete(node.port, &prompt);
+        assert!(line.ends_with(&format!("(local: fallback {cause})")), "{cause}: {line}");
+        assert_eq!(got, want, "{cause}: the fallback differs from local");
+        let counted = format!("tandem_remote_prefill_fallback_total{{cause=\"{cause}\"}}");
+        assert_eq!(metric(node.port, &counted), 1, "{cause}");
+        settled(node.port);
+        // Still serving, and a short prompt never goes out.
+        let (line, _) = complete(node.port, "Hello there");
+        assert!(line.ends_with("(local: short)"), "{line}");
+    };
+    let nobody = free_port();
+    fallback(&decode_node("gemma3-270m", nobody, &[]), "unreachable", 1);
+    let other_model = start("smollm2-135m", &["--role".into(), "prefill".into()]);
+    fallback(&decode_node("gemma3-270m", other_model.port, &[]), "identity", 2);
+    fallback(
+        &decode_node("gemma3-270m", prefill.port, &["--prefill-timeout", "0.02"]),
+        "timeout",
+        3,
+    );
+    let flipped = proxy(prefill.port, |at, b| Some(if at == 6000 { b ^ 0x04 } else { b }));
+    fallback(&decode_node("gemma3-270m", flipped, &[]), "checksum", 4);
+    let cut = proxy(prefill.port, |at, b| (at < 6000).then_some(b));
+    fallback(&decode_node("gemma3-270m", cut, &[]), "dropped", 5);
+    // One sequence fits the budget; a conversation continued remotely needs it twice (the detached
+    // cache beside the conversation kept for the fallback), so it is read here.
+    let tight = decode_node(
+        "gemma3-270m",
+        prefill.port,
+        &["--kv-budget", "20M", "--cache-budget", "20M"],
+    );
+    let (line, got) = complete(tight.port, &first);
+    assert!(line.contains("(remote prefill)"), "{line}");
+    assert_eq!(got, want);
+    let (line, got) = complete(tight.port, &next);
+    assert!(line.ends_with("(local: fallback kv_budget)"), "{line}");
+    assert_eq!(got, want_next);
+    settled(tight.port);
+    settled(prefill.port);
+}
+
+#[test]
+fn remote_prefill_gives_local_bits_on_smollm2() {
+    let prefill = start("smollm2-135m", &["--role".into(), "prefill".into()]);
+    let local = start("smollm2-135m", &[]);
+    let decode = decode_node("smollm2-135m", prefill.port, &[]);
+    let prompt = long_prompt(11);
+    let (_, want) = complete(local.port, &prompt);
+    let (line, got) = complete(decode.port, &prompt);
+    assert!(line.contains("(remote prefill)"), "{line}");
+    assert_eq!(got, want, "remote prefill differs from local");
+    settled(decode.port);
+}
