@@ -3,7 +3,8 @@
 //! server reading them itself (Gemma 3 past its 768-row rings, a continued conversation, SmolLM2); and
 //! every failure — the peer unreachable, another model, slower than the timeout, a flipped byte, the
 //! connection cut mid-transfer, a KV budget the detached cache does not fit — falls back to a local
-//! read with the same tokens, counted by cause, with nothing left reserved and the server still serving.
+//! read with the same tokens, counted by cause, with nothing left reserved and the server still serving;
+//! and the prefill process killed after its first rows went out.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -254,5 +255,35 @@ fn remote_prefill_gives_local_bits_on_smollm2() {
     let (line, got) = complete(decode.port, &prompt);
     assert!(line.contains("(remote prefill)"), "{line}");
     assert_eq!(got, want, "remote prefill differs from local");
+    settled(decode.port);
+}
+
+/// The prefill node killed after it sent its first rows: the decode node reads the prompt itself,
+/// then keeps serving with its peer gone.
+#[test]
+fn a_peer_killed_mid_transfer_falls_back() {
+    let mut prefill = start("gemma3-270m", &["--role".into(), "prefill".into()]);
+    let local = start("gemma3-270m", &[]);
+    let decode = decode_node("gemma3-270m", prefill.port, &[]);
+    let prompt = long_prompt(21);
+    let (_, want) = complete(local.port, &prompt);
+    let port = decode.port;
+    let asked = prompt.clone();
+    let client = std::thread::spawn(move || complete(port, &asked));
+    // The first chunk's rows are out when the prefill node counts them; the second chunk is still to come.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(prefill.port, "tandem_kv_exported_rows_total") == 0 {
+        assert!(Instant::now() < deadline, "the prefill node exported nothing");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    prefill.child.kill().unwrap();
+    let _ = prefill.child.wait();
+    let (line, got) = client.join().unwrap();
+    assert!(line.ends_with("(local: fallback dropped)"), "{line}");
+    assert_eq!(got, want, "the fallback differs from local");
+    settled(decode.port);
+    let (line, got) = complete(decode.port, &long_prompt(22));
+    assert!(line.ends_with("(local: fallback unreachable)"), "{line}");
+    assert_eq!(got, complete(local.port, &long_prompt(22)).1);
     settled(decode.port);
 }
