@@ -336,6 +336,56 @@ mod tests {
         }
     }
 
+    /// A CPU cache's rows (a wrapped ring and a global layer) installed on the device and exported back:
+    /// the same rows and placement. Runs only where a GPU is.
+    #[test]
+    fn kv_rows_install_and_export_on_the_device() {
+        use tandem_model::kv::{KvPool, SequenceKv, StagingBuffers, RING_SLACK};
+        let gpu = match Gpu::new(0, crate::options::CudaOptions::default()) {
+            Ok(gpu) => gpu,
+            Err(CudaError::Unavailable(why)) => {
+                eprintln!("no GPU, KV install not exercised: {why}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let config = small_config();
+        let n_ctx = 300;
+        let w = config.kv_width();
+        let mut cpu = SequenceKv::new(&config, n_ctx, RING_SLACK, &KvPool::new(w, None));
+        let mut staging = StagingBuffers::default();
+        for t in [100, 150, 40] {
+            let start = cpu.len();
+            for (li, layer) in cpu.layers.iter_mut().enumerate() {
+                let k: Vec<f32> = (0..t * w)
+                    .map(|i| (li * 500 + start + i / w) as f32 + (i % w) as f32 / 64.0)
+                    .collect();
+                let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                layer.store_and_attend(&k, &v, t, &mut staging, |_| {}).unwrap();
+            }
+        }
+        let to = cpu.len();
+        assert!(cpu.layers[0].placement.is_wrapped(), "the ring wrapped");
+        let mut dev = GpuSequenceKv::new(&gpu, &config, n_ctx, RING_SLACK).unwrap();
+        let from = cpu.export_from(to);
+        for (layer, &f) in from.iter().enumerate() {
+            // In two pieces, as chunks arrive.
+            let mid = (f + to) / 2;
+            dev.install_rows(&cpu.export_rows(layer, f, mid).unwrap(), to).unwrap();
+            dev.install_rows(&cpu.export_rows(layer, mid, to).unwrap(), to).unwrap();
+        }
+        dev.check_installed(to).unwrap();
+        assert_eq!(dev.export_from(to), from);
+        for (layer, &f) in from.iter().enumerate() {
+            assert_eq!(dev.layers[layer].placement, cpu.layers[layer].placement);
+            let (a, b) = (
+                dev.export_rows(layer, f, to).unwrap(),
+                cpu.export_rows(layer, f, to).unwrap(),
+            );
+            assert_eq!((a.k, a.v), (b.k, b.v), "layer {layer}");
+        }
+    }
+
     /// Runs only where a GPU is; elsewhere `Gpu::new` must say why not.
     #[test]
     fn checkpoint_and_restore_on_the_device() {
