@@ -8,56 +8,23 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-struct Server {
-    child: Child,
-    port: u16,
-}
+mod common;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use common::{free_port, serve, Server};
 
 fn start(model: &str, extra: &[String]) -> Server {
-    let port = free_port();
-    let mut args: Vec<String> = [
-        "serve",
-        "-m",
-        model,
-        "--port",
-        &port.to_string(),
-        "--ctx",
-        "2048",
-        "-t",
-        "2",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut args: Vec<String> = ["-m", model, "--ctx", "2048", "-t", "2"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     args.extend_from_slice(extra);
-    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(&args)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server { child, port };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(request(port, "GET", "/health", ""), Ok((200, _, _))) {
-        assert!(Instant::now() < deadline, "the server did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    server
+    serve(&args, |port| {
+        matches!(request(port, "GET", "/health", ""), Ok((200, _, _)))
+    })
 }
 
 fn decode_node(model: &str, peer: u16, extra: &[&str]) -> Server {

@@ -4,63 +4,28 @@
 //! synthesized mixture of experts under the same scheduler, prefix cache and KV budget.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 mod common;
 
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use common::{serve, Server};
 
 fn start(extra: &[&str]) -> Server {
     start_model("gemma3-270m", extra)
 }
 
 fn start_model(model: &str, extra: &[&str]) -> Server {
-    let port = free_port();
-    let port_s = port.to_string();
-    let mut args = vec![
-        "serve",
-        "-m",
-        model,
-        "--port",
-        &port_s,
-        "--ctx",
-        "2048",
-        "--max-body-bytes",
-        "64K",
-    ];
-    args.extend_from_slice(extra);
-    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(&args)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server { child, port };
-    // Up means answering HTTP, not merely accepting TCP: a bare connect can succeed before the server
-    // serves (or, rarely, connect the probe to itself), and the first real request then fails.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(try_http(port, "GET", "/health", None, ""), Ok((200, _))) {
-        assert!(Instant::now() < deadline, "the server did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    server
+    let mut args: Vec<String> = ["-m", model, "--ctx", "2048", "--max-body-bytes", "64K"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    serve(&args, |port| {
+        matches!(try_http(port, "GET", "/health", None, ""), Ok((200, _)))
+    })
 }
 
 /// One HTTP/1.1 request; returns (status, body).

@@ -64,3 +64,47 @@ pub fn scratch(what: &str) -> PathBuf {
 pub fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
+
+/// A `tandem serve` child process on a loopback port, killed on drop.
+pub struct Server {
+    pub child: std::process::Child,
+    pub port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `tandem serve --port <free port> <args…>` and waits until `up(port)` says it serves.
+///
+/// Up means answering HTTP, not merely accepting TCP: a bare connect can succeed before the server
+/// serves (or, rarely, connect the probe to itself), and the first real request then fails.
+pub fn serve(args: &[String], up: impl Fn(u16) -> bool) -> Server {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .arg("serve")
+        .arg("--port")
+        .arg(port.to_string())
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server { child, port };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !up(port) {
+        assert!(std::time::Instant::now() < deadline, "the server did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    server
+}
