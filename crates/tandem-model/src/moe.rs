@@ -91,16 +91,7 @@ impl Routing {
 
     /// The experts at least one row reads, ascending, each with its rows.
     pub fn by_expert(&self) -> Vec<ExpertRows> {
-        let mut pairs: Vec<Vec<usize>> = vec![Vec::new(); self.n_expert];
-        for (p, &e) in self.experts.iter().enumerate() {
-            pairs[e as usize].push(p);
-        }
-        pairs
-            .into_iter()
-            .enumerate()
-            .filter(|(_, p)| !p.is_empty())
-            .map(|(expert, pairs)| ExpertRows { expert, pairs })
-            .collect()
+        group_by_expert(&self.experts, self.n_expert)
     }
 
     /// Whether any row reads each expert.
@@ -111,6 +102,22 @@ impl Routing {
         }
         routed
     }
+}
+
+/// The experts at least one of `experts` (`rows × k` ids, row-major, each below `n_expert`) names,
+/// ascending, each with its rows: the grouping alone, for a backend that routed on its own and holds
+/// only the ids.
+pub fn group_by_expert(experts: &[u32], n_expert: usize) -> Vec<ExpertRows> {
+    let mut pairs: Vec<Vec<usize>> = vec![Vec::new(); n_expert];
+    for (p, &e) in experts.iter().enumerate() {
+        pairs[e as usize].push(p);
+    }
+    pairs
+        .into_iter()
+        .enumerate()
+        .filter(|(_, p)| !p.is_empty())
+        .map(|(expert, pairs)| ExpertRows { expert, pairs })
+        .collect()
 }
 
 /// `probs = softmax(logits)`: the maximum subtracted, the exponentials summed in f64.

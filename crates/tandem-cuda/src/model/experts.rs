@@ -18,7 +18,7 @@
 //! launches of the step it was captured on.
 
 use tandem_model::config::{Activation, MoeConfig};
-use tandem_model::moe::Routing;
+use tandem_model::moe::{group_by_expert, Routing};
 use tandem_model::weights::ExpertFfn;
 use tandem_model::ModelError;
 
@@ -71,13 +71,7 @@ impl CudaModel {
         if self.gpu.options.lab.check_routing {
             self.check_routing(&logits, &weights, &chosen, moe)?;
         }
-        let routing = Routing {
-            k,
-            n_expert: n,
-            experts: chosen,
-            weights: Vec::new(),
-        };
-        let groups = routing.by_expert();
+        let groups = group_by_expert(&chosen, n);
         let (starts, pos) = stacked_positions(&groups, pairs)
             .ok_or_else(|| ModelError::Kernel("expert groups do not cover each routed row once".into()))?;
         let mut stack = self.act(pairs, width)?;
