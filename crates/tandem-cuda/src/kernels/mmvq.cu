@@ -573,9 +573,61 @@ __device__ __forceinline__ void mmvq_unstaged(const u8* __restrict__ W0, const u
 #define ACT_q4_k GlobalQ8K
 #define ACT_q6_k GlobalQ8K
 #define ACT_q8_0 GlobalQ8
+
+// The routed experts' products of a few rows (`matmul::indexed`, a mixture's decode): grid row p =
+// blockIdx.y is one (row, slot) pair, which reads the matrix of expert ids[p] (its address in
+// table T0, or T1 for grid.z = 1: an expert's gate and up in one launch) and activation row
+// p / a_div of A (a_rows rows), and writes row p of Y0 (Y1). The expert comes from device memory,
+// so a captured graph replays the step's own choice. A pair's sums are those of
+// `mmvq_<T>_u<U>_r<R>_s<S>` over its expert alone: the bits of that expert's own launch. The ids
+// are the kernel before's output, so nothing is loaded before WAIT_PRIOR_GRID(); an id outside
+// 0..n_expert (which `moe_route` never writes) leaves its row unwritten rather than read stray
+// memory.
+template <int R, int S, class Step, class Act>
+__device__ __forceinline__ void mmvq_ids(const unsigned long long* __restrict__ T0,
+                                         const unsigned long long* __restrict__ T1, const int* __restrict__ ids,
+                                         const u8* __restrict__ A, float* __restrict__ Y0, float* __restrict__ Y1,
+                                         int rows, int cols, int a_rows, int a_div, int n_expert) {
+    int p = blockIdx.y;
+    WarpRow<1> m[R];
+    m[0].lane = threadIdx.x & 31;
+    m[0].r = blockIdx.x * 4 + (threadIdx.x >> 5);
+    m[0].acc[0] = 0.f;
+    int group = S == 1 ? m[0].r : blockIdx.x;
+    WAIT_PRIOR_GRID();
+    int e = ids[p];
+    if (group >= rows / R || e < 0 || e >= n_expert) return;
+    int t = p / a_div;
+    m[0].t0 = t;
+    m[0].nt = 1;
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        m[j] = m[0];
+        m[j].r = group * R + j;
+    }
+    const u8* W = (const u8*)(blockIdx.z == 0 ? T0 : T1)[e];
+    float* Y = blockIdx.z == 0 ? Y0 : Y1;
+    Step st;
+    st.template at_rows<1>(m, W, rows, cols);
+    Act act = Act::at(A, a_rows, cols, t);
+    steps_from<1>(st, m, act, st.first(m[0].lane, S == 1 ? 0 : threadIdx.x >> 5));
+    // The sums go to the pair's output row.
+#pragma unroll
+    for (int j = 0; j < R; j++) m[j].t0 = p;
+    mmvq_store<1, R, S>(m, Y, rows);
+}
+
+#define MMVQ_IDS_KERNEL(NAME, STEP, ACT, R, S)                                                      \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                        \
+        const unsigned long long* __restrict__ T0, const unsigned long long* __restrict__ T1,      \
+        const int* __restrict__ ids, const u8* __restrict__ A, float* __restrict__ Y0,             \
+        float* __restrict__ Y1, int rows, int cols, int a_rows, int a_div, int n_expert) {         \
+        mmvq_ids<R, S, STEP, ACT>(T0, T1, ids, A, Y0, Y1, rows, cols, a_rows, a_div, n_expert);    \
+    }
 #define MMVQ(T, U, R, S)                                                                          \
     MMVQ_KERNEL(mmvq_##T##_u##U##_r##R##_s##S, STEP_##T(U, R, S), ACT_##T, 1, R, S)               \
-    MMVQ_KERNEL(mmvqb_##T##_u##U##_r##R##_s##S, STEP_##T(U, R, S), ACT_##T, MV_BATCH, R, S)
+    MMVQ_KERNEL(mmvqb_##T##_u##U##_r##R##_s##S, STEP_##T(U, R, S), ACT_##T, MV_BATCH, R, S)       \
+    MMVQ_IDS_KERNEL(mmvq_ids_##T##_u##U##_r##R##_s##S, STEP_##T(U, R, S), ACT_##T, R, S)
 
 // Staged (K-quants): the block copies the activation rows into shared memory (`stage_q8k`), then each
 // warp takes row groups warp, warp + warps * gridDim.x, ... The host sizes the grid to the blocks that

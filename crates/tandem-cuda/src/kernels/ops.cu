@@ -580,18 +580,23 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int rows,
 }
 
 // Each row's mixture output: out[r] = sum over its k slots, in slot order, of weights[r*k+s] times
-// row pos[r*k+s] of `expert_out` (the experts' outputs, `width` wide). Separately rounded products
-// and sums, as the CPU's `combine`; one block per row, no atomics.
+// row pos[r*k+s] of `expert_out` (the experts' outputs, `width` wide; a null `pos`: row r*k+s, the
+// pairs' own order). Separately rounded products and sums, as the CPU's `combine`; one block per
+// row, no atomics.
 extern "C" __global__ void moe_combine(const float* __restrict__ expert_out, const int* __restrict__ pos,
                                        const float* __restrict__ weights, float* __restrict__ out, int k,
                                        int width) {
     WAIT_PRIOR_GRID();
-    const int* p = pos + (size_t)blockIdx.x * k;
-    const float* w = weights + (size_t)blockIdx.x * k;
+    size_t first = (size_t)blockIdx.x * k;
+    const float* w = weights + first;
     float* dst = out + (size_t)blockIdx.x * width;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        float acc = __fmul_rn(w[0], expert_out[(size_t)p[0] * width + i]);
-        for (int s = 1; s < k; s++) acc = __fadd_rn(acc, __fmul_rn(w[s], expert_out[(size_t)p[s] * width + i]));
+        size_t at = pos ? (size_t)pos[first] : first;
+        float acc = __fmul_rn(w[0], expert_out[at * width + i]);
+        for (int s = 1; s < k; s++) {
+            at = pos ? (size_t)pos[first + s] : first + s;
+            acc = __fadd_rn(acc, __fmul_rn(w[s], expert_out[at * width + i]));
+        }
         dst[i] = acc;
     }
 }

@@ -21,6 +21,10 @@ pub mod matmul {
         pub use crate::matmul::kinds::{ActQuant, MatvecFamily, MmvqVariant};
     }
 
+    pub mod indexed {
+        pub use crate::matmul::indexed::{mmvq_ids_into, ExpertTable, Pairs};
+    }
+
     pub mod int8 {
         pub use crate::matmul::int8::{
             int8_format, mmq_takes, mmvq_group_into, mmvq_group_into_with, mmvq_into, quantize_act_into, repack,

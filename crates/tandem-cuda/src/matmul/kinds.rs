@@ -69,6 +69,12 @@ impl MmvqVariant {
         format!("mmvq{kind}_{suffix}_u{}_r{}_s{}", self.unroll, self.rows, self.split)
     }
 
+    /// The routed experts' kernel of this unroll, rows and split (`matmul::indexed`): the unstaged
+    /// one-row sums, so a staged variant's too.
+    pub fn ids_kernel(self, suffix: &str) -> String {
+        format!("mmvq_ids_{suffix}_u{}_r{}_s{}", self.unroll, self.rows, self.split)
+    }
+
     /// The staged batch kernel of this unroll and rows for batches of up to `nb` rows (`staged_batch`).
     pub fn staged_batch_kernel(self, suffix: &str, nb: usize) -> String {
         format!("mmvqpb{nb}_{suffix}_u{}_r{}_s1", self.unroll, self.rows)

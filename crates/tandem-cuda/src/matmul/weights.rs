@@ -7,6 +7,7 @@ use std::rc::Rc;
 
 use cudarc::driver::{CudaSlice, CudaView};
 
+use crate::matmul::indexed::ExpertTable;
 use crate::matmul::kinds::DecodeKernel;
 use crate::routes;
 use crate::CudaError;
@@ -118,6 +119,9 @@ pub struct DeviceWeights {
     /// Pre-norm name to the matrices reading its output (the first one's kernel says how to quantize
     /// it; when all take the GEMM route, only their f16 operand is made).
     pub(crate) norm_readers: HashMap<String, Vec<String>>,
+    /// A mixture's expert tensors (by `ExpertMatrices::name`) whose experts all take one integer
+    /// kernel: their address tables for the routed products of decode (`matmul::indexed`).
+    pub(crate) expert_tables: HashMap<String, ExpertTable>,
     pub memory: GpuMemory,
 }
 

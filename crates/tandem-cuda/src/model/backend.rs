@@ -222,8 +222,8 @@ impl Backend for CudaModel {
         Ok(logits)
     }
 
-    /// Routing on the device, the rows grouped by expert on the host, combined on the device
-    /// (`experts.rs`).
+    /// Routing on the device; the experts by ids on the device for decode, by rows grouped on the
+    /// host for prefill; combined on the device (`experts.rs`).
     fn expert_ffn(
         &self,
         _layer: usize,

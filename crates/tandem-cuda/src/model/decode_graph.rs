@@ -29,7 +29,8 @@ impl CudaModel {
     ) -> Result<Vec<Logits>, ModelError> {
         let shape: Vec<SpanShape> = spans.iter().map(|s| SpanShape::of(s)).collect();
         let key = graph_key(&shape, self.graphs.batch_enabled.get())
-            .filter(|_| self.graphs.enabled.get() && self.graphs.blocked.is_none());
+            .filter(|_| self.graphs.enabled.get() && self.graphs.blocked.is_none())
+            .filter(|_| spans.len() <= self.graphs.max_batch_rows);
         let Some(key) = key else {
             let Some(clock) = &self.diagnostics.pass_clock else {
                 return graph::forward(self, scratch, spans);

@@ -3,32 +3,51 @@
 //! The router's logits are a matmul like any other (its f32 matrix has no f16 copy, so it always
 //! takes the matvec route: the routing reads logits as exact as the CPU's up to rounding). The
 //! `moe_route` kernel routes every row as `Routing::from_logits` does and leaves the expert ids and
-//! weights on the device. The ids then come back to the host (a few bytes a row), which groups the
-//! rows by expert: each routed expert's rows are gathered and run through its gate, up and down
-//! matrices by the dense block's own ops (the route of each product chosen by its row count, as for
-//! any matmul), and its outputs are copied into one stack, group after group. `moe_combine` sums
-//! each row's slots in slot order from there, weighted by the weights the routing kernel left.
+//! weights on the device. Then one of two routes (`routes::expert_route`, by the chunk's rows):
 //!
-//! A row's output is computed by the same kernels in the same order whatever rows share its chunk,
-//! given row-exact products (deterministic mode's routes); the grouping only decides which rows
-//! share an expert's launch.
+//! - Indexed (decode steps and batches of up to `routes::INDEXED_EXPERTS_MAX_ROWS` rows, where every
+//!   expert tensor has an address table): one launch for gate and up and one for down over every
+//!   (row, slot) pair, each pair reading the matrix of the expert its id names (`matmul::indexed`).
+//!   Nothing comes back to the host, so these steps are captured and replayed as graphs.
+//! - Grouped (prefill chunks): the ids come back to the host (a few bytes a row), which groups the
+//!   rows by expert: each routed expert's rows are gathered and run through its gate, up and down
+//!   matrices by the dense block's own ops (the route of each product chosen by its row count, as for
+//!   any matmul), and its outputs are copied into one stack, group after group.
 //!
-//! The ids' trip to the host is why a mixture's decode steps are launched directly rather than
-//! replayed from a captured graph (`MIXTURE_GRAPHS_OFF`): a captured graph would replay the expert
-//! launches of the step it was captured on.
+//! `moe_combine` then sums each row's slots in slot order, weighted by the weights the routing kernel
+//! left. A row's output is computed by the same kernels in the same order whatever rows share its
+//! chunk, given row-exact products (deterministic mode's routes): the indexed route's products are
+//! each expert's one-row sums, which the grouped route's row-exact products equal.
 
 use tandem_model::config::{Activation, MoeConfig};
 use tandem_model::moe::{group_by_expert, Routing};
 use tandem_model::weights::ExpertFfn;
 use tandem_model::ModelError;
 
+use crate::matmul::indexed::{mmvq_ids_into, ExpertTable, Pairs};
 use crate::model::{CudaModel, GpuAct, Mode};
 use crate::ops::moe::{combine_into, route_into, stacked_positions, RouteShape};
+use crate::routes::{expert_route, ExpertRoute};
 use crate::runtime::checked::driver;
+use crate::runtime::pool::DevBuf;
 
 /// Why a model with a mixture decodes without CUDA graphs (`GraphCache::blocked`).
-pub(crate) const MIXTURE_GRAPHS_OFF: &str =
-    "a mixture's expert launches follow routing read back on the host, which a captured graph cannot";
+pub(crate) const MIXTURE_GRAPHS_OFF: &str = "a mixture whose experts have no integer kernel takes the grouped route, \
+     whose expert launches follow routing read back on the host, which a captured graph cannot replay";
+
+/// A chunk's routing, on the device: `rows × k` expert ids (none in a dry pass) and weights.
+struct Routed {
+    ids: Option<DevBuf<i32>>,
+    weights: GpuAct,
+}
+
+impl Routed {
+    fn ids(&self) -> Result<&DevBuf<i32>, ModelError> {
+        self.ids
+            .as_ref()
+            .ok_or_else(|| ModelError::Kernel("expert ids read in a dry pass".into()))
+    }
+}
 
 impl CudaModel {
     /// `Backend::expert_ffn`.
@@ -39,19 +58,32 @@ impl CudaModel {
         moe: &MoeConfig,
         act: Activation,
     ) -> Result<GpuAct, ModelError> {
-        if self.pass.mode.get() != Mode::Normal {
-            return Err(ModelError::Kernel(format!(
-                "experts in a captured or replayed pass: {MIXTURE_GRAPHS_OFF}"
-            )));
-        }
-        let (rows, n, k) = (x.rows, moe.n_expert, moe.n_expert_used);
-        let Some(width) = experts.down.experts.first().map(|m| m.rows) else {
-            return Err(ModelError::Kernel("a mixture without experts".into()));
+        let tables = [&experts.gate, &experts.up, &experts.down].map(|set| self.weights.expert_tables.get(&set.name));
+        let indexed = match tables {
+            [Some(g), Some(u), Some(d)] => Some([g, u, d]),
+            _ => None,
         };
+        match (expert_route(x.rows, indexed.is_some()), indexed) {
+            (ExpertRoute::Indexed, Some(tables)) => self.indexed_experts(x, experts, moe, act, tables),
+            _ if self.pass.mode.get() != Mode::Normal => Err(ModelError::Kernel(format!(
+                "{} rows of experts in a captured or replayed pass: {MIXTURE_GRAPHS_OFF}",
+                x.rows
+            ))),
+            _ => self.grouped_experts(x, experts, moe, act),
+        }
+    }
+
+    /// The router's logits and `moe_route`'s choice (checked against the host's when
+    /// `TANDEM_CUDA_CHECK_ROUTING` is set and the pass launches now).
+    fn route_rows(&self, x: &GpuAct, experts: &ExpertFfn, moe: &MoeConfig) -> Result<Routed, ModelError> {
+        let (rows, n, k) = (x.rows, moe.n_expert, moe.n_expert_used);
         let logits = self.matmul_rows(&experts.router, x)?;
-        let pairs = rows * k;
-        let mut ids = self.gpu.alloc_out::<i32>(pairs)?;
         let mut weights = self.act(rows, k)?;
+        if self.dry() {
+            return Ok(Routed { ids: None, weights });
+        }
+        let may_allocate = self.pass.mode.get() == Mode::Normal;
+        let mut ids = self.buffers.i32_pool.take(&self.gpu, rows * k, may_allocate)?;
         let shape = RouteShape {
             rows,
             n,
@@ -61,16 +93,109 @@ impl CudaModel {
         self.profiled("moe_route", || {
             route_into(&self.gpu, logits.buf()?, shape, &mut ids, weights.buf_mut()?)
         })?;
-        let chosen: Vec<u32> = self
-            .gpu
-            .download(&ids)?
+        if self.gpu.options.lab.check_routing && self.pass.mode.get() == Mode::Normal {
+            let chosen = self.chosen_experts(&ids, n)?;
+            self.check_routing(&logits, &weights, &chosen, moe)?;
+        }
+        Ok(Routed {
+            ids: Some(ids),
+            weights,
+        })
+    }
+
+    /// The ids `moe_route` wrote, read back: each an expert of `0..n`.
+    fn chosen_experts(&self, ids: &DevBuf<i32>, n: usize) -> Result<Vec<u32>, ModelError> {
+        self.gpu
+            .download(ids)?
             .into_iter()
             .map(|e| u32::try_from(e).ok().filter(|&e| (e as usize) < n))
             .collect::<Option<_>>()
-            .ok_or_else(|| ModelError::Kernel(format!("moe_route chose an expert outside 0..{n}")))?;
-        if self.gpu.options.lab.check_routing {
-            self.check_routing(&logits, &weights, &chosen, moe)?;
+            .ok_or_else(|| ModelError::Kernel(format!("moe_route chose an expert outside 0..{n}")))
+    }
+
+    /// The indexed route: gate and up for every pair in one launch, the gating (quantized for down),
+    /// down for every pair, and the combine over the pairs in their own order.
+    fn indexed_experts(
+        &self,
+        x: &GpuAct,
+        experts: &ExpertFfn,
+        moe: &MoeConfig,
+        act: Activation,
+        [gate, up, down]: [&ExpertTable; 3],
+    ) -> Result<GpuAct, ModelError> {
+        let (rows, k) = (x.rows, moe.n_expert_used);
+        let pairs = rows * k;
+        let routed = self.route_rows(x, experts, moe)?;
+        let mut g = self.act(pairs, gate.rows)?;
+        let mut u = self.act(pairs, up.rows)?;
+        if !self.dry() {
+            let ids = routed.ids()?;
+            self.with_quantized(x, gate.fmt, |a| {
+                let src = Pairs {
+                    ids,
+                    pairs,
+                    a,
+                    a_rows: rows,
+                    a_div: k,
+                };
+                self.profiled(format_args!("experts gate+up {pairs} pairs"), || {
+                    if gate.same_shape(up) {
+                        return mmvq_ids_into(&self.gpu, &[gate, up], &src, &mut [g.buf_mut()?, u.buf_mut()?]);
+                    }
+                    mmvq_ids_into(&self.gpu, &[gate], &src, &mut [g.buf_mut()?])?;
+                    mmvq_ids_into(&self.gpu, &[up], &src, &mut [u.buf_mut()?])
+                })
+            })?;
         }
+        self.gate_rows_into(&mut g, &u, act, Some(down.fmt), false)?;
+        let mut y = self.act(pairs, down.rows)?;
+        let mut out = self.act(rows, down.rows)?;
+        if self.dry() {
+            return Ok(out);
+        }
+        let ids = routed.ids()?;
+        self.with_quantized(&g, down.fmt, |a| {
+            let src = Pairs {
+                ids,
+                pairs,
+                a,
+                a_rows: pairs,
+                a_div: 1,
+            };
+            self.profiled(format_args!("experts down {pairs} pairs"), || {
+                mmvq_ids_into(&self.gpu, &[down], &src, &mut [y.buf_mut()?])
+            })
+        })?;
+        self.profiled("moe_combine", || {
+            combine_into(
+                &self.gpu,
+                y.buf()?,
+                None,
+                routed.weights.buf()?,
+                rows,
+                k,
+                down.rows,
+                out.buf_mut()?,
+            )
+        })?;
+        Ok(out)
+    }
+
+    /// The grouped route (launched now only: the grouping reads the ids on the host).
+    fn grouped_experts(
+        &self,
+        x: &GpuAct,
+        experts: &ExpertFfn,
+        moe: &MoeConfig,
+        act: Activation,
+    ) -> Result<GpuAct, ModelError> {
+        let (rows, n, k) = (x.rows, moe.n_expert, moe.n_expert_used);
+        let Some(width) = experts.down.experts.first().map(|m| m.rows) else {
+            return Err(ModelError::Kernel("a mixture without experts".into()));
+        };
+        let pairs = rows * k;
+        let routed = self.route_rows(x, experts, moe)?;
+        let chosen = self.chosen_experts(routed.ids()?, n)?;
         let groups = group_by_expert(&chosen, n);
         let (starts, pos) = stacked_positions(&groups, pairs)
             .ok_or_else(|| ModelError::Kernel("expert groups do not cover each routed row once".into()))?;
@@ -98,8 +223,8 @@ impl CudaModel {
             combine_into(
                 &self.gpu,
                 stack.buf()?,
-                &self.view(&pos),
-                weights.buf()?,
+                Some(&self.view(&pos)),
+                routed.weights.buf()?,
                 rows,
                 k,
                 width,

@@ -13,8 +13,9 @@ use tandem_gguf::GgmlType;
 use tandem_model::weights::{FeedForward, Matrix, Weights};
 use tandem_model::Model;
 
-use crate::cache::graphs::GraphCache;
+use crate::cache::graphs::{GraphCache, MAX_BATCH_ROWS};
 use crate::matmul::dqmma::DqmmaScratch;
+use crate::matmul::indexed::ExpertTable;
 use crate::matmul::int8::{self, int8_format};
 use crate::matmul::kinds::DecodeKernel;
 use crate::matmul::tune::{tune_decode, tune_group, tune_group_batches, GroupMember, Tuning};
@@ -125,10 +126,12 @@ impl CudaModel {
         let mut matrices = settle(pending, &mut memory);
         stack_input_groups(&gpu, w, &mut matrices)?;
         let norms = upload_norms(&gpu, w, &mut memory)?;
+        let expert_tables = expert_tables(&gpu, w, &matrices)?;
         let weights = DeviceWeights {
             matrices,
             norms,
             norm_readers: norm_readers(w),
+            expert_tables,
             memory,
         };
         // The allocations in this order (the arena, the counters, the dqmma scratch), the skip
@@ -144,7 +147,10 @@ impl CudaModel {
         };
         let mut graphs = graph_cache(&gpu.options, diagnostics.profile.is_none());
         if cpu.config.moe.is_some() {
-            graphs.blocked = Some(MIXTURE_GRAPHS_OFF);
+            graphs.max_batch_rows = routes::INDEXED_EXPERTS_MAX_ROWS;
+            if !indexed_experts(w, &weights.expert_tables) {
+                graphs.blocked = Some(MIXTURE_GRAPHS_OFF);
+            }
         }
         gpu.synchronize()?;
         Ok(CudaModel {
@@ -194,6 +200,48 @@ fn mixture_matrices(w: &Weights) -> HashSet<&str> {
         }
     }
     names
+}
+
+/// The address table of each expert tensor whose experts all take one integer kernel (they share a
+/// shape, so the load-time timing gave them one unless a member was refused the integer route).
+fn expert_tables(
+    gpu: &Gpu,
+    w: &Weights,
+    matrices: &HashMap<String, GpuMatrix>,
+) -> Result<HashMap<String, ExpertTable>, CudaError> {
+    let mut tables = HashMap::new();
+    for l in &w.layers {
+        let FeedForward::Experts(e) = &l.ffn else { continue };
+        for set in [&e.gate, &e.up, &e.down] {
+            let members: Option<Vec<&GpuMatrix>> = set.experts.iter().map(|m| matrices.get(&m.name)).collect();
+            let Some(members) = members.filter(|m| !m.is_empty()) else {
+                continue;
+            };
+            let DecodeKernel::Int8 { fmt, variant } = members[0].decode else {
+                continue;
+            };
+            if !members.iter().all(|g| g.decode == members[0].decode) || !variant.fits(&[set.rows], set.cols) {
+                continue;
+            }
+            let Ok(weights) = members.iter().map(|g| g.quantized.own()).collect::<Result<Vec<_>, _>>() else {
+                continue;
+            };
+            let table = ExpertTable::new(gpu, &weights, members[0].suffix, fmt, variant, set.rows, set.cols)?;
+            tables.insert(set.name.clone(), table);
+        }
+    }
+    Ok(tables)
+}
+
+/// Whether every mixture layer's three expert tensors have address tables: then its decode steps
+/// route on the device alone and may be captured as graphs.
+fn indexed_experts(w: &Weights, tables: &HashMap<String, ExpertTable>) -> bool {
+    w.layers.iter().all(|l| match &l.ffn {
+        FeedForward::Experts(e) => [&e.gate, &e.up, &e.down]
+            .iter()
+            .all(|set| tables.contains_key(&set.name)),
+        _ => true,
+    })
 }
 
 /// The dequantizing batch kernel's K-split partials (`dqmma.rs`): room for a launch of up to three
@@ -454,6 +502,7 @@ fn buffers(gpu: &Gpu, arrivals: CudaSlice<i32>, dqmma_rows: usize) -> Result<Buf
         f32_pool: Rc::default(),
         u16_pool: Rc::default(),
         u8_pool: Rc::default(),
+        i32_pool: Rc::default(),
         arrivals: RefCell::new(arrivals),
         retired_arrivals: RefCell::new(Vec::new()),
         dqmma_scratch,
@@ -467,6 +516,7 @@ fn graph_cache(options: &CudaOptions, not_profiling: bool) -> GraphCache {
     GraphCache {
         enabled: Cell::new(not_profiling && options.graphs),
         blocked: None,
+        max_batch_rows: MAX_BATCH_ROWS,
         batch_enabled: Cell::new(options.batch_graphs),
         captured_out: RefCell::new(None),
         cache: RefCell::new(Vec::new()),

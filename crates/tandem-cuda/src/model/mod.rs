@@ -152,6 +152,8 @@ pub(crate) struct Buffers {
     pub(crate) f32_pool: Rc<BufPool<f32>>,
     pub(crate) u16_pool: Rc<BufPool<u16>>,
     pub(crate) u8_pool: Rc<BufPool<u8>>,
+    /// Expert ids of a mixture's routing (`experts.rs`).
+    pub(crate) i32_pool: Rc<BufPool<i32>>,
     /// The attention kernel's arrival counters per (query, head) (`attend.rs`).
     pub(crate) arrivals: RefCell<CudaSlice<i32>>,
     /// Counters outgrown by `arrivals`, kept for the graphs captured with them.

@@ -177,21 +177,34 @@ impl CudaModel {
         act: Activation,
         reader: &Matrix,
     ) -> Result<(), ModelError> {
+        // Quantized here for the reader's integer kernel, when it takes one; else rounded to f16 here,
+        // and kept only so, when the reader takes the GEMM route (it is the result's one reader:
+        // `Backend::gated`).
+        let quant = self.int8_input(&reader.name, gate.rows);
+        let f16_only = quant.is_none() && self.f16_input(&reader.name, gate.rows);
+        self.gate_rows_into(gate, up, act, quant, f16_only)
+    }
+
+    /// `gate = act(gate) · up`, also written quantized as `quant` where its rows are whole 256s, or
+    /// written only in f16 (`f16_only`).
+    pub(crate) fn gate_rows_into(
+        &self,
+        gate: &mut GpuAct,
+        up: &GpuAct,
+        act: Activation,
+        quant: Option<ActQuant>,
+        f16_only: bool,
+    ) -> Result<(), ModelError> {
         self.profiled("gated", || {
             if self.dry() {
                 return Ok(());
             }
             let a = crate::ops::ffn::gate_code(act);
-            // Quantized here for the reader's integer kernel, when it takes one (rows in 256s).
-            let quant = self
-                .int8_input(&reader.name, gate.rows)
-                .filter(|_| gate.width.is_multiple_of(256));
+            let quant = quant.filter(|_| gate.width.is_multiple_of(256));
             let may_allocate = self.pass.mode.get() == Mode::Normal;
             let Some(fmt) = quant else {
-                // Rounded to f16 here, and kept only so, when the reader takes the GEMM route (it is the
-                // result's one reader: `Backend::gated`).
                 let n = gate.rows * gate.width;
-                let mut h = if self.f16_input(&reader.name, gate.rows) {
+                let mut h = if f16_only {
                     Some(self.buffers.u16_pool.take(&self.gpu, n, may_allocate)?)
                 } else {
                     None

@@ -52,19 +52,25 @@ pub fn route_into(
 }
 
 /// The `moe_combine` kernel: `out[r] = Σ_s weights[r·k+s] · expert_out[pos[r·k+s]]` over the `k`
-/// slots in order, `rows` rows of `width`.
+/// slots in order, `rows` rows of `width`; without `pos`, pair r·k+s's output is row r·k+s.
 #[allow(clippy::too_many_arguments)]
 pub fn combine_into(
     gpu: &Gpu,
     expert_out: &CudaSlice<f32>,
-    pos: &CudaView<'_, i32>,
+    pos: Option<&CudaView<'_, i32>>,
     weights: &CudaSlice<f32>,
     rows: usize,
     k: usize,
     width: usize,
     out: &mut CudaSlice<f32>,
 ) -> Result<(), CudaError> {
-    if k == 0 || pos.len() < rows * k || weights.len() < rows * k || out.len() < rows * width {
+    let pairs = rows * k;
+    if k == 0
+        || pos.is_some_and(|p| p.len() < pairs)
+        || expert_out.len() < pairs * width
+        || weights.len() < pairs
+        || out.len() < rows * width
+    {
         return Err(CudaError::Driver {
             what: "moe_combine".into(),
             err: format!("{rows} rows of {width}, {k} slots a row"),
@@ -73,7 +79,13 @@ pub fn combine_into(
     let (ki, wi) = (i32_of(k, "experts used")?, i32_of(width, "width")?);
     let f = gpu.function("moe_combine")?;
     let mut b = gpu.launch_builder(f)?;
-    b.arg(expert_out).arg(pos).arg(weights).arg(out).arg(&ki).arg(&wi);
+    let in_pair_order = 0u64;
+    b.arg(expert_out);
+    match pos {
+        Some(p) => b.arg(p),
+        None => b.arg(&in_pair_order),
+    };
+    b.arg(weights).arg(out).arg(&ki).arg(&wi);
     driver("moe_combine", unsafe { b.launch(launch_cfg((rows as u32, 1, 1), 256)) })?;
     Ok(())
 }

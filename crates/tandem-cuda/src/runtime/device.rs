@@ -200,8 +200,12 @@ fn instantiated(l: &str) -> Option<Vec<String>> {
         // MATVEC2_16(type, is_bf16): the warp-per-row family's streaming 16-bit kernels.
         ("MATVEC2", [t]) | ("MATVEC2_16", [t, _]) => pair("matvec2_", "matvec2b_", t.to_string()),
         ("MATVEC3", [t]) => pair("matvec3_", "matvec3b_", t.to_string()),
-        // MMVQ(type, unroll, rows per group, warps per group): the integer kernels, a pair per variant.
-        ("MMVQ", [t, u, r, w]) => pair("mmvq_", "mmvqb_", format!("{t}_u{u}_r{r}_s{w}")),
+        // MMVQ(type, unroll, rows per group, warps per group): the integer kernels, one row, a batch
+        // and routed experts' pairs, for each variant.
+        ("MMVQ", [t, u, r, w]) => ["mmvq_", "mmvqb_", "mmvq_ids_"]
+            .iter()
+            .map(|p| format!("{p}{t}_u{u}_r{r}_s{w}"))
+            .collect(),
         // MMVQ_STAGED(type, shared layout, unroll, rows per group): the staged one-row kernel and the
         // staged batch kernels of 2, 4 and 8 rows.
         ("MMVQ_STAGED", [t, _, u, r]) => ["p", "pb2", "pb4", "pb8"]

@@ -126,7 +126,20 @@ mod tests {
     /// Device functions that are a whole kernel's body and wait inside, after their row target and
     /// first weight loads; the statements allowed before their WAIT_PRIOR_GRID(): declarations,
     /// register arithmetic, and loads of weights (which no kernel writes).
-    const WAITING_BODIES: [(&str, &[&str]); 4] = [
+    const WAITING_BODIES: [(&str, &[&str]); 5] = [
+        (
+            // The routed experts' products: nothing but registers before the wait, since the expert
+            // ids (so which weights) are the kernel before's output.
+            "void mmvq_ids(",
+            &[
+                "int p = blockIdx.y;",
+                "WarpRow<1> m[R];",
+                "m[0].lane = threadIdx.x & 31;",
+                "m[0].r = blockIdx.x * 4 + (threadIdx.x >> 5);",
+                "m[0].acc[0] = 0.f;",
+                "int group = S == 1 ? m[0].r : blockIdx.x;",
+            ],
+        ),
         (
             "void mmvq_unstaged(",
             &[

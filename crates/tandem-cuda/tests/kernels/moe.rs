@@ -3,17 +3,130 @@
 //! rows included), with weights within a few roundings; `moe_combine` must give the bits of the
 //! slot-order f32 sum of separately rounded products.
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
+use tandem_cuda::lab::launch::type_suffix;
+use tandem_cuda::lab::matmul::indexed::{mmvq_ids_into, ExpertTable, Pairs};
+use tandem_cuda::lab::matmul::int8::{int8_format, mmvq_into, quantize_act_into, repack, variants};
 use tandem_cuda::lab::ops::moe::{combine_into, route_into, RouteShape};
 use tandem_cuda::Gpu;
+use tandem_gguf::GgmlType;
 use tandem_model::config::MoeConfig;
 use tandem_model::moe::Routing;
 
-use crate::common::{bits_equal, Rng, Row};
+use crate::common::{bits_equal, host_weights, Rng, Row};
 
 #[test]
 fn moe_kernels_against_the_host() {
     crate::common::run("mixture kernel checks", moe_checks);
+}
+
+#[test]
+fn indexed_experts_equal_each_experts_own_launch() {
+    crate::common::run("indexed expert checks", indexed_checks);
+}
+
+/// The routed experts' products by ids on the device (`mmvq_ids_*`, a mixture's decode): for every
+/// variant of each integer type, each pair's row has the bits of its expert's own one-row launch of
+/// that variant, alone (the down projection: a pair a row) and two tables in one launch (gate and
+/// up: a row read by its k pairs); an id outside the table leaves its row as it was.
+fn indexed_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+    let (n_expert, rows, k, a_rows) = (6, 64, 3, 2);
+    for (ty, cols) in [(GgmlType::Q4_K, 768), (GgmlType::Q6_K, 512), (GgmlType::Q8_0, 96)] {
+        let fmt = int8_format(ty).context("an integer type")?;
+        let suffix = type_suffix(ty).context("type has kernels")?;
+        let mut experts = Vec::new();
+        for _ in 0..2 * n_expert {
+            let w = gpu.upload(&host_weights(rng, ty, rows, cols)?)?;
+            experts.push(repack(gpu, ty, &w, rows, cols)?.unwrap_or(w));
+        }
+        let (gate, up) = experts.split_at(n_expert);
+        let x: Vec<f32> = (0..a_rows * cols).map(|_| rng.normal()).collect();
+        let mut a = gpu.alloc::<u8>(fmt.bytes(a_rows, cols))?;
+        quantize_act_into(gpu, fmt, &gpu.upload(&x)?, a_rows, cols, &mut a)?;
+        // Each activation row alone, as a decode step quantizes it.
+        let mut lone = Vec::new();
+        for t in 0..a_rows {
+            let mut at = gpu.alloc::<u8>(fmt.bytes(1, cols))?;
+            quantize_act_into(gpu, fmt, &gpu.upload(&x[t * cols..(t + 1) * cols])?, 1, cols, &mut at)?;
+            lone.push(at);
+        }
+        // Expert 5 twice, an id past the table last: its rows must stay NaN.
+        let mut ids: Vec<i32> = (0..a_rows * k - 1)
+            .map(|_| (rng.next() % n_expert as u64) as i32)
+            .collect();
+        ids[1] = 5;
+        ids[2] = 5;
+        ids.push(n_expert as i32);
+        let pairs = ids.len();
+        let ids_dev = gpu.upload(&ids)?;
+        // A pair a row (the down projection) reads a row of its own: the rows repeated for the pairs.
+        let xs: Vec<f32> = (0..pairs)
+            .flat_map(|p| x[(p % a_rows) * cols..][..cols].to_vec())
+            .collect();
+        let mut a_pairs = gpu.alloc::<u8>(fmt.bytes(pairs, cols))?;
+        quantize_act_into(gpu, fmt, &gpu.upload(&xs)?, pairs, cols, &mut a_pairs)?;
+        let (gate_refs, up_refs): (Vec<_>, Vec<_>) = (gate.iter().collect(), up.iter().collect());
+        let (mut equal, mut cases) = (true, Vec::new());
+        for v in variants(suffix) {
+            let gate_t = ExpertTable::new(gpu, &gate_refs, suffix, fmt, v, rows, cols)?;
+            let up_t = ExpertTable::new(gpu, &up_refs, suffix, fmt, v, rows, cols)?;
+            for (a_div, both) in [(1, false), (k, true)] {
+                let mut y0 = gpu.upload(&vec![f32::NAN; pairs * rows])?;
+                let mut y1 = gpu.upload(&vec![f32::NAN; pairs * rows])?;
+                let src = match a_div {
+                    1 => Pairs {
+                        ids: &ids_dev,
+                        pairs,
+                        a: &a_pairs,
+                        a_rows: pairs,
+                        a_div,
+                    },
+                    _ => Pairs {
+                        ids: &ids_dev,
+                        pairs,
+                        a: &a,
+                        a_rows,
+                        a_div,
+                    },
+                };
+                if both {
+                    mmvq_ids_into(gpu, &[&gate_t, &up_t], &src, &mut [&mut y0, &mut y1])?;
+                } else {
+                    mmvq_ids_into(gpu, &[&gate_t], &src, &mut [&mut y0])?;
+                }
+                let got = [gpu.download(&y0)?, gpu.download(&y1)?];
+                for (p, &e) in ids.iter().enumerate() {
+                    let t = if a_div == 1 { p % a_rows } else { p / a_div };
+                    for (m, set) in [gate, up].iter().enumerate().take(if both { 2 } else { 1 }) {
+                        let row = &got[m][p * rows..(p + 1) * rows];
+                        let Some(w) = set.get(e as usize) else {
+                            let kept = row.iter().all(|v| v.is_nan());
+                            equal &= kept;
+                            if !kept {
+                                cases.push(format!("{} pair {p}: an id past the table wrote its row", v.label()));
+                            }
+                            continue;
+                        };
+                        let mut want = gpu.upload(&vec![f32::NAN; rows])?;
+                        mmvq_into(gpu, suffix, v, w, &lone[t], 1, rows, cols, &mut want)?;
+                        let want = gpu.download(&want)?;
+                        if !bits_equal(row, &want) || row.iter().any(|v| !v.is_finite()) {
+                            equal = false;
+                            cases.push(format!("{} pair {p} matrix {m} (a pair each {a_div})", v.label()));
+                        }
+                    }
+                }
+            }
+        }
+        table.push(Row {
+            check: format!(
+                "indexed experts ({ty}, {n_expert} experts of {rows}x{cols}, every variant, one and two tables) = each expert's own launch"
+            ),
+            result: if equal { "bit-equal".into() } else { cases.join("; ") },
+            pass: equal,
+        });
+    }
+    Ok(())
 }
 
 /// Weights are probabilities (at most 1): the device's `expf` and the host's differ by an ulp or two.
@@ -109,14 +222,23 @@ fn moe_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
         let pos_dev = gpu.upload(&pos)?;
         let w_dev = gpu.upload(&weights)?;
         let mut out = gpu.upload(&vec![f32::NAN; rows * width])?;
-        combine_into(gpu, &src, &pos_dev.as_view(), &w_dev, rows, k, width, &mut out)?;
+        combine_into(gpu, &src, Some(&pos_dev.as_view()), &w_dev, rows, k, width, &mut out)?;
         let got = gpu.download(&out)?;
         ensure!(got.len() == want.len(), "moe_combine: {} outputs", got.len());
-        let same = bits_equal(&got, &want);
+        let mut same = bits_equal(&got, &want);
+        // Without positions, the stack is read in pair order: the same sums over the stack reordered.
+        let mut in_order = vec![0f32; pairs * width];
+        for (p, &at) in pos.iter().enumerate() {
+            let at = at as usize;
+            in_order[p * width..(p + 1) * width].copy_from_slice(&out_rows[at * width..(at + 1) * width]);
+        }
+        let mut out = gpu.upload(&vec![f32::NAN; rows * width])?;
+        combine_into(gpu, &gpu.upload(&in_order)?, None, &w_dev, rows, k, width, &mut out)?;
+        same &= bits_equal(&gpu.download(&out)?, &want);
         table.push(Row {
             check: format!("moe_combine {rows} rows of {width}, {k} slots"),
             result: if same {
-                "bit-identical to the host's slot-order sum".into()
+                "bit-identical to the host's slot-order sum (by positions and in pair order)".into()
             } else {
                 "DIFFERENT".into()
             },
