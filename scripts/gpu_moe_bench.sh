@@ -45,7 +45,8 @@ if [ "${CHECKS:-1}" = 1 ]; then
     echo "kernel tests exit $?" >>"$W/kernels.md"
   fi
   if [ -x "$UT" ]; then
-    timeout 120 "$UT" --test-threads 1 >"$W/unit.md" 2>&1
+    # Less the NVRTC compile test, which CI runs (a minute and a half of one core).
+    timeout 120 "$UT" --test-threads 1 --skip every_kernel_file_compiles_for_hopper >"$W/unit.md" 2>&1
     echo "unit tests exit $?" >>"$W/unit.md"
   fi
   timeout 300 "$B" gpu-check -m "$W/moe-f32.gguf" -m "$W/moe-q8_0.gguf" -m "$W/moe-q4_k_m.gguf" -m "$W/moe-skew.gguf" \
