@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use tandem_cuda::CudaModel;
+use tandem_cuda::{CudaModel, ExpertBudget, ExpertOffload};
 use tandem_engine::{Engine, GenerateOptions, SamplingParams, Timings};
+use tandem_model::expert_stream::{ExpertStreamMode, StreamDepth};
 use tandem_model::{Backend, Model, SequenceCache};
 use tandem_runtime::{on_engine, AnyEngine, Device, DeviceModel};
 use tandem_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -40,12 +41,46 @@ pub struct ModelArgs {
     /// and batches (the CPU always is).
     #[arg(long)]
     pub deterministic: bool,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
 }
 
 impl ModelArgs {
     /// The device the flags name.
     pub fn device(&self) -> Device {
-        self.device.device(self.gpu, self.deterministic)
+        self.device.device(self.gpu, self.deterministic, self.experts.offload())
+    }
+}
+
+/// Where a mixture's experts live on the GPU, and how prefill streams those in host memory.
+#[derive(Args, Clone, Debug)]
+pub struct ExpertArgs {
+    /// GPU: bytes of a mixture's experts kept on the device (`all`, `auto`, or a size such as 0, 512M,
+    /// 20G). The others stay in page-locked host memory and pass through device slots: staged as
+    /// routed for decode and short chunks, streamed for prefill chunks of 1,024 rows or more.
+    #[arg(long = "gpu-expert-budget", default_value = "all", value_name = "BYTES")]
+    pub gpu_expert_budget: ExpertBudget,
+    /// GPU: how a long prefill chunk streams the experts in host memory: `routed` copies every one
+    /// except those no row routes to (skipped once a layer's routing is known), `all` copies every
+    /// one, `off` stages only the routed ones, layer by layer. The logits are the same bits either way.
+    #[arg(long = "expert-stream", default_value = "routed", value_name = "MODE")]
+    pub expert_stream: ExpertStreamMode,
+    /// GPU: expert copies queued ahead of the host-to-device link (1 to 256).
+    #[arg(long = "expert-stream-depth", default_value = "16", value_name = "N")]
+    pub expert_stream_depth: StreamDepth,
+    /// Print each streamed chunk's copied and skipped experts and the link's rate to stderr.
+    #[arg(long)]
+    pub trace: bool,
+}
+
+impl ExpertArgs {
+    pub fn offload(&self) -> ExpertOffload {
+        ExpertOffload {
+            budget: self.gpu_expert_budget,
+            stream: self.expert_stream,
+            depth: self.expert_stream_depth,
+            trace: self.trace,
+        }
     }
 }
 
@@ -57,11 +92,15 @@ pub enum DeviceArg {
 }
 
 impl DeviceArg {
-    /// The device with `--gpu` and `--deterministic` (which only a GPU reads).
-    pub fn device(self, gpu: usize, deterministic: bool) -> Device {
+    /// The device with `--gpu`, `--deterministic` and the expert placement (which only a GPU reads).
+    pub fn device(self, gpu: usize, deterministic: bool, offload: ExpertOffload) -> Device {
         match self {
             DeviceArg::Cpu => Device::Cpu,
-            DeviceArg::Cuda => Device::Cuda { gpu, deterministic },
+            DeviceArg::Cuda => Device::Cuda {
+                gpu,
+                deterministic,
+                offload,
+            },
         }
     }
 }
@@ -239,6 +278,13 @@ fn print_gpu(cuda: &CudaModel) {
         },
         m.norms as f64 / 1e6
     );
+    if m.experts_host > 0 {
+        eprintln!(
+            "gpu: experts beyond the budget: {:.1} MB in page-locked host memory, through {:.1} MB of device slots",
+            m.experts_host as f64 / 1e6,
+            m.expert_slots as f64 / 1e6
+        );
+    }
     for choice in cuda.decode_choices() {
         eprintln!("gpu: decode kernel {choice}");
     }
@@ -272,7 +318,7 @@ pub fn print_cuda_memory(cuda: &CudaModel, kv_bytes: usize) {
     if let Ok((free, total)) = cuda.gpu.mem_info() {
         let m = &cuda.weights.memory;
         let used = total - free;
-        let weights = m.weights_quantized + m.tied_output_int8 + m.weights_f16 + m.norms;
+        let weights = m.weights_quantized + m.tied_output_int8 + m.weights_f16 + m.norms + m.expert_slots;
         let other = used.saturating_sub(weights + kv_bytes);
         eprintln!(
             "gpu memory: {:.1} MB in use = weights {:.1} + kv {:.1} + workspaces and runtime {:.1}",

@@ -13,7 +13,7 @@ use tandem_runtime::{on_model, Device, DeviceModel};
 use tandem_server::{AppState, ServerConfig};
 use tandem_tokenizer::{ChatTemplate, Tokenizer};
 
-use crate::generate::{place, print_cuda_memory, print_model, DeviceArg};
+use crate::generate::{place, print_cuda_memory, print_model, DeviceArg, ExpertArgs};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -89,6 +89,8 @@ pub struct ServeArgs {
     /// batched (the CPU always is).
     #[arg(long)]
     deterministic: bool,
+    #[command(flatten)]
+    experts: ExpertArgs,
     /// Skip the throwaway pass run before serving (as llama-server's `--no-warmup`): then the first
     /// request pays the backend's first-use costs (on the GPU, cuBLAS loading its kernels).
     #[arg(long)]
@@ -226,7 +228,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     // the scheduler takes (each picks its own cuBLAS kernels), the one-row decode route, and decode
     // batches: 2-8 rows each take the route measured for them at load, larger ones cuBLAS, whose
     // kernels for nearby row counts are shared.
-    let device = args.device.device(args.gpu, args.deterministic);
+    let device = args.device.device(args.gpu, args.deterministic, args.experts.offload());
     let (rows, batches) = match (args.no_warmup, device) {
         (true, _) => (vec![], vec![]),
         (false, Device::Cpu) => (vec![1], vec![]),
@@ -261,7 +263,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     )?;
     let device = match device {
         Device::Cpu => format!("{threads} CPU threads"),
-        Device::Cuda { gpu, deterministic } => {
+        Device::Cuda { gpu, deterministic, .. } => {
             let mode = if deterministic { ", deterministic" } else { "" };
             format!("GPU {gpu}{mode}")
         }

@@ -29,6 +29,7 @@ mod kernel_tables;
 pub mod lab;
 pub(crate) mod matmul;
 pub(crate) mod model;
+pub(crate) mod offload;
 pub(crate) mod ops;
 pub(crate) mod options;
 pub(crate) mod routes;
@@ -39,7 +40,8 @@ pub use cache::kv::GpuSequenceKv;
 pub use cudarc::driver::CudaSlice;
 pub use matmul::weights::{DeviceWeights, GpuMemory};
 pub use model::CudaModel;
-pub use options::{CudaOptions, LabOptions};
+pub use offload::slots::ExpertCounters;
+pub use options::{CudaOptions, ExpertBudget, ExpertOffload, LabOptions};
 pub use runtime::device::Gpu;
 
 #[derive(Debug, thiserror::Error)]

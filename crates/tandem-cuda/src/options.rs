@@ -6,6 +6,8 @@
 
 use std::path::PathBuf;
 
+use tandem_model::expert_stream::{ExpertStreamMode, StreamDepth};
+
 use crate::routes;
 use crate::CudaError;
 
@@ -33,8 +35,67 @@ pub struct CudaOptions {
     /// Prefill chunks on the stacked q/k/v GEMM cut, rotate and store its product in one launch
     /// (`TANDEM_CUDA_FUSED_QKV_STORE=0`: the split and the store as launches of their own).
     pub fused_qkv_store: bool,
+    /// Where a mixture's experts live and how prefill streams the ones in host memory (set from the
+    /// command line: `--gpu-expert-budget`, `--expert-stream`, `--expert-stream-depth`, `--trace`).
+    pub offload: ExpertOffload,
     /// Developer-only knobs.
     pub lab: LabOptions,
+}
+
+/// How much of a mixture's experts the GPU holds (`--gpu-expert-budget`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertBudget {
+    /// Every expert resident (the default).
+    #[default]
+    All,
+    /// At most this many bytes of experts resident; the rest in page-locked host memory.
+    Bytes(u64),
+    /// What the device's free memory holds after the dense weights, a reserve for the KV caches,
+    /// activations and the streaming slots kept back (`offload::auto_budget`).
+    Auto,
+}
+
+impl std::str::FromStr for ExpertBudget {
+    type Err = String;
+
+    /// `all`, `auto`, or bytes with an optional K, M, G or T suffix (powers of 1024; `KiB`, `GB` and
+    /// the like read the same).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase();
+        match t.as_str() {
+            "all" => return Ok(ExpertBudget::All),
+            "auto" => return Ok(ExpertBudget::Auto),
+            _ => {}
+        }
+        let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (number, unit) = t.split_at(digits);
+        let shift = match unit.trim().trim_end_matches("ib").trim_end_matches('b') {
+            "" => 0,
+            "k" => 10,
+            "m" => 20,
+            "g" => 30,
+            "t" => 40,
+            _ => return Err(format!("{s:?}: expected all, auto or a size such as 0, 512M or 20G")),
+        };
+        let n: u64 = number
+            .parse()
+            .map_err(|_| format!("{s:?}: expected all, auto or a size such as 0, 512M or 20G"))?;
+        n.checked_mul(1u64 << shift)
+            .map(ExpertBudget::Bytes)
+            .ok_or_else(|| format!("{s:?} is too large"))
+    }
+}
+
+/// The expert placement and streaming options of a CUDA model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpertOffload {
+    pub budget: ExpertBudget,
+    /// The walk of prefill chunks of `STREAM_MIN_ROWS` rows or more (`--expert-stream`).
+    pub stream: ExpertStreamMode,
+    /// Copies queued ahead of the link (`--expert-stream-depth`).
+    pub depth: StreamDepth,
+    /// Each streamed chunk's copied and skipped entries and link rate on stderr (`--trace`).
+    pub trace: bool,
 }
 
 /// Developer-only knobs: they time, trace or override a choice to measure it, and some give wrong
@@ -89,6 +150,7 @@ impl Default for CudaOptions {
             dqmma: true,
             staged_batch: true,
             fused_qkv_store: true,
+            offload: ExpertOffload::default(),
             lab: LabOptions::default(),
         }
     }
@@ -141,6 +203,7 @@ impl CudaOptions {
             dqmma: on_unless_zero("TANDEM_CUDA_DQMMA"),
             staged_batch: on_unless_zero("TANDEM_CUDA_STAGED_BATCH"),
             fused_qkv_store: on_unless_zero("TANDEM_CUDA_FUSED_QKV_STORE"),
+            offload: ExpertOffload::default(),
             lab: LabOptions::from_env()?,
         })
     }
@@ -214,6 +277,26 @@ fn skipped_kernels(list: Option<&str>) -> Result<Vec<String>, CudaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expert_budgets_parse_sizes_and_words() {
+        let b = |s: &str| s.parse::<ExpertBudget>();
+        assert_eq!(b("all"), Ok(ExpertBudget::All));
+        assert_eq!(b(" Auto "), Ok(ExpertBudget::Auto));
+        assert_eq!(b("0"), Ok(ExpertBudget::Bytes(0)));
+        assert_eq!(b("4096"), Ok(ExpertBudget::Bytes(4096)));
+        assert_eq!(b("512M"), Ok(ExpertBudget::Bytes(512 << 20)));
+        assert_eq!(b("20G"), Ok(ExpertBudget::Bytes(20 << 30)));
+        assert_eq!(b("20GiB"), Ok(ExpertBudget::Bytes(20 << 30)));
+        assert_eq!(b("3gb"), Ok(ExpertBudget::Bytes(3 << 30)));
+        assert_eq!(b("1T"), Ok(ExpertBudget::Bytes(1 << 40)));
+        for bad in ["", "G", "-1", "1.5G", "12X", "99999999999T", "lots"] {
+            assert!(b(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(ExpertOffload::default().budget, ExpertBudget::All);
+        assert_eq!(ExpertOffload::default().stream, ExpertStreamMode::Routed);
+        assert_eq!(ExpertOffload::default().depth.get(), 16);
+    }
 
     #[test]
     fn skipped_kernels_are_known_names() {

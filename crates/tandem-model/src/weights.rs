@@ -25,6 +25,11 @@ impl Matrix {
     pub fn row_bytes(&self) -> usize {
         self.len / self.rows.max(1)
     }
+
+    /// Bytes of its quantized data in the file.
+    pub fn bytes_len(&self) -> usize {
+        self.len
+    }
 }
 
 /// A norm's weight vector, read into f32, with the tensor name backends key their copies by.

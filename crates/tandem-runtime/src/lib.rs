@@ -8,7 +8,7 @@
 //! The crate sits above the engine and the backends (`tandem-engine` does not know `tandem-cuda`):
 //! model, engine, cuda → runtime → cli.
 
-use tandem_cuda::{CudaError, CudaModel, CudaOptions};
+use tandem_cuda::{CudaError, CudaModel, CudaOptions, ExpertOffload};
 use tandem_engine::serve::{ServingConfig, ServingEngine};
 use tandem_engine::Engine;
 use tandem_model::Model;
@@ -20,21 +20,31 @@ pub enum Device {
     Cpu,
     /// GPU `gpu` through the CUDA backend. `deterministic`: the matvec route for every matmul, so
     /// logits are bit-identical across chunk sizes and batches (the CPU always is), with kernels fixed
-    /// by weight type rather than by timings taken at load.
-    Cuda { gpu: usize, deterministic: bool },
+    /// by weight type rather than by timings taken at load. `offload`: where a mixture's experts live
+    /// (`--gpu-expert-budget` and the streaming flags).
+    Cuda {
+        gpu: usize,
+        deterministic: bool,
+        offload: ExpertOffload,
+    },
 }
 
 /// Uploads `model`'s weights to GPU `gpu`, calling `progress(done, total)` (bytes) as it goes; the
 /// CUDA model keeps `model` as its CPU oracle. The backend's switches (`CudaOptions`) are read from the
-/// environment once, here. A machine without a GPU gets `CudaError::Unavailable`. The one place a
-/// `CudaModel` is made.
+/// environment once, here, with the expert placement the command line gave (`offload`). A machine
+/// without a GPU gets `CudaError::Unavailable`. The one place a `CudaModel` is made.
 pub fn load_cuda(
     model: Model,
     gpu: usize,
     deterministic: bool,
+    offload: ExpertOffload,
     progress: impl FnMut(usize, usize),
 ) -> Result<CudaModel, CudaError> {
-    CudaModel::load(model, gpu, deterministic, CudaOptions::from_env()?, progress)
+    let options = CudaOptions {
+        offload,
+        ..CudaOptions::from_env()?
+    };
+    CudaModel::load(model, gpu, deterministic, options, progress)
 }
 
 /// A model on its device.
@@ -49,9 +59,11 @@ impl DeviceModel {
     pub fn place(model: Model, device: Device, progress: impl FnMut(usize, usize)) -> Result<Self, CudaError> {
         Ok(match device {
             Device::Cpu => DeviceModel::Cpu(Box::new(model)),
-            Device::Cuda { gpu, deterministic } => {
-                DeviceModel::Cuda(Box::new(load_cuda(model, gpu, deterministic, progress)?))
-            }
+            Device::Cuda {
+                gpu,
+                deterministic,
+                offload,
+            } => DeviceModel::Cuda(Box::new(load_cuda(model, gpu, deterministic, offload, progress)?)),
         })
     }
 

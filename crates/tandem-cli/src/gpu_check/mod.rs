@@ -8,16 +8,20 @@
 //! 3. Deterministic mode (the model loaded again as `--deterministic` loads it): `logits_sha256` of
 //!    teacher-forced scoring must match across chunk sizes, and batched decode must give each
 //!    sequence's logits alone to the bit.
+//! 4. A mixture with experts beyond `--gpu-expert-budget` (`offload.rs`): deterministic hashes at
+//!    budgets, stream modes and depths must equal the all-resident model's.
 //!
 //! Each kernel against f64 references is a test of `tandem-cuda` (`cargo test -p tandem-cuda --test
 //! kernels` on a GPU machine); kernel timings and GPU probes are `tandem-dev bench`.
 
 mod batch_graphs;
+mod offload;
 
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use tandem_cuda::ExpertOffload;
 use tandem_engine::score::ScoreOptions;
 use tandem_engine::{sampling, Engine};
 use tandem_model::{LogitRows, Model};
@@ -141,7 +145,13 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
     let cpu_model = Model::load(&path, threads).with_context(|| format!("loading {}", path.display()))?;
     let n_vocab = cpu_model.config.n_vocab;
     let mut cpu = Engine::new(cpu_model);
-    let gpu_model = tandem_runtime::load_cuda(Model::load(&path, threads)?, args.gpu, false, |_, _| {})?;
+    let gpu_model = tandem_runtime::load_cuda(
+        Model::load(&path, threads)?,
+        args.gpu,
+        false,
+        ExpertOffload::default(),
+        |_, _| {},
+    )?;
     let mut gpu = Engine::new(gpu_model);
     let n_ctx = args.prompt + args.gen + 1;
     let prompt = prompt_ids(args.prompt, n_vocab, 7);
@@ -209,7 +219,11 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
     let mixture = gpu.model.cpu.config.moe.is_some();
     let compare = batch_graphs::Compare::Rounding { mixture };
     batch_graphs::batch_vs_lone_rows(&mut gpu, &short, &prompt, &[4, 12, 16, 24], compare, table)?;
-    deterministic_rows(args, &path, threads, gpu, &short, &prompt, table)
+    deterministic_rows(args, &path, threads, gpu, &short, &prompt, table)?;
+    if mixture {
+        offload::offload_rows(args, &path, threads, &short, table)?;
+    }
+    Ok(())
 }
 
 /// Decode steps, alone and batched, replayed from captured graphs against direct launches.
@@ -296,7 +310,13 @@ fn deterministic_rows(
     // would keep whatever its timing picked, split-K variants included: still chunk-invariant, but a
     // hash that moves between runs.)
     drop(gpu);
-    let det_model = tandem_runtime::load_cuda(Model::load(path, threads)?, args.gpu, true, |_, _| {})?;
+    let det_model = tandem_runtime::load_cuda(
+        Model::load(path, threads)?,
+        args.gpu,
+        true,
+        ExpertOffload::default(),
+        |_, _| {},
+    )?;
     let mut det = Engine::new(det_model);
     let mut hashes = Vec::new();
     for &chunk in &args.chunks {

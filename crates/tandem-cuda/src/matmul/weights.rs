@@ -48,6 +48,10 @@ pub(crate) enum WeightBytes {
     /// file's q, k and v (gate and up), whose weights are also their GEMM operand, stacked so that one
     /// GEMM makes all their products (`stack_input_groups`).
     Part(Rc<CudaSlice<u8>>, Range<usize>),
+    /// An allocation shared by the matrices that take turns in it: a streaming slot, which holds an
+    /// expert of whichever layer was last copied in (`offload::slots`), read as each weight type that
+    /// passes through it.
+    Shared(Rc<CudaSlice<u8>>),
 }
 
 impl WeightBytes {
@@ -55,6 +59,7 @@ impl WeightBytes {
         match self {
             WeightBytes::Own(w) => w.as_view(),
             WeightBytes::Part(all, range) => all.slice(range.clone()),
+            WeightBytes::Shared(w) => w.as_view(),
         }
     }
 
@@ -63,6 +68,7 @@ impl WeightBytes {
     pub(crate) fn own(&self) -> Result<&CudaSlice<u8>, CudaError> {
         match self {
             WeightBytes::Own(w) => Ok(w),
+            WeightBytes::Shared(w) => Ok(w),
             WeightBytes::Part(..) => Err(CudaError::Driver {
                 what: "integer-route weights".into(),
                 err: "stacked weights have no integer route".into(),
@@ -134,6 +140,10 @@ pub struct GpuMemory {
     pub tied_output_int8: usize,
     pub weights_f16: usize,
     pub norms: usize,
+    /// A mixture's experts beyond `--gpu-expert-budget`, in page-locked host memory (not device bytes).
+    pub experts_host: usize,
+    /// The device slots those experts pass through.
+    pub expert_slots: usize,
 }
 
 /// The stacked f16 operand of `members` in order (`stack_input_groups`): one view over their

@@ -226,13 +226,13 @@ impl Backend for CudaModel {
     /// host for prefill; combined on the device (`experts.rs`).
     fn expert_ffn(
         &self,
-        _layer: usize,
+        layer: usize,
         x: &GpuAct,
         experts: &ExpertFfn,
         moe: &MoeConfig,
         act: Activation,
     ) -> Result<GpuAct, ModelError> {
-        self.mixture(x, experts, moe, act)
+        self.mixture(layer, x, experts, moe, act)
     }
 
     fn gather_rows(&self, x: &GpuAct, rows: &[usize]) -> Result<GpuAct, ModelError> {

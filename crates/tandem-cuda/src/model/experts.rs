@@ -53,6 +53,7 @@ impl CudaModel {
     /// `Backend::expert_ffn`.
     pub(crate) fn mixture(
         &self,
+        layer: usize,
         x: &GpuAct,
         experts: &ExpertFfn,
         moe: &MoeConfig,
@@ -69,7 +70,7 @@ impl CudaModel {
                 "{} rows of experts in a captured or replayed pass: {MIXTURE_GRAPHS_OFF}",
                 x.rows
             ))),
-            _ => self.grouped_experts(x, experts, moe, act),
+            _ => self.grouped_experts(layer, x, experts, moe, act),
         }
     }
 
@@ -181,9 +182,12 @@ impl CudaModel {
         Ok(out)
     }
 
-    /// The grouped route (launched now only: the grouping reads the ids on the host).
+    /// The grouped route (launched now only: the grouping reads the ids on the host). Experts in host
+    /// memory come through the slots: from the chunk's stream where it streams (`offload.rs`), else
+    /// from the slot cache.
     fn grouped_experts(
         &self,
+        layer: usize,
         x: &GpuAct,
         experts: &ExpertFfn,
         moe: &MoeConfig,
@@ -199,23 +203,33 @@ impl CudaModel {
         let groups = group_by_expert(&chosen, n);
         let (starts, pos) = stacked_positions(&groups, pairs)
             .ok_or_else(|| ModelError::Kernel("expert groups do not cover each routed row once".into()))?;
+        let stream = self.expert_stream(layer, rows, &groups)?;
         let mut stack = self.act(pairs, width)?;
         for (g, &start) in groups.iter().zip(&starts) {
             let members: Vec<usize> = g.rows(k).collect();
             let xe = tandem_model::backend::Backend::gather_rows(self, x, &members)?;
-            let (gate, up, down) = (
-                &experts.gate.experts[g.expert],
-                &experts.up.experts[g.expert],
-                &experts.down.experts[g.expert],
-            );
+            let matrices = [&experts.gate, &experts.up, &experts.down].map(|set| &set.experts[g.expert]);
+            let placed = self.place_expert(layer, g.expert, &matrices, stream)?;
+            let [gate, up, down] = match &placed {
+                Some(in_slot) => in_slot.matrices.each_ref(),
+                None => matrices,
+            };
             let h = self.gated_pair_products(&xe, gate, up, act, down)?;
             let y = self.matmul_rows(down, &h)?;
+            if let (Some(k), Some(offload)) = (placed.as_ref().and_then(|p| p.entry), &self.offload) {
+                if let Some(s) = offload.active.borrow().as_ref() {
+                    s.release(&self.gpu.stream, k)?;
+                }
+            }
             let range = start * width..(start + members.len()) * width;
             let dst = stack.buf_mut()?;
             driver(
                 "cuMemcpyDtoD (expert outputs)",
                 self.gpu.stream.memcpy_dtod(y.buf()?, &mut dst.slice_mut(range)),
             )?;
+        }
+        if stream {
+            self.end_layer_stream(layer)?;
         }
         let pos = self.param(&pos, "expert output row")?;
         let mut out = self.act(rows, width)?;

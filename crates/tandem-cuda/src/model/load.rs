@@ -26,6 +26,7 @@ use crate::matmul::weights::GpuMemory;
 use crate::matmul::weights::WeightBytes;
 use crate::model::experts::MIXTURE_GRAPHS_OFF;
 use crate::model::{Buffers, CudaModel, Mode, PassState, ARENA_INTS};
+use crate::offload::OffloadLoad;
 use crate::options::{CudaOptions, LabOptions};
 use crate::routes;
 use crate::routes::RouteSettings;
@@ -121,9 +122,34 @@ impl CudaModel {
         let mut memory = GpuMemory::default();
         let int8_enabled = gpu.options.int8;
         let candidates = group_candidates(w, int8_enabled);
-        let mut pending = upload_and_tune(&gpu, &cpu, &candidates, deterministic, &mut memory, &mut progress)?;
+        let mut offload_load = match &cpu.config.moe {
+            Some(moe) => OffloadLoad::plan(
+                &gpu,
+                w,
+                moe.n_expert,
+                &gpu.options.offload,
+                dense_bytes(w, deterministic),
+            )?,
+            None => None,
+        };
+        let mut pending = upload_and_tune(
+            &gpu,
+            &cpu,
+            &candidates,
+            deterministic,
+            &mut memory,
+            offload_load.as_mut(),
+            &mut progress,
+        )?;
         tune_groups(&gpu, w, int8_enabled, deterministic, &mut pending)?;
         let mut matrices = settle(pending, &mut memory);
+        let offload = offload_load
+            .map(|o| o.finish(&gpu, w, gpu.options.offload, &mut matrices))
+            .transpose()?;
+        if let Some(o) = &offload {
+            memory.experts_host = o.host.bytes();
+            memory.expert_slots = o.slots.bytes();
+        }
         stack_input_groups(&gpu, w, &mut matrices)?;
         let norms = upload_norms(&gpu, w, &mut memory)?;
         let expert_tables = expert_tables(&gpu, w, &matrices)?;
@@ -162,6 +188,7 @@ impl CudaModel {
             graphs,
             buffers,
             diagnostics,
+            offload,
         })
     }
 }
@@ -244,6 +271,20 @@ fn indexed_experts(w: &Weights, tables: &HashMap<String, ExpertTable>) -> bool {
     })
 }
 
+/// Device bytes of the weights other than a mixture's experts: their quantized bytes, and their f16
+/// copies outside deterministic mode (an estimate for `--gpu-expert-budget auto`).
+fn dense_bytes(w: &Weights, deterministic: bool) -> u64 {
+    let experts = mixture_matrices(w);
+    w.matrices()
+        .iter()
+        .filter(|m| !experts.contains(m.name.as_str()))
+        .map(|m| {
+            let copy = if deterministic { 0 } else { 2 * m.rows * m.cols };
+            (m.bytes_len() + copy) as u64
+        })
+        .sum()
+}
+
 /// The dequantizing batch kernel's K-split partials (`dqmma.rs`): room for a launch of up to three
 /// matrices of the largest's rows (a few MB, whatever the model).
 fn dqmma_rows(w: &Weights) -> usize {
@@ -269,6 +310,7 @@ fn upload_and_tune(
     group_candidates: &HashSet<&str>,
     deterministic: bool,
     memory: &mut GpuMemory,
+    mut offload: Option<&mut OffloadLoad>,
     progress: &mut impl FnMut(usize, usize),
 ) -> Result<HashMap<String, Pending>, CudaError> {
     let w = &cpu.weights;
@@ -342,6 +384,17 @@ fn upload_and_tune(
             embeds,
             embed_rows: None,
         };
+        // A non-resident expert: its settled bytes go to host memory and leave the device.
+        if let Some(o) = offload.as_deref_mut() {
+            if let Some(at) = o.placed(&m.name) {
+                let p = p.settle();
+                o.keep(gpu, at, suffix, p.tuning, &p.original)?;
+                memory.weights_quantized -= bytes.len();
+                done += bytes.len();
+                progress(done, total);
+                continue;
+            }
+        }
         let p = if group_candidates.contains(m.name.as_str()) {
             p
         } else {

@@ -16,6 +16,7 @@ mod flash;
 mod host_logits;
 mod load;
 mod matmul;
+mod offload;
 mod project;
 mod rows;
 mod serving;
@@ -34,6 +35,8 @@ use crate::cache::host_logits::PinnedLogits;
 use crate::cache::kv::GpuSequenceKv;
 use crate::matmul::kinds::ActQuant;
 use crate::matmul::weights::{DeviceWeights, GpuMatrix};
+use crate::offload::slots::ExpertCounters;
+use crate::offload::Offload;
 use crate::routes::RouteSettings;
 use crate::runtime::device::Gpu;
 use crate::runtime::grid::i32_of;
@@ -133,6 +136,9 @@ pub struct CudaModel {
     pub(crate) buffers: Buffers,
     /// Profiling, pass clocks, the profiler's replay window, kernels left out (`runtime/profile.rs`).
     pub(crate) diagnostics: Diagnostics,
+    /// A mixture's experts beyond `--gpu-expert-budget`: host memory, slots, the chunk's stream
+    /// (`offload`). Declared last: its slots outlive the graphs and matrices that read them.
+    pub(crate) offload: Option<Offload>,
 }
 
 /// The pass's mode and the index lists its kernels read (`param`, `flash.rs`).
@@ -211,6 +217,11 @@ impl CudaModel {
 
     /// Each distinct decode-route choice made at load: `rows×cols type: kernel` (integer variants by
     /// label; a group's members show the group launch's variant), sorted; for `--verbose`.
+    /// The expert traffic of a model with experts in host memory (`None` when all are resident).
+    pub fn expert_counters(&self) -> Option<ExpertCounters> {
+        self.offload.as_ref().map(|o| o.slots.counters.get())
+    }
+
     pub fn decode_choices(&self) -> Vec<String> {
         let mut seen = std::collections::BTreeSet::new();
         for m in self.cpu.weights.matrices() {
