@@ -33,7 +33,7 @@ pub use config::{Arch, ModelConfig, MoeConfig};
 pub use cpu::{Rows, Workspace};
 pub use kv::{KvPool, SequenceKv};
 pub use logits::{LentLogits, Logits};
-pub use serving::{KvCheckpoint, KvSizing, ServingBackend, ServingCache};
+pub use serving::{ExpertTraffic, KvCheckpoint, KvSizing, ServingBackend, ServingCache};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -97,6 +97,25 @@ pub trait ServingBackend: Backend<Kv: ServingCache> {
     fn kv_sizing(&self, n_ctx: usize) -> KvSizing;
     /// KV bytes held now by every sequence and checkpoint.
     fn kv_bytes_in_use(&self) -> usize;
+    /// What a mixture's experts outside device memory have cost so far (`None`: all are where the
+    /// backend computes them).
+    fn expert_traffic(&self) -> Option<ExpertTraffic> {
+        None
+    }
+}
+
+/// Counters of a mixture's experts kept in host memory and copied to the device as they are used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpertTraffic {
+    /// Experts a step or short chunk found in a device slot already.
+    pub cache_hits: u64,
+    /// Experts copied into a slot for a step or short chunk.
+    pub cache_copies: u64,
+    /// Experts a long prefill chunk streamed, and skipped because no row routed to them.
+    pub stream_copies: u64,
+    pub stream_skips: u64,
+    /// Bytes copied from host memory.
+    pub bytes: u64,
 }
 
 impl KvCheckpoint for Checkpoint {

@@ -291,6 +291,37 @@ impl Metrics {
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         }
+        if let Some(t) = stats.expert_traffic {
+            for (name, help, v) in [
+                (
+                    "tandem_expert_cache_hits_total",
+                    "Experts in host memory a step or short chunk found in a device slot.",
+                    t.cache_hits,
+                ),
+                (
+                    "tandem_expert_cache_copies_total",
+                    "Experts in host memory copied to a device slot for a step or short chunk.",
+                    t.cache_copies,
+                ),
+                (
+                    "tandem_expert_stream_copies_total",
+                    "Experts a long prefill chunk streamed from host memory.",
+                    t.stream_copies,
+                ),
+                (
+                    "tandem_expert_stream_skips_total",
+                    "Experts a long prefill chunk skipped: no row routed to them.",
+                    t.stream_skips,
+                ),
+                (
+                    "tandem_expert_host_bytes_total",
+                    "Bytes of experts copied from host memory to the device.",
+                    t.bytes,
+                ),
+            ] {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            }
+        }
         let name = "tandem_remote_prefill_fallback_total";
         let _ = writeln!(
             out,
@@ -307,4 +338,38 @@ impl Metrics {
 pub(crate) async fn handler(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let text = state.metrics.render(&state.engine.stats());
     ([(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_model::ExpertTraffic;
+
+    #[test]
+    fn expert_traffic_is_exposed_only_for_a_model_with_experts_in_host_memory() {
+        let m = Metrics::default();
+        let resident = m.render(&EngineStats::default());
+        assert!(!resident.contains("tandem_expert_"));
+        let stats = EngineStats {
+            expert_traffic: Some(ExpertTraffic {
+                cache_hits: 7,
+                cache_copies: 3,
+                stream_copies: 40,
+                stream_skips: 9,
+                bytes: 123456,
+            }),
+            ..EngineStats::default()
+        };
+        let text = m.render(&stats);
+        for line in [
+            "tandem_expert_cache_hits_total 7",
+            "tandem_expert_cache_copies_total 3",
+            "tandem_expert_stream_copies_total 40",
+            "tandem_expert_stream_skips_total 9",
+            "tandem_expert_host_bytes_total 123456",
+            "# TYPE tandem_expert_stream_skips_total counter",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+    }
 }

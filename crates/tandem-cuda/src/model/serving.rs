@@ -1,6 +1,7 @@
-//! The serving engine's `ServingBackend` for `CudaModel`: the KV budget and per-sequence caches.
+//! The serving engine's `ServingBackend` for `CudaModel`: the KV budget and per-sequence caches, and
+//! the traffic of experts kept in host memory.
 
-use tandem_model::{KvSizing, ServingBackend};
+use tandem_model::{ExpertTraffic, KvSizing, ServingBackend};
 
 use crate::model::CudaModel;
 
@@ -20,5 +21,15 @@ impl ServingBackend for CudaModel {
 
     fn kv_bytes_in_use(&self) -> usize {
         self.gpu.kv_ledger.in_use()
+    }
+
+    fn expert_traffic(&self) -> Option<ExpertTraffic> {
+        self.expert_counters().map(|c| ExpertTraffic {
+            cache_hits: c.cache_hits,
+            cache_copies: c.cache_copies,
+            stream_copies: c.stream_copies,
+            stream_skips: c.stream_skips,
+            bytes: c.bytes,
+        })
     }
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tandem_model::kv::wire::LayerRows;
+use tandem_model::ExpertTraffic;
 use tokio::sync::mpsc;
 
 use crate::SamplingParams;
@@ -192,6 +193,9 @@ pub struct EngineStats {
     /// KV exports served to decode nodes, and the rows they sent.
     pub kv_exports_total: u64,
     pub kv_exported_rows_total: u64,
+    /// A mixture's experts in host memory: slot cache hits and copies, streamed and skipped experts,
+    /// bytes copied (`None` when every expert is resident).
+    pub expert_traffic: Option<ExpertTraffic>,
 }
 
 /// The interface the HTTP layer programs against (the real engine, or a fake in tests).

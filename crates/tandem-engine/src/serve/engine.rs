@@ -1071,6 +1071,7 @@ impl<B: ServingBackend> Loop<B> {
         st.kv_bytes_reserved = self.reserved;
         st.kv_bytes_cached = committed - self.reserved;
         st.cached_sequences = self.cache.len();
+        st.expert_traffic = self.model.expert_traffic();
         if broken {
             st.kv_accounting_violations += 1;
         }
