@@ -82,6 +82,16 @@ impl Link for CudaLink {
     }
 }
 
+/// The index of `layer`'s `expert` in `plan` (whose layers list their experts in ascending order).
+pub fn entry_index(plan: &StreamPlan, layer: usize, expert: usize) -> Option<usize> {
+    let range = plan.layer_entries(layer);
+    let within = plan.entries().get(range.clone())?;
+    within
+        .binary_search_by_key(&expert, |e| e.expert)
+        .ok()
+        .map(|i| range.start + i)
+}
+
 /// A chunk's stream while its pass runs: the shared state, the issuer thread, and what the trace
 /// reports at the end.
 pub struct ActiveStream {
@@ -161,13 +171,7 @@ impl ActiveStream {
 
     /// Entry index of `layer`'s `expert` (a non-resident one), from the plan.
     pub fn entry(&self, layer: usize, expert: usize) -> Option<usize> {
-        let plan = self.chunk.plan();
-        let range = plan.layer_entries(layer);
-        let within = &plan.entries()[range.clone()];
-        within
-            .binary_search_by_key(&expert, |e| e.expert)
-            .ok()
-            .map(|i| range.start + i)
+        entry_index(self.chunk.plan(), layer, expert)
     }
 
     /// Waits for entry k's copy to be issued and makes `compute` wait for it to land; returns the slot.
@@ -220,5 +224,30 @@ impl Drop for ActiveStream {
             let _ = self.join();
             let _ = self.copy.synchronize();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_non_resident_expert_finds_its_entry() {
+        // Layers 0 and 2 keep experts 0..2 and 0..1 of 4; layer 1 is dense.
+        let resident = |l: usize, e: usize| match l {
+            0 => e < 2,
+            1 => true,
+            _ => e < 1,
+        };
+        let plan = StreamPlan::non_resident(3, 4, 2, resident, |_, _| 10).unwrap();
+        assert_eq!(plan.len(), 2 + 3);
+        for (k, e) in plan.entries().iter().enumerate() {
+            assert_eq!(entry_index(&plan, e.layer, e.expert), Some(k));
+        }
+        assert_eq!(entry_index(&plan, 0, 1), None, "resident");
+        assert_eq!(entry_index(&plan, 1, 3), None, "a dense layer");
+        assert_eq!(entry_index(&plan, 2, 0), None, "resident");
+        assert_eq!(entry_index(&plan, 2, 3), Some(4));
+        assert_eq!(entry_index(&plan, 7, 0), None, "past the model");
     }
 }
