@@ -1,6 +1,7 @@
 //! `tandem serve`: the OpenAI- and llama.cpp-compatible HTTP server over the serving engine.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,6 +115,10 @@ pub struct ServeArgs {
     /// Seconds a whole remote prefill may take before the prompt is read here instead.
     #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_secs)]
     prefill_timeout: f64,
+    /// Cap on the KV stream a prefill node sends, so that loopback stands for a real link: `10gbit`,
+    /// `1gbit`, `500mbit`, `2.5gbit` or bits per second (default: no cap). With --role prefill.
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    kv_send_rate: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -141,6 +146,32 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
     n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
 }
 
+/// Bits per second: `10gbit`, `500mbit`, `64kbit`, `2.5gbit`, `1000000` (powers of 1000, as links are
+/// rated).
+fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (number, unit) = t.split_at(t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len()));
+    let number = number
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite())
+        .ok_or_else(|| format!("{s:?} is not a rate (10gbit, 500mbit, or bits per second)"))?;
+    let mult = match unit {
+        "" | "bit" => 1e0,
+        "kbit" => 1e3,
+        "mbit" => 1e6,
+        "gbit" => 1e9,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (bit, kbit, mbit, gbit)")),
+    };
+    let bits = number * mult;
+    // Below 8 bit/s the pacer would wait years; above 1 Pbit/s it is no cap at all.
+    if !(8.0..=1e15).contains(&bits) {
+        return Err(format!("{s:?}: a rate is from 8 bit/s to 1000000gbit"));
+    }
+    Ok(bits.round() as u64)
+}
+
 /// Seconds, fractions allowed: `10`, `0.5`.
 fn parse_secs(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
@@ -155,6 +186,16 @@ fn limit(secs: f64) -> Option<Duration> {
 }
 
 pub fn serve(args: &ServeArgs) -> Result<()> {
+    // Before the model loads (or downloads): a wrong role is known at once.
+    if args.role == Role::Decode && args.prefill_peers.is_empty() {
+        bail!("--role decode needs at least one --prefill-peer URL");
+    }
+    if args.role != Role::Decode && !args.prefill_peers.is_empty() {
+        bail!("--prefill-peer is for --role decode");
+    }
+    if args.role != Role::Prefill && args.kv_send_rate.is_some() {
+        bail!("--kv-send-rate is for --role prefill: it caps the KV stream a prefill node sends");
+    }
     let path = crate::registry::resolve(&args.model)?;
     let threads = args
         .threads
@@ -164,12 +205,6 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let template = ChatTemplate::from_gguf(&file)?;
     let model = Model::from_file(file, threads)?;
-    if args.role == Role::Decode && args.prefill_peers.is_empty() {
-        bail!("--role decode needs at least one --prefill-peer URL");
-    }
-    if args.role != Role::Decode && !args.prefill_peers.is_empty() {
-        bail!("--prefill-peer is for --role decode");
-    }
     let peers = args
         .prefill_peers
         .iter()
@@ -201,6 +236,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let kv_received = Arc::new(AtomicU64::new(0));
     let remote = match (args.role, fingerprint) {
         (Role::Decode, Some(fingerprint)) => Some(RemotePrefill {
             peers: Arc::new(tandem_server::kv::PeerClient::new(
@@ -209,6 +245,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
                 fingerprint,
                 Duration::from_secs_f64(args.prefill_timeout),
                 runtime.handle().clone(),
+                kv_received.clone(),
             )),
             min_tokens: args.remote_prefill_min_tokens.max(1),
         }),
@@ -286,9 +323,12 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         idle_timeout: limit(args.timeout_idle),
         max_connections: (args.max_connections > 0).then_some(args.max_connections),
         kv_export: kv_identity.filter(|_| args.role == Role::Prefill),
+        kv_send_rate: args.kv_send_rate,
         ..ServerConfig::default()
     };
-    let state = Arc::new(AppState::new(Arc::new(engine), tokenizer, template, config));
+    let mut state = AppState::new(Arc::new(engine), tokenizer, template, config);
+    state.metrics.kv_received_bytes = kv_received;
+    let state = Arc::new(state);
     runtime.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)
@@ -396,6 +436,22 @@ mod tests {
         assert_eq!(parse_bytes("2MB"), Ok(2 << 20));
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("1T").is_err());
+    }
+
+    #[test]
+    fn rates_parse() {
+        assert_eq!(parse_rate("10gbit"), Ok(10_000_000_000));
+        assert_eq!(parse_rate("1Gbit"), Ok(1_000_000_000));
+        assert_eq!(parse_rate("500mbit"), Ok(500_000_000));
+        assert_eq!(parse_rate("2.5gbit"), Ok(2_500_000_000));
+        assert_eq!(parse_rate("64kbit"), Ok(64_000));
+        assert_eq!(parse_rate(" 1000000 "), Ok(1_000_000));
+        assert_eq!(parse_rate("800bit"), Ok(800));
+        for bad in [
+            "", "fast", "10gb", "10 gbps", "-1gbit", "0", "4bit", "NaNgbit", "inf", "1e300", "gbit",
+        ] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

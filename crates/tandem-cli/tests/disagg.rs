@@ -254,3 +254,66 @@ fn a_peer_killed_mid_transfer_falls_back() {
     assert_eq!(got, complete(local.port, &long_prompt(22)).1);
     settled(decode.port);
 }
+
+/// A prefill node with `--kv-send-rate` gives the same bits as a local read, no sooner than its capped
+/// link could carry them, and both ends count the same stream bytes. Other roles refuse the cap.
+#[test]
+fn a_capped_kv_stream_gives_local_bits() {
+    const BITS_PER_SECOND: f64 = 20e6;
+    let prefill = start(
+        "smollm2-135m",
+        &[
+            "--role".into(),
+            "prefill".into(),
+            "--kv-send-rate".into(),
+            "20mbit".into(),
+        ],
+    );
+    let local = start("smollm2-135m", &[]);
+    let decode = decode_node("smollm2-135m", prefill.port, &[]);
+    // About 70 SmolLM2 tokens, some 1.6 MB of KV: most of a second at 20 Mbit/s.
+    let prompt = (0..8)
+        .map(|i| format!("item{i} costs {} coins.", i * 5 + 1))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let (_, want) = complete(local.port, &prompt);
+    let t0 = Instant::now();
+    let (line, got) = complete(decode.port, &prompt);
+    let took = t0.elapsed().as_secs_f64();
+    assert!(line.contains("(remote prefill)"), "{line}");
+    assert_eq!(got, want, "a capped remote prefill differs from local");
+    let sent = metric(prefill.port, "tandem_kv_sent_bytes_total");
+    assert_eq!(metric(decode.port, "tandem_kv_received_bytes_total"), sent);
+    assert!(sent > 1_000_000, "{sent} bytes");
+    // The pacer banks at most a few milliseconds of its rate.
+    let floor = sent as f64 * 8.0 / BITS_PER_SECOND - 0.01;
+    assert!(took >= floor, "{sent} bytes in {took:.3} s: faster than 20 Mbit/s");
+    settled(decode.port);
+
+    for args in [
+        &["--kv-send-rate", "1gbit"][..],
+        &[
+            "--role",
+            "decode",
+            "--prefill-peer",
+            "http://127.0.0.1:9",
+            "--kv-send-rate",
+            "1gbit",
+        ],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .arg("serve")
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains("--kv-send-rate is for --role prefill"), "{args:?}: {err}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["serve", "--role", "prefill", "--kv-send-rate", "fast"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a rate"));
+}

@@ -34,6 +34,9 @@ pub struct ServerConfig {
     pub max_connections: Option<usize>,
     /// A prefill node's model identity: with it, `POST /v1/kv/prefill` exports KV (`kv.rs`).
     pub kv_export: Option<crate::kv::KvIdentity>,
+    /// A prefill node's cap on the KV stream it sends, in bits per second, so that a fast local
+    /// connection stands for a real link. `None`: as fast as the connection takes it.
+    pub kv_send_rate: Option<u64>,
 }
 
 impl Default for ServerConfig {
@@ -56,6 +59,7 @@ impl Default for ServerConfig {
             // Far above what one engine can serve at once; a cap on file descriptors and memory.
             max_connections: Some(512),
             kv_export: None,
+            kv_send_rate: None,
         }
     }
 }

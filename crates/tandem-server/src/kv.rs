@@ -6,9 +6,9 @@
 use std::convert::Infallible;
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -23,7 +23,7 @@ use tandem_model::kv::wire::{self, Decoder, Encoder, Frame, Hello};
 use tokio::sync::mpsc;
 
 use crate::errors::{ApiError, ApiJson};
-use crate::AppState;
+use crate::{AppState, Metrics};
 
 /// The media type of a KV stream.
 pub const KV_MEDIA_TYPE: &str = "application/x-tandem-kv";
@@ -81,23 +81,98 @@ pub(crate) async fn prefill(
         width: id.width,
         to,
     });
-    let body = futures_util::stream::unfold((rx, Some(enc), Some(head)), |(mut rx, enc, head)| async move {
-        if let Some(head) = head {
-            return Some((Ok::<_, Infallible>(Bytes::from(head)), (rx, enc, None)));
-        }
-        let mut enc = enc?;
-        loop {
-            let (bytes, enc) = match rx.recv().await {
-                Some(Event::KvRows(rows)) => (enc.rows(&rows), Some(enc)),
-                Some(Event::Done { .. }) => (enc.end(), None),
-                Some(Event::Failed(msg)) => (Encoder::error(&msg), None),
-                Some(_) => continue,
-                None => (Encoder::error("the engine dropped the export"), None),
-            };
-            return Some((Ok(Bytes::from(bytes)), (rx, enc, None)));
-        }
+    let export = Export {
+        rx,
+        enc: Some(enc),
+        pending: Bytes::from(head),
+        pacer: state.config.kv_send_rate.map(Pacer::new),
+        state: state.clone(),
+    };
+    let body = futures_util::stream::unfold(export, |mut export| async move {
+        let bytes = export.next().await?;
+        Some((Ok::<_, Infallible>(bytes), export))
     });
     Ok(([(CONTENT_TYPE, KV_MEDIA_TYPE)], Body::from_stream(body)).into_response())
+}
+
+/// A KV stream on its way out: the engine's rows encoded as they come, let go at the link's pace.
+struct Export {
+    rx: mpsc::UnboundedReceiver<Event>,
+    /// `None` once the last frame (`End` or `Error`) is encoded.
+    enc: Option<Encoder>,
+    /// Encoded bytes not yet handed to the connection.
+    pending: Bytes,
+    pacer: Option<Pacer>,
+    state: Arc<AppState>,
+}
+
+impl Export {
+    /// The next bytes to send, `None` after the last frame. Paced, a frame goes out in slices, each once
+    /// the capped link would have carried it; the engine is never waited on by the pacing (its events
+    /// queue in `rx` meanwhile).
+    async fn next(&mut self) -> Option<Bytes> {
+        while self.pending.is_empty() {
+            let mut enc = self.enc.take()?;
+            let bytes = match self.rx.recv().await {
+                Some(Event::KvRows(rows)) => {
+                    let bytes = enc.rows(&rows);
+                    self.enc = Some(enc);
+                    bytes
+                }
+                Some(Event::Done { .. }) => enc.end(),
+                Some(Event::Failed(msg)) => Encoder::error(&msg),
+                Some(_) => {
+                    self.enc = Some(enc);
+                    continue;
+                }
+                None => Encoder::error("the engine dropped the export"),
+            };
+            self.pending = Bytes::from(bytes);
+        }
+        let out = match &mut self.pacer {
+            Some(pacer) => {
+                let slice = self.pending.split_to(self.pending.len().min(PACE_SLICE));
+                tokio::time::sleep_until(pacer.reserve(slice.len()).into()).await;
+                slice
+            }
+            None => std::mem::take(&mut self.pending),
+        };
+        Metrics::inc(&self.state.metrics.kv_sent_bytes, out.len() as u64);
+        Some(out)
+    }
+}
+
+/// The most bytes a paced stream lets go at once: at 1 Gbit/s half a millisecond of the link.
+const PACE_SLICE: usize = 64 << 10;
+
+/// How far behind its schedule the link may fall and still catch up at full speed. Timer wake-ups come
+/// late (tokio's by up to a millisecond), and without slack every late one would slow the link down; the
+/// price is that a link idle this long may send this much of its rate at once.
+const PACE_SLACK: Duration = Duration::from_millis(2);
+
+/// A sender-side rate cap (`--kv-send-rate`), so that loopback stands for a real link: a token bucket
+/// whose depth is `PACE_SLACK` of the rate.
+struct Pacer {
+    bytes_per_second: f64,
+    /// When the link has carried every byte let go so far.
+    free_at: Instant,
+}
+
+impl Pacer {
+    fn new(bits_per_second: u64) -> Self {
+        Pacer {
+            bytes_per_second: bits_per_second as f64 / 8.0,
+            free_at: Instant::now(),
+        }
+    }
+
+    /// When the link has carried `n` more bytes, queued now: when they may go out.
+    fn reserve(&mut self, n: usize) -> Instant {
+        let now = Instant::now();
+        let start = self.free_at.max(now.checked_sub(PACE_SLACK).unwrap_or(now));
+        self.free_at = start + Duration::from_secs_f64(n as f64 / self.bytes_per_second);
+        self.free_at
+    }
 }
 
 /// A prefill peer: `http://host:port`.
@@ -135,16 +210,19 @@ pub struct PeerClient {
     fingerprint: [u8; 32],
     timeout: Duration,
     runtime: tokio::runtime::Handle,
+    received: Arc<AtomicU64>,
 }
 
 impl PeerClient {
-    /// `timeout` bounds a whole transfer, from the connect to the last frame.
+    /// `timeout` bounds a whole transfer, from the connect to the last frame; `received` counts the KV
+    /// stream bytes read (`Metrics::kv_received_bytes`).
     pub fn new(
         peers: Vec<Peer>,
         key: Option<String>,
         fingerprint: [u8; 32],
         timeout: Duration,
         runtime: tokio::runtime::Handle,
+        received: Arc<AtomicU64>,
     ) -> Self {
         assert!(!peers.is_empty(), "a decode node needs a prefill peer");
         PeerClient {
@@ -154,6 +232,7 @@ impl PeerClient {
             fingerprint,
             timeout,
             runtime,
+            received,
         }
     }
 }
@@ -166,8 +245,10 @@ impl PrefillPeers for PeerClient {
         let (tx, rx) = mpsc::channel(64);
         let peer = self.peers[self.next.fetch_add(1, Ordering::Relaxed) % self.peers.len()].clone();
         let (key, fingerprint, timeout) = (self.key.clone(), self.fingerprint, self.timeout);
+        let received = self.received.clone();
         self.runtime.spawn(async move {
-            let fetched = tokio::time::timeout(timeout, fetch(&peer, key, fingerprint, tokens, &tx, &wake)).await;
+            let fetch = fetch(&peer, key, fingerprint, tokens, &tx, &wake, &received);
+            let fetched = tokio::time::timeout(timeout, fetch).await;
             let failure = match fetched {
                 Ok(Ok(())) => None,
                 Ok(Err((cause, detail))) => Some((cause, format!("{}:{}: {detail}", peer.host, peer.port))),
@@ -191,6 +272,7 @@ async fn fetch(
     tokens: Vec<u32>,
     tx: &mpsc::Sender<RemoteMsg>,
     wake: &Wake,
+    received: &AtomicU64,
 ) -> Result<(), Failure> {
     let unreachable = |e: &dyn std::fmt::Display| ("unreachable", e.to_string());
     let stream = tokio::net::TcpStream::connect((peer.host.as_str(), peer.port))
@@ -241,6 +323,7 @@ async fn fetch(
     while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
         let frame = frame.map_err(|e| ("dropped", e.to_string()))?;
         let Ok(data) = frame.into_data() else { continue };
+        received.fetch_add(data.len() as u64, Ordering::Relaxed);
         decoder.push(&data);
         while let Some(f) = decoder.next_frame().map_err(|e| (e.cause(), e.to_string()))? {
             let msg = match f {
@@ -269,6 +352,25 @@ async fn fetch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pacer_keeps_to_its_rate_and_banks_only_its_slack() {
+        // 8 Mbit/s: a megabyte a second.
+        let mut pacer = Pacer::new(8_000_000);
+        let t0 = pacer.free_at;
+        let after = |at: Instant| at.duration_since(t0).as_secs_f64();
+        let first = pacer.reserve(500_000);
+        assert!((0.499..0.51).contains(&after(first)), "{}", after(first));
+        // Queued behind the first: the link is busy until then.
+        let second = pacer.reserve(250_000);
+        assert!((after(second) - after(first) - 0.25).abs() < 1e-9);
+        // A link idle long since has banked no more than its slack.
+        let mut idle = Pacer::new(8_000_000);
+        idle.free_at = Instant::now() - Duration::from_secs(10);
+        let now = Instant::now();
+        let at = idle.reserve(1_000_000);
+        assert!(at >= now + Duration::from_secs(1) - PACE_SLACK, "{:?}", at - now);
+    }
 
     #[test]
     fn peers_parse() {

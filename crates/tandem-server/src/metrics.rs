@@ -99,6 +99,11 @@ pub struct Metrics {
     pub requests: AtomicU64,
     pub requests_rejected: AtomicU64,
     pub requests_cancelled: AtomicU64,
+    /// KV stream bytes a prefill node handed to its connections (frames with their framing).
+    pub kv_sent_bytes: AtomicU64,
+    /// KV stream bytes a decode node read from its prefill peers; shared with the peer client, which
+    /// counts as it reads (`kv::PeerClient::new`).
+    pub kv_received_bytes: Arc<AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -117,6 +122,8 @@ impl Default for Metrics {
             requests: AtomicU64::new(0),
             requests_rejected: AtomicU64::new(0),
             requests_cancelled: AtomicU64::new(0),
+            kv_sent_bytes: AtomicU64::new(0),
+            kv_received_bytes: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -287,6 +294,16 @@ impl Metrics {
                 "tandem_kv_exported_rows_total",
                 "Layer rows a prefill node sent.",
                 stats.kv_exported_rows_total,
+            ),
+            (
+                "tandem_kv_sent_bytes_total",
+                "KV stream bytes a prefill node sent, framing included.",
+                load(&self.kv_sent_bytes),
+            ),
+            (
+                "tandem_kv_received_bytes_total",
+                "KV stream bytes a decode node read from prefill peers, framing included.",
+                load(&self.kv_received_bytes),
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
