@@ -17,7 +17,7 @@
 # `cargo test --release -p tandem-cuda --test kernels --no-run` names), UNIT_TESTS (default
 # .gpu/cuda-unit: `cargo test --release -p tandem-cuda --lib --no-run`'s), LLAMA_SDIST, WORK,
 # SLICE (default qwen3-30b-a3b-16l), CHECKS, RESIDENT, OFFLOAD (1 or 0; default 1, 1, 0),
-# CHECK_QUANTS (the tiny files' types, default "f32 q8_0 q4_k_m"), REPS
+# CHECK_QUANTS (the tiny files' types, default "f32 q8_0 q4_k_m"), LLAMA=0 (no llama.cpp), REPS
 # (tandem's runs a side, 3), PP_LENS (default "2048 4096").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +34,12 @@ export TANDEM_KERNEL_CACHE="$W/kernels"
 stamp() { echo "== $(date +%T) $*"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 
-WORK="$W" bash scripts/llamacpp_cuda_build.sh &
-build=$!
+# LLAMA=0: no llama.cpp (Tandem's side of the benchmarks alone).
+build=""
+if [ "${LLAMA:-1}" = 1 ]; then
+  WORK="$W" bash scripts/llamacpp_cuda_build.sh &
+  build=$!
+fi
 # The benchmark file is written while the checks run.
 "$B" synth --arch qwen3moe --shape "$SLICE" --quant q4_k_m --seed 1 -o "$W/slice.gguf.tmp" >"$W/synth.log" 2>&1 &&
   mv "$W/slice.gguf.tmp" "$W/slice.gguf" &
@@ -73,8 +77,7 @@ fi
 
 stamp "waiting for the slice and llama.cpp"
 wait "$synth"
-wait "$build"
-cat "$W/build.status"
+[ -n "$build" ] && wait "$build" && cat "$W/build.status"
 lb="$W/lcb/bin/llama-bench"
 export LD_LIBRARY_PATH="$W/lcb/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 [ -x "$lb" ] || tail -20 "$W/build.log" "$W/cmake.log" 2>/dev/null
