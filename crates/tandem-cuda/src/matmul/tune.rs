@@ -169,7 +169,8 @@ fn offered(gpu: &Gpu, suffix: &str, rows: &[usize], cols: usize, deterministic: 
 /// quantizing the activations, which the model does once per input however many matrices read it.
 /// `deterministic`: the choice is fixed by the type (the integer kernel where there is one, else
 /// the warp-per-row family), so every run sums in the same order; only bit-identical variants of it
-/// are timed.
+/// are timed. `int8_only`: where there is an integer kernel, only its variants are timed (a mixture's
+/// experts, whose decode route finds them through address tables that only the integer kernels read).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tune_decode(
     gpu: &Gpu,
@@ -180,12 +181,13 @@ pub(crate) fn tune_decode(
     rows: usize,
     cols: usize,
     deterministic: bool,
+    int8_only: bool,
 ) -> Result<Tuning, CudaError> {
     let x = tuning_input(gpu, cols)?;
     let mut flush = l2_flush_buffer(gpu)?;
     let mut out = gpu.alloc::<f32>(rows)?;
     let mut best = (f64::INFINITY, DecodeKernel::Float(MatvecFamily::WarpPerRow));
-    let families: &[MatvecFamily] = match (deterministic, int8.is_some()) {
+    let families: &[MatvecFamily] = match (deterministic || int8_only, int8.is_some()) {
         (true, true) => &[],
         (true, false) => &[MatvecFamily::WarpPerRow],
         (false, _) => &[

@@ -217,10 +217,20 @@ fn check_supported(cpu: &Model) -> Result<(), CudaError> {
 /// anyway. The router: its f32 logits decide the routing, which rounding them to f16 operands would
 /// move from the CPU's for near ties; without a copy it takes the matvec route.
 fn mixture_matrices(w: &Weights) -> HashSet<&str> {
-    let mut names = HashSet::new();
+    let mut names = expert_matrices(w);
     for l in &w.layers {
         if let FeedForward::Experts(e) = &l.ffn {
             names.insert(e.router.name.as_str());
+        }
+    }
+    names
+}
+
+/// Every expert matrix of every mixture layer (the routers aside).
+fn expert_matrices(w: &Weights) -> HashSet<&str> {
+    let mut names = HashSet::new();
+    for l in &w.layers {
+        if let FeedForward::Experts(e) = &l.ffn {
             for set in [&e.gate, &e.up, &e.down] {
                 names.extend(set.experts.iter().map(|m| m.name.as_str()));
             }
@@ -319,8 +329,9 @@ fn upload_and_tune(
     let mut done = 0;
     let int8_enabled = gpu.options.int8;
     let mut pending: HashMap<String, Pending> = HashMap::new();
-    let mut tuned: HashMap<(&str, usize, usize, bool), Tuning> = HashMap::new();
+    let mut tuned: HashMap<(&str, usize, usize, bool, bool), Tuning> = HashMap::new();
     let mixture = mixture_matrices(w);
+    let experts = expert_matrices(w);
     for m in mats {
         let bytes = m.bytes(&cpu.file);
         let suffix = type_suffix(m.ty).expect("checked above");
@@ -343,7 +354,11 @@ fn upload_and_tune(
         let embeds = m.name == w.token_embd.name;
         let int8_fmt = int8_format(m.ty).filter(|_| int8_enabled && multiplies);
         // The choice depends on whether the integer kernel was on offer.
-        let key = (suffix, m.rows, m.cols, int8_fmt.is_some());
+        // A mixture's experts take the integer kernel wherever there is one: the indexed decode route
+        // (device ids, CUDA graphs) reads only that, and a float kernel's edge at one row does not pay
+        // for a host round trip per layer.
+        let is_expert = experts.contains(m.name.as_str());
+        let key = (suffix, m.rows, m.cols, int8_fmt.is_some(), is_expert);
         // The integer-route layout is made only where it may be read: to time this shape, because
         // its timing chose the integer kernel, or for a group's launch.
         let needs_int8_layout = int8_fmt.is_some()
@@ -370,6 +385,7 @@ fn upload_and_tune(
                     m.rows,
                     m.cols,
                     deterministic,
+                    is_expert,
                 )?;
                 tuned.insert(key, t);
                 t
