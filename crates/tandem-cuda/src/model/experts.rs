@@ -35,6 +35,11 @@ use crate::runtime::pool::DevBuf;
 pub(crate) const MIXTURE_GRAPHS_OFF: &str = "a mixture whose experts have no integer kernel takes the grouped route, \
      whose expert launches follow routing read back on the host, which a captured graph cannot replay";
 
+/// Why a model with experts in host memory decodes without CUDA graphs: they have no address table,
+/// and the slot each one is staged in follows routing read back on the host.
+pub(crate) const OFFLOADED_GRAPHS_OFF: &str = "experts in host memory take the grouped route, staged in slots \
+     by routing read back on the host, which a captured graph cannot replay";
+
 /// A chunk's routing, on the device: `rows × k` expert ids (none in a dry pass) and weights.
 struct Routed {
     ids: Option<DevBuf<i32>>,

@@ -24,7 +24,7 @@ use crate::matmul::weights::F16Weights;
 use crate::matmul::weights::GpuMatrix;
 use crate::matmul::weights::GpuMemory;
 use crate::matmul::weights::WeightBytes;
-use crate::model::experts::MIXTURE_GRAPHS_OFF;
+use crate::model::experts::{MIXTURE_GRAPHS_OFF, OFFLOADED_GRAPHS_OFF};
 use crate::model::{Buffers, CudaModel, Mode, PassState, ARENA_INTS};
 use crate::offload::OffloadLoad;
 use crate::options::{CudaOptions, LabOptions};
@@ -174,7 +174,9 @@ impl CudaModel {
         let mut graphs = graph_cache(&gpu.options, diagnostics.profile.is_none());
         if cpu.config.moe.is_some() {
             graphs.max_batch_rows = routes::INDEXED_EXPERTS_MAX_ROWS;
-            if !indexed_experts(w, &weights.expert_tables) {
+            if offload.is_some() {
+                graphs.blocked = Some(OFFLOADED_GRAPHS_OFF);
+            } else if !indexed_experts(w, &weights.expert_tables) {
                 graphs.blocked = Some(MIXTURE_GRAPHS_OFF);
             }
         }
@@ -284,12 +286,18 @@ fn indexed_experts(w: &Weights, tables: &HashMap<String, ExpertTable>) -> bool {
 /// Device bytes of the weights other than a mixture's experts: their quantized bytes, and their f16
 /// copies outside deterministic mode (an estimate for `--gpu-expert-budget auto`).
 fn dense_bytes(w: &Weights, deterministic: bool) -> u64 {
-    let experts = mixture_matrices(w);
+    let experts = expert_matrices(w);
+    // The routers stay on the device but, like the experts, get no f16 copy.
+    let no_copy = mixture_matrices(w);
     w.matrices()
         .iter()
         .filter(|m| !experts.contains(m.name.as_str()))
         .map(|m| {
-            let copy = if deterministic { 0 } else { 2 * m.rows * m.cols };
+            let copy = if deterministic || no_copy.contains(m.name.as_str()) {
+                0
+            } else {
+                2 * m.rows * m.cols
+            };
             (m.bytes_len() + copy) as u64
         })
         .sum()
