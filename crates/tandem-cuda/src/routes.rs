@@ -341,18 +341,24 @@ pub const INDEXED_EXPERTS_MAX_ROWS: usize = 8;
 pub enum ExpertRoute {
     /// Ids stay on the device; one launch a matrix over every (row, slot) pair (`matmul::indexed`).
     Indexed,
-    /// Ids read back; each routed expert's rows gathered and run through the dense ops.
+    /// Ids stay on the device, which sorts the pairs by expert; one tensor-core launch a matrix over
+    /// tiles of one expert's pairs (`matmul::indexed::mmq_ids_into`).
+    Sorted,
+    /// Ids read back; each routed expert's rows gathered and run through the dense ops (experts
+    /// without tables: in host memory, or of a type the integer kernels lack).
     Grouped,
 }
 
-/// The route of `t` rows through a mixture whose expert tensors all have address tables (`indexed`).
-/// Both give each row the bits of its experts' own one-row products where the grouped route's
-/// products are row-exact (deterministic mode), so a step's bits do not depend on the route.
-pub fn expert_route(t: usize, indexed: bool) -> ExpertRoute {
-    if indexed && t <= INDEXED_EXPERTS_MAX_ROWS {
-        ExpertRoute::Indexed
-    } else {
-        ExpertRoute::Grouped
+/// The route of `t` rows through a mixture: `indexed` when its expert tensors all have address
+/// tables, `sorted` when the grouped tensor-core kernels also take all three
+/// (`ExpertTable::groups_on_tensor_cores`). Every route gives each row the bits of its experts' own
+/// one-row products where products are row-exact (deterministic mode, whose variants are split 1),
+/// so a step's bits do not depend on the route.
+pub fn expert_route(t: usize, indexed: bool, sorted: bool) -> ExpertRoute {
+    match (indexed, sorted) {
+        (true, _) if t <= INDEXED_EXPERTS_MAX_ROWS => ExpertRoute::Indexed,
+        (true, true) => ExpertRoute::Sorted,
+        _ => ExpertRoute::Grouped,
     }
 }
 
@@ -466,15 +472,21 @@ mod tests {
     }
 
     #[test]
-    fn experts_take_device_ids_for_decode_batches_that_graphs_capture() {
+    fn experts_keep_their_ids_on_the_device_wherever_tables_allow() {
         for t in 1..=INDEXED_EXPERTS_MAX_ROWS {
-            assert_eq!(expert_route(t, true), ExpertRoute::Indexed);
-            assert_eq!(expert_route(t, false), ExpertRoute::Grouped);
+            assert_eq!(expert_route(t, true, true), ExpertRoute::Indexed);
+            assert_eq!(expert_route(t, true, false), ExpertRoute::Indexed);
+            assert_eq!(expert_route(t, false, false), ExpertRoute::Grouped);
         }
-        assert_eq!(expert_route(INDEXED_EXPERTS_MAX_ROWS + 1, true), ExpertRoute::Grouped);
-        assert_eq!(expert_route(512, true), ExpertRoute::Grouped);
+        for t in [INDEXED_EXPERTS_MAX_ROWS + 1, 512, 8192] {
+            assert_eq!(expert_route(t, true, true), ExpertRoute::Sorted);
+            // Tables the grouped kernels do not take (another type): ids come back to the host.
+            assert_eq!(expert_route(t, true, false), ExpertRoute::Grouped);
+            // No tables (experts in host memory): likewise.
+            assert_eq!(expert_route(t, false, false), ExpertRoute::Grouped);
+        }
         // A decode step of one sequence always has a route a graph can replay.
-        assert_eq!(expert_route(1, true), ExpertRoute::Indexed);
+        assert_eq!(expert_route(1, true, false), ExpertRoute::Indexed);
     }
 
     #[test]

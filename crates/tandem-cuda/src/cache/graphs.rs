@@ -38,7 +38,7 @@ pub struct GraphCache {
     pub blocked: Option<&'static str>,
     /// Rows up to which a batched step is captured: `MAX_BATCH_ROWS`, or fewer where larger steps
     /// take a route a graph cannot replay (a mixture's experts past
-    /// `routes::INDEXED_EXPERTS_MAX_ROWS`).
+    /// `routes::INDEXED_EXPERTS_MAX_ROWS` where they have no sorted route).
     pub max_batch_rows: usize,
     /// Batched decode steps through them too (`TANDEM_CUDA_BATCH_GRAPHS=0` turns only this off; a
     /// failed batched capture too).

@@ -106,11 +106,12 @@ struct MmqMerge {
 struct MmqTile {
     int g, i, r0, t0, nsb, n_t;
     int te[2];
-    __device__ __forceinline__ static MmqTile at(int cols, int n_t) {
+    // Activation rows t0 .. + 16, those before n_t live.
+    __device__ __forceinline__ static MmqTile at(int cols, int t0, int n_t) {
         int lane = threadIdx.x & 31;
         MmqTile tl;
         tl.g = lane >> 2, tl.i = lane & 3;
-        tl.r0 = blockIdx.y * 32 + (threadIdx.x >> 5) * 8, tl.t0 = blockIdx.x * 16;
+        tl.r0 = blockIdx.y * 32 + (threadIdx.x >> 5) * 8, tl.t0 = t0;
         tl.nsb = cols / 256, tl.n_t = n_t;
         tl.te[0] = tl.t0 + tl.g, tl.te[1] = tl.t0 + tl.g + 8;
         return tl;
@@ -283,7 +284,7 @@ __device__ __forceinline__ void mmq_run(const Type& ty, const MmqTile& tl, const
 extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict__ W, const u8* __restrict__ A,
                                                            float* __restrict__ Y, int rows, int cols, int n_t) {
     WAIT_PRIOR_GRID();
-    MmqTile tl = MmqTile::at(cols, n_t);
+    MmqTile tl = MmqTile::at(cols, blockIdx.x * 16, n_t);
     bool live = tl.r0 < rows;
     mmq_run(MmqQ4k(W, tl), tl, GlobalQ8K::at(A, n_t, cols, 0), Y, rows, live);
 }
@@ -294,7 +295,7 @@ extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(const u8* __restrict_
 extern "C" __global__ void __launch_bounds__(128, 4) mmq_q6_k(const u8* __restrict__ W, const u8* __restrict__ A,
                                                            float* __restrict__ Y, int rows, int cols, int n_t) {
     WAIT_PRIOR_GRID();
-    MmqTile tl = MmqTile::at(cols, n_t);
+    MmqTile tl = MmqTile::at(cols, blockIdx.x * 16, n_t);
     bool live = tl.r0 < rows;
     mmq_run(MmqQ6k(W, tl, rows), tl, GlobalQ8K::at(A, n_t, cols, 0), Y, rows, live);
 }
@@ -334,17 +335,18 @@ __device__ __forceinline__ void mmq8_stage(const signed char* qs, const float* d
     cp_async4(smem_u32(tile + 16 * MMQ8_QS_STRIDE + (r * MMQ8_D_STRIDE + kk) * 4), src, valid);
 }
 
-extern "C" __global__ void __launch_bounds__(128) mmq_q8_0(const u8* __restrict__ W, const u8* __restrict__ A,
-                                                           float* __restrict__ Y, int rows, int cols, int n_t) {
-    WAIT_PRIOR_GRID();
+// The Q8_0 tile `tl` of A (quantized activations laid out for `n_layout` rows; rows from tl.n_t on
+// read as zeros and are not stored).
+__device__ __forceinline__ void mmq8_run(const u8* __restrict__ W, const u8* __restrict__ A, float* __restrict__ Y,
+                                         int rows, int cols, int n_layout, const MmqTile& tl) {
     __shared__ __align__(16) u8 tiles[2][MMQ8_TILE_BYTES];
-    MmqTile tl = MmqTile::at(cols, n_t);
+    int n_t = tl.n_t;
     // Every warp stages and meets the barriers; only live ones (weight rows inside the matrix) fold.
     bool live = tl.r0 < rows;
     int nb = cols / 32, g = tl.g, i = tl.i;
     int parts = (nb + 16 * MMQ8_UNIT - 1) / (16 * MMQ8_UNIT);
     const signed char* qs = act_qs(A, 0, cols);
-    const float* dd = act_d(A, n_t, 0, cols, 32);
+    const float* dd = act_d(A, n_layout, 0, cols, 32);
     const u8* wrow = W + (size_t)(live ? tl.r0 + g : 0) * cols;
     const u16* dtab = (const u16*)(W + (size_t)rows * cols);
     const u16* drow[2] = {dtab + (size_t)(live ? tl.r0 + 2 * i : 0) * nb,
@@ -425,4 +427,63 @@ extern "C" __global__ void __launch_bounds__(128) mmq_q8_0(const u8* __restrict_
         if (t < n_t)
             Y[(size_t)t * rows + r] = (v3_first[e * 2][threadIdx.x] + v3[e][0]) + (v3_first[e * 2 + 1][threadIdx.x] + v3[e][1]);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(128) mmq_q8_0(const u8* __restrict__ W, const u8* __restrict__ A,
+                                                           float* __restrict__ Y, int rows, int cols, int n_t) {
+    WAIT_PRIOR_GRID();
+    mmq8_run(W, A, Y, rows, cols, n_t, MmqTile::at(cols, blockIdx.x * 16, n_t));
+}
+
+// ---- A mixture's grouped products (`matmul::indexed::mmq_ids_into`, prefill chunks): the chunk's
+// (row, slot) pairs sorted by expert (`moe_sort`: A's rows and Y's rows are in that order) and cut into
+// tiles of up to 16 rows of one expert. `tiles` holds their count, then (expert, first row, end of
+// the expert's rows) per tile; blockIdx.x is the tile (blocks past the count, which the host cannot
+// know without reading it back, return at once), blockIdx.y the 32 weight rows as above, blockIdx.z
+// the table (T0, or T1: an expert's gate and up in one launch). Each output has the bits of its
+// expert's own `mmq_*` (the split-1 matvec's), whatever rows share its tile.
+struct MmqGroupTile {
+    const u8* W;
+    float* Y;
+    int t0, t_end;
+    __device__ __forceinline__ static bool at(const unsigned long long* __restrict__ T0,
+                                              const unsigned long long* __restrict__ T1, const int* __restrict__ tiles,
+                                              float* Y0, float* Y1, MmqGroupTile* out) {
+        int tile = blockIdx.x;
+        if (tile >= tiles[0]) return false;
+        const int* t = tiles + 1 + 3 * tile;
+        out->W = (const u8*)(blockIdx.z == 0 ? T0 : T1)[t[0]];
+        out->Y = blockIdx.z == 0 ? Y0 : Y1;
+        out->t0 = t[1];
+        out->t_end = t[2];
+        return true;
+    }
+};
+
+#define MMQ_IDS_ARGS                                                                                    \
+    const unsigned long long *__restrict__ T0, const unsigned long long *__restrict__ T1,              \
+        const int *__restrict__ tiles, const u8 *__restrict__ A, float *__restrict__ Y0, float *__restrict__ Y1, \
+        int rows, int cols, int n_total
+
+extern "C" __global__ void __launch_bounds__(128) mmq_ids_q4_k(MMQ_IDS_ARGS) {
+    WAIT_PRIOR_GRID();
+    MmqGroupTile gt;
+    if (!MmqGroupTile::at(T0, T1, tiles, Y0, Y1, &gt)) return;
+    MmqTile tl = MmqTile::at(cols, gt.t0, gt.t_end);
+    mmq_run(MmqQ4k(gt.W, tl), tl, GlobalQ8K::at(A, n_total, cols, 0), gt.Y, rows, tl.r0 < rows);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4) mmq_ids_q6_k(MMQ_IDS_ARGS) {
+    WAIT_PRIOR_GRID();
+    MmqGroupTile gt;
+    if (!MmqGroupTile::at(T0, T1, tiles, Y0, Y1, &gt)) return;
+    MmqTile tl = MmqTile::at(cols, gt.t0, gt.t_end);
+    mmq_run(MmqQ6k(gt.W, tl, rows), tl, GlobalQ8K::at(A, n_total, cols, 0), gt.Y, rows, tl.r0 < rows);
+}
+
+extern "C" __global__ void __launch_bounds__(128) mmq_ids_q8_0(MMQ_IDS_ARGS) {
+    WAIT_PRIOR_GRID();
+    MmqGroupTile gt;
+    if (!MmqGroupTile::at(T0, T1, tiles, Y0, Y1, &gt)) return;
+    mmq8_run(gt.W, A, gt.Y, rows, cols, n_total, MmqTile::at(cols, gt.t0, gt.t_end));
 }

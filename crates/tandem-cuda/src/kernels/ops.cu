@@ -601,6 +601,67 @@ extern "C" __global__ void moe_combine(const float* __restrict__ expert_out, con
     }
 }
 
+// A chunk's (row, slot) pairs sorted by expert on the device, for the grouped products
+// (`mmq_ids_*`), so no routing comes back to the host: `ids` holds `pairs` experts of 0..n, k a row.
+// Sorted position s holds the pairs of expert 0 first, each expert's in pair order (stable, so the
+// order depends on the routing alone); `src_row[s]` is the chunk row of the pair at s (pair / k) and
+// `pos[p]` the position of pair p (what `moe_combine` reads). `tiles` gets the tile count, then per
+// tile of up to MOE_SORT_TILE positions of one expert: (expert, first position, end of the expert's
+// positions). One block: counts by shared atomics, the offsets by one thread, then warp w places
+// experts w, w + warps, ...: each scan of 32 pairs is a ballot, each pair's place the count of earlier
+// matching lanes. An id outside 0..n (which `moe_route` never writes) is in no group.
+#define MOE_SORT_TILE 16
+extern "C" __global__ void moe_sort(const int* __restrict__ ids, int pairs, int n, int k, int* __restrict__ src_row,
+                                    int* __restrict__ pos, int* __restrict__ tiles) {
+    WAIT_PRIOR_GRID();
+    extern __shared__ int moe_sort_shared[];
+    int* count = moe_sort_shared;
+    int* first = count + n;
+    int* first_tile = first + n;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        int e = ids[p];
+        if (e >= 0 && e < n) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0, t = 0;
+        for (int e = 0; e < n; e++) {
+            first[e] = s;
+            first_tile[e] = t;
+            s += count[e];
+            t += (count[e] + MOE_SORT_TILE - 1) / MOE_SORT_TILE;
+        }
+        tiles[0] = t;
+    }
+    __syncthreads();
+    int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    unsigned before = (1u << lane) - 1u;
+    for (int e = threadIdx.x >> 5; e < n; e += warps) {
+        int at = first[e];
+        for (int base = 0; base < pairs; base += 32) {
+            int p = base + lane;
+            bool mine = p < pairs && ids[p] == e;
+            unsigned hits = __ballot_sync(0xffffffffu, mine);
+            if (mine) {
+                int s = at + __popc(hits & before);
+                src_row[s] = p / k;
+                pos[p] = s;
+            }
+            at += __popc(hits);
+        }
+        int end = first[e] + count[e];
+        for (int s = first[e], t = first_tile[e]; s < end; s += MOE_SORT_TILE, t++) {
+            if (lane == 0) {
+                tiles[1 + 3 * t] = e;
+                tiles[2 + 3 * t] = s;
+                tiles[3 + 3 * t] = end;
+            }
+        }
+    }
+}
+
 // Writes rows of K and V (f32) into f16 cache rows: row i goes to physical row dst[i] (-1: skipped,
 // a row the ring evicts within the same chunk). One block per row.
 extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,

@@ -22,7 +22,7 @@ pub mod matmul {
     }
 
     pub mod indexed {
-        pub use crate::matmul::indexed::{mmvq_ids_into, ExpertTable, Pairs};
+        pub use crate::matmul::indexed::{mmq_ids_into, mmvq_ids_into, ExpertTable, Pairs};
     }
 
     pub mod int8 {
@@ -74,7 +74,9 @@ pub mod ops {
     }
 
     pub mod moe {
-        pub use crate::ops::moe::{combine_into, route_into, RouteShape};
+        pub use crate::ops::moe::{
+            combine_into, max_sort_tiles, route_into, sort_into, RouteShape, SortedPairs, SORT_TILE,
+        };
     }
 
     pub mod rows {

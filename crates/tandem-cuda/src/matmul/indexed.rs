@@ -1,7 +1,11 @@
-//! The routed experts' integer products for a few rows (a mixture's decode): each (row, slot) pair
-//! reads the matrix of the expert the routing kernel chose for it, found through a table of the
-//! experts' device addresses (`ExpertTable`), so no id comes back to the host and a captured graph
-//! replays each step's own choice (`mmvq_ids_*` in `kernels/mmvq.cu`).
+//! The routed experts' integer products, each expert's matrix found through a table of the experts'
+//! device addresses (`ExpertTable`), so no id comes back to the host and a captured graph replays
+//! each step's own choice:
+//! - a few rows (a mixture's decode): each (row, slot) pair reads the matrix of the expert the
+//!   routing kernel chose for it (`mmvq_ids_*` in `kernels/mmvq.cu`);
+//! - prefill chunks: the pairs sorted by expert on the device (`ops::moe::sort_into`), tiles of up to
+//!   16 pairs of one expert on the tensor cores, each expert's weights read once a tile
+//!   (`mmq_ids_*` in `kernels/mmq.cu`).
 
 use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 
@@ -54,6 +58,13 @@ impl ExpertTable {
 
     pub fn n_expert(&self) -> usize {
         self.addresses.len()
+    }
+
+    /// Whether the grouped tensor-core kernel (`mmq_ids_*`) takes this table: Q4_K, Q6_K and Q8_0
+    /// in whole groups of eight weight rows (one mma's n). Its outputs have the split-1 matvec's bits,
+    /// so they equal the indexed route's where the variant's split is 1 (always in deterministic mode).
+    pub fn groups_on_tensor_cores(&self) -> bool {
+        matches!(self.suffix, "q4_k" | "q6_k" | "q8_0") && self.rows.is_multiple_of(8)
     }
 
     /// Whether `other` can share a launch with this table (an expert's gate and up).
@@ -148,6 +159,67 @@ pub fn mmvq_ids_into(
     // SAFETY: every address in the tables is an expert's integer-route matrix of rows x cols (the
     // model owns them for its lifetime); `a` holds a_rows quantized rows of cols; each output holds
     // `pairs` rows of `rows` floats; ids outside the table leave their row unwritten.
+    driver(&name, unsafe { b.launch(cfg) })?;
+    Ok(())
+}
+
+/// `outs[i][s] = W(tables[i], expert of s) · a[s]` for the `n_total` pairs sorted by expert, whose
+/// tiles `moe_sort` wrote (at most `max_tiles`), for one or two tables of one shape in one launch
+/// (`mmq_ids_*`): each output row has the bits of its expert's own `mmq_*`, the split-1 matvec's.
+pub fn mmq_ids_into(
+    gpu: &Gpu,
+    tables: &[&ExpertTable],
+    tiles: &CudaSlice<i32>,
+    max_tiles: usize,
+    a: &CudaSlice<u8>,
+    n_total: usize,
+    outs: &mut [&mut CudaSlice<f32>],
+) -> Result<(), CudaError> {
+    let fail = |err: String| CudaError::Driver {
+        what: "mmq_ids".into(),
+        err,
+    };
+    let [first, ..] = tables else {
+        return Err(fail("no expert table".into()));
+    };
+    if tables.len() > 2 || outs.len() != tables.len() || !tables.iter().all(|t| t.same_shape(first)) {
+        return Err(fail(format!(
+            "{} tables of differing shapes, {} outputs",
+            tables.len(),
+            outs.len()
+        )));
+    }
+    let (rows, cols) = (first.rows, first.cols);
+    if !first.groups_on_tensor_cores()
+        || tiles.len() < 1 + 3 * max_tiles
+        || a.len() < first.fmt.bytes(n_total, cols)
+        || outs.iter().any(|o| o.len() < n_total * rows)
+    {
+        return Err(fail(format!(
+            "{n_total} sorted pairs of {rows}x{cols} {} in {max_tiles} tiles",
+            first.suffix
+        )));
+    }
+    let name = format!("mmq_ids_{}", first.suffix);
+    let f = gpu.function(&name)?;
+    let (r, c, n) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, i32_of(n_total, "pairs")?);
+    let grid_x = u32::try_from(max_tiles.max(1)).map_err(|_| fail(format!("{max_tiles} tiles")))?;
+    let second = tables.get(1).unwrap_or(first);
+    let mut b = gpu.launch_builder(f)?;
+    b.arg(&first.addresses).arg(&second.addresses).arg(tiles).arg(a);
+    let (y0, rest) = outs.split_first_mut().ok_or_else(|| fail("no output".into()))?;
+    match rest.first_mut() {
+        Some(y1) => b.arg(&mut **y0).arg(&mut **y1),
+        None => {
+            let y0: &CudaSlice<f32> = y0;
+            b.arg(y0).arg(y0)
+        }
+    };
+    b.arg(&r).arg(&c).arg(&n);
+    let cfg = launch_cfg((grid_x, rows.div_ceil(32) as u32, tables.len() as u32), 128);
+    // SAFETY: every address in the tables is an expert's integer-route matrix of rows x cols (the
+    // model owns them for its lifetime); `tiles` names positions inside the n_total rows of `a`
+    // (quantized as the tables' format) and of each output (n_total rows of `rows` floats).
     driver(&name, unsafe { b.launch(cfg) })?;
     Ok(())
 }

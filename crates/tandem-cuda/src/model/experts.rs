@@ -3,13 +3,20 @@
 //! The router's logits are a matmul like any other (its f32 matrix has no f16 copy, so it always
 //! takes the matvec route: the routing reads logits as exact as the CPU's up to rounding). The
 //! `moe_route` kernel routes every row as `Routing::from_logits` does and leaves the expert ids and
-//! weights on the device. Then one of two routes (`routes::expert_route`, by the chunk's rows):
+//! weights on the device. Then one of three routes (`routes::expert_route`, by the chunk's rows and
+//! the expert tensors' kernels):
 //!
 //! - Indexed (decode steps and batches of up to `routes::INDEXED_EXPERTS_MAX_ROWS` rows, where every
 //!   expert tensor has an address table): one launch for gate and up and one for down over every
 //!   (row, slot) pair, each pair reading the matrix of the expert its id names (`matmul::indexed`).
 //!   Nothing comes back to the host, so these steps are captured and replayed as graphs.
-//! - Grouped (prefill chunks): the ids come back to the host (a few bytes a row), which groups the
+//! - Sorted (longer chunks and batches, where every expert tensor's table takes the grouped
+//!   tensor-core kernel): `moe_sort` orders the (row, slot) pairs by expert on the device, the rows
+//!   are gathered in that order and quantized once, and one `mmq_ids_*` launch for gate and up and
+//!   one for down run tiles of up to 16 pairs of one expert. No host sync, and nine launches a layer
+//!   instead of a handful per routed expert.
+//! - Grouped (experts in host memory, or of a type without those kernels): the ids come back to the
+//!   host (a few bytes a row), which groups the
 //!   rows by expert: each routed expert's rows are gathered and run through its gate, up and down
 //!   matrices by the dense block's own ops (the route of each product chosen by its row count, as for
 //!   any matmul), and its outputs are copied into one stack, group after group.
@@ -19,16 +26,20 @@
 //! chunk, given row-exact products (deterministic mode's routes): the indexed route's products are
 //! each expert's one-row sums, which the grouped route's row-exact products equal.
 
+use cudarc::driver::PushKernelArg;
 use tandem_model::config::{Activation, MoeConfig};
 use tandem_model::moe::{group_by_expert, Routing};
 use tandem_model::weights::ExpertFfn;
 use tandem_model::ModelError;
 
-use crate::matmul::indexed::{mmvq_ids_into, ExpertTable, Pairs};
+use crate::matmul::indexed::{mmq_ids_into, mmvq_ids_into, ExpertTable, Pairs};
 use crate::model::{CudaModel, GpuAct, Mode};
-use crate::ops::moe::{combine_into, route_into, stacked_positions, RouteShape};
+use crate::ops::moe::{
+    combine_into, max_sort_tiles, route_into, sort_into, stacked_positions, RouteShape, SortedPairs,
+};
 use crate::routes::{expert_route, ExpertRoute};
 use crate::runtime::checked::driver;
+use crate::runtime::grid::{i32_of, launch_cfg};
 use crate::runtime::pool::DevBuf;
 
 /// Why a model with a mixture decodes without CUDA graphs (`GraphCache::blocked`).
@@ -69,8 +80,10 @@ impl CudaModel {
             [Some(g), Some(u), Some(d)] => Some([g, u, d]),
             _ => None,
         };
-        match (expert_route(x.rows, indexed.is_some()), indexed) {
+        let sorted = indexed.is_some_and(|t| t.iter().all(|t| t.groups_on_tensor_cores()));
+        match (expert_route(x.rows, indexed.is_some(), sorted), indexed) {
             (ExpertRoute::Indexed, Some(tables)) => self.indexed_experts(x, experts, moe, act, tables),
+            (ExpertRoute::Sorted, Some(tables)) => self.sorted_experts(x, experts, moe, act, tables),
             _ if self.pass.mode.get() != Mode::Normal => Err(ModelError::Kernel(format!(
                 "{} rows of experts in a captured or replayed pass: {MIXTURE_GRAPHS_OFF}",
                 x.rows
@@ -177,6 +190,92 @@ impl CudaModel {
                 &self.gpu,
                 y.buf()?,
                 None,
+                routed.weights.buf()?,
+                rows,
+                k,
+                down.rows,
+                out.buf_mut()?,
+            )
+        })?;
+        Ok(out)
+    }
+
+    /// The sorted route: the pairs sorted by expert on the device, the chunk's rows gathered in that
+    /// order and quantized once, gate and up in one tensor-core launch over tiles of one expert's
+    /// pairs, the gating (quantized for down), down likewise, and the combine reading each pair's
+    /// output at its sorted position.
+    fn sorted_experts(
+        &self,
+        x: &GpuAct,
+        experts: &ExpertFfn,
+        moe: &MoeConfig,
+        act: Activation,
+        [gate, up, down]: [&ExpertTable; 3],
+    ) -> Result<GpuAct, ModelError> {
+        let (rows, n, k) = (x.rows, moe.n_expert, moe.n_expert_used);
+        let pairs = rows * k;
+        let max_tiles = max_sort_tiles(pairs, n);
+        let routed = self.route_rows(x, experts, moe)?;
+        let mut xs = self.act(pairs, x.width)?;
+        let mut g = self.act(pairs, gate.rows)?;
+        let mut u = self.act(pairs, up.rows)?;
+        let mut y = self.act(pairs, down.rows)?;
+        let mut out = self.act(rows, down.rows)?;
+        if self.dry() {
+            return Ok(out);
+        }
+        let may_allocate = self.pass.mode.get() == Mode::Normal;
+        let pool = &self.buffers.i32_pool;
+        let mut src_row = pool.take(&self.gpu, pairs, may_allocate)?;
+        let mut pos = pool.take(&self.gpu, pairs, may_allocate)?;
+        let mut tiles = pool.take(&self.gpu, 1 + 3 * max_tiles, may_allocate)?;
+        let ids = routed.ids()?;
+        self.profiled("moe_sort", || {
+            let out = SortedPairs {
+                src_row: &mut src_row,
+                pos: &mut pos,
+                tiles: &mut tiles,
+            };
+            sort_into(&self.gpu, ids, rows, n, k, out)
+        })?;
+        self.profiled("gather_rows (sorted pairs)", || {
+            let f = self.gpu.function("gather_rows")?;
+            let wi = i32_of(x.width, "width")?;
+            let mut b = self.gpu.launch_builder(f)?;
+            b.arg(x.buf()?).arg(&*src_row).arg(xs.buf_mut()?).arg(&wi);
+            // SAFETY: src_row holds `pairs` rows of x, each below x.rows (the sort's chunk rows).
+            driver("gather_rows", unsafe {
+                b.launch(launch_cfg((pairs as u32, 1, 1), 256))
+            })
+        })?;
+        self.with_quantized(&xs, gate.fmt, |a| {
+            self.profiled(format_args!("experts gate+up {pairs} sorted pairs"), || {
+                if gate.same_shape(up) {
+                    return mmq_ids_into(
+                        &self.gpu,
+                        &[gate, up],
+                        &tiles,
+                        max_tiles,
+                        a,
+                        pairs,
+                        &mut [g.buf_mut()?, u.buf_mut()?],
+                    );
+                }
+                mmq_ids_into(&self.gpu, &[gate], &tiles, max_tiles, a, pairs, &mut [g.buf_mut()?])?;
+                mmq_ids_into(&self.gpu, &[up], &tiles, max_tiles, a, pairs, &mut [u.buf_mut()?])
+            })
+        })?;
+        self.gate_rows_into(&mut g, &u, act, Some(down.fmt), false)?;
+        self.with_quantized(&g, down.fmt, |a| {
+            self.profiled(format_args!("experts down {pairs} sorted pairs"), || {
+                mmq_ids_into(&self.gpu, &[down], &tiles, max_tiles, a, pairs, &mut [y.buf_mut()?])
+            })
+        })?;
+        self.profiled("moe_combine", || {
+            combine_into(
+                &self.gpu,
+                y.buf()?,
+                Some(&pos.as_view()),
                 routed.weights.buf()?,
                 rows,
                 k,

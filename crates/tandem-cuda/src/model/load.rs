@@ -173,7 +173,11 @@ impl CudaModel {
         };
         let mut graphs = graph_cache(&gpu.options, diagnostics.profile.is_none());
         if cpu.config.moe.is_some() {
-            graphs.max_batch_rows = routes::INDEXED_EXPERTS_MAX_ROWS;
+            // Past the indexed route's rows, a batch stays on the device only where every layer's
+            // experts take the sorted route; else its ids come back to the host.
+            if !sorted_experts(w, &weights.expert_tables) {
+                graphs.max_batch_rows = routes::INDEXED_EXPERTS_MAX_ROWS;
+            }
             if offload.is_some() {
                 graphs.blocked = Some(OFFLOADED_GRAPHS_OFF);
             } else if !indexed_experts(w, &weights.expert_tables) {
@@ -281,6 +285,18 @@ fn indexed_experts(w: &Weights, tables: &HashMap<String, ExpertTable>) -> bool {
             .all(|set| tables.contains_key(&set.name)),
         _ => true,
     })
+}
+
+/// Whether every mixture layer's expert tensors take the grouped tensor-core kernels as well: then
+/// batches of any size route on the device alone.
+fn sorted_experts(w: &Weights, tables: &HashMap<String, ExpertTable>) -> bool {
+    indexed_experts(w, tables)
+        && w.layers.iter().all(|l| match &l.ffn {
+            FeedForward::Experts(e) => [&e.gate, &e.up, &e.down]
+                .iter()
+                .all(|set| tables.get(&set.name).is_some_and(ExpertTable::groups_on_tensor_cores)),
+            _ => true,
+        })
 }
 
 /// Device bytes of the weights other than a mixture's experts: their quantized bytes, and their f16

@@ -90,6 +90,75 @@ pub fn combine_into(
     Ok(())
 }
 
+/// Positions of one sorted tile (`MOE_SORT_TILE` in ops.cu): the grouped kernels' activation rows
+/// a block (`mmq_ids_*`, 16 rows of the mma's m).
+pub const SORT_TILE: usize = 16;
+
+/// Experts a chunk's pairs can be sorted over in one block (`moe_sort` keeps three ints an expert in
+/// shared memory, within the 48 KiB a launch gets without opting in).
+pub const SORT_MAX_EXPERTS: usize = 4096;
+
+/// The most tiles `pairs` sorted pairs of `n` experts make: each expert's partial tile on top of
+/// the whole ones. The grouped kernels' grids take this many (the count itself stays on the device).
+pub fn max_sort_tiles(pairs: usize, n: usize) -> usize {
+    pairs.div_ceil(SORT_TILE) + n.min(pairs)
+}
+
+/// The device's sort of a chunk's (row, slot) pairs by expert (`moe_sort`): `src_row[s]` the chunk
+/// row of the pair at sorted position s, `pos[p]` the position of pair p, `tiles` the tile count and
+/// (expert, first position, end of the expert's positions) per tile. The same order as the host's
+/// `stacked_positions` over `group_by_expert`.
+pub struct SortedPairs<'a> {
+    pub src_row: &'a mut CudaSlice<i32>,
+    pub pos: &'a mut CudaSlice<i32>,
+    pub tiles: &'a mut CudaSlice<i32>,
+}
+
+/// The `moe_sort` kernel over `ids` (`rows × k` experts of `0..n`, as `moe_route` writes them).
+pub fn sort_into(
+    gpu: &Gpu,
+    ids: &CudaSlice<i32>,
+    rows: usize,
+    n: usize,
+    k: usize,
+    out: SortedPairs<'_>,
+) -> Result<(), CudaError> {
+    let pairs = rows * k;
+    if k == 0
+        || n == 0
+        || n > SORT_MAX_EXPERTS
+        || ids.len() < pairs
+        || out.src_row.len() < pairs
+        || out.pos.len() < pairs
+        || out.tiles.len() < 1 + 3 * max_sort_tiles(pairs, n)
+    {
+        return Err(CudaError::Driver {
+            what: "moe_sort".into(),
+            err: format!("{rows} rows of {k} of {n} experts"),
+        });
+    }
+    let (p, ni, ki) = (
+        i32_of(pairs, "pairs")?,
+        i32_of(n, "experts")?,
+        i32_of(k, "experts used")?,
+    );
+    let f = gpu.function("moe_sort")?;
+    let mut b = gpu.launch_builder(f)?;
+    b.arg(ids)
+        .arg(&p)
+        .arg(&ni)
+        .arg(&ki)
+        .arg(out.src_row)
+        .arg(out.pos)
+        .arg(out.tiles);
+    let mut cfg = launch_cfg((1, 1, 1), 1024);
+    cfg.shared_mem_bytes = (3 * n * 4) as u32;
+    // SAFETY: ids holds `pairs` ints; src_row and pos `pairs`; tiles room for the most tiles the
+    // pairs can make; the shared memory three ints an expert.
+    driver("moe_sort", unsafe { b.launch(cfg) })?;
+    Ok(())
+}
+
 /// Where the expert outputs of `groups` lie when stacked group after group in one buffer: each
 /// group's first row there, and for each (row, slot) pair (`pairs` of them, `Routing::experts`'
 /// order) the row of its expert's output. `None` when a pair has no group or two.

@@ -1,17 +1,20 @@
 //! The mixture-of-experts kernels against the host: `moe_route` must choose the experts
 //! `Routing::from_logits` chooses on the same logits, slot for slot (ties to the lower index, NaN
 //! rows included), with weights within a few roundings; `moe_combine` must give the bits of the
-//! slot-order f32 sum of separately rounded products.
+//! slot-order f32 sum of separately rounded products; the expert products by ids on the device
+//! (`mmvq_ids_*`, `moe_sort` + `mmq_ids_*`) must give each expert's own launch's bits.
 
 use anyhow::{ensure, Context, Result};
 use tandem_cuda::lab::launch::type_suffix;
-use tandem_cuda::lab::matmul::indexed::{mmvq_ids_into, ExpertTable, Pairs};
+use tandem_cuda::lab::matmul::indexed::{mmq_ids_into, mmvq_ids_into, ExpertTable, Pairs};
 use tandem_cuda::lab::matmul::int8::{int8_format, mmvq_into, quantize_act_into, repack, variants};
-use tandem_cuda::lab::ops::moe::{combine_into, route_into, RouteShape};
+use tandem_cuda::lab::ops::moe::{
+    combine_into, max_sort_tiles, route_into, sort_into, RouteShape, SortedPairs, SORT_TILE,
+};
 use tandem_cuda::Gpu;
 use tandem_gguf::GgmlType;
 use tandem_model::config::MoeConfig;
-use tandem_model::moe::Routing;
+use tandem_model::moe::{group_by_expert, Routing};
 
 use crate::common::{bits_equal, host_weights, Rng, Row};
 
@@ -23,6 +26,149 @@ fn moe_kernels_against_the_host() {
 #[test]
 fn indexed_experts_equal_each_experts_own_launch() {
     crate::common::run("indexed expert checks", indexed_checks);
+}
+
+#[test]
+fn sorted_experts_equal_each_experts_own_launch() {
+    crate::common::run("sorted expert checks", sorted_checks);
+}
+
+/// A chunk's pairs sorted by expert on the device (`moe_sort`): the host grouping's order
+/// (`group_by_expert`, stacked group after group), each expert's tiles of up to `SORT_TILE`; then the
+/// grouped tensor-core products over those tiles (`mmq_ids_*`), one table and two in a launch: each
+/// output row has the bits of its expert's one-row split-1 launch on that row alone.
+fn sorted_checks(gpu: &Gpu, rng: &mut Rng, table: &mut Vec<Row>) -> Result<()> {
+    let (n_expert, rows, k, a_rows) = (7, 64, 3, 45);
+    for (ty, cols) in [(GgmlType::Q4_K, 768), (GgmlType::Q6_K, 512), (GgmlType::Q8_0, 96)] {
+        let fmt = int8_format(ty).context("an integer type")?;
+        let suffix = type_suffix(ty).context("type has kernels")?;
+        let split1 = variants(suffix)
+            .into_iter()
+            .find(|v| v.split == 1 && !v.staged)
+            .context("a split-1 variant")?;
+        let mut experts = Vec::new();
+        for _ in 0..2 * n_expert {
+            let w = gpu.upload(&host_weights(rng, ty, rows, cols)?)?;
+            experts.push(repack(gpu, ty, &w, rows, cols)?.unwrap_or(w));
+        }
+        let (gate, up) = experts.split_at(n_expert);
+        // Skewed: expert 0 takes more than two tiles, expert 6 none.
+        let ids: Vec<i32> = (0..a_rows * k)
+            .map(|p| {
+                if p % 3 == 0 {
+                    0
+                } else {
+                    (rng.next() % (n_expert as u64 - 1)) as i32
+                }
+            })
+            .collect();
+        let pairs = ids.len();
+        let max_tiles = max_sort_tiles(pairs, n_expert);
+        let mut src_row = gpu.upload(&vec![-1i32; pairs])?;
+        let mut pos = gpu.upload(&vec![-1i32; pairs])?;
+        let mut tiles = gpu.upload(&vec![-1i32; 1 + 3 * max_tiles])?;
+        let out = SortedPairs {
+            src_row: &mut src_row,
+            pos: &mut pos,
+            tiles: &mut tiles,
+        };
+        sort_into(gpu, &gpu.upload(&ids)?, a_rows, n_expert, k, out)?;
+        let (src_row, pos, tiles) = (gpu.download(&src_row)?, gpu.download(&pos)?, gpu.download(&tiles)?);
+        // The host's order and tiles.
+        let chosen: Vec<u32> = ids.iter().map(|&e| e as u32).collect();
+        let (mut want_src, mut want_pos, mut want_tiles) = (Vec::new(), vec![0i32; pairs], vec![0i32]);
+        for g in group_by_expert(&chosen, n_expert) {
+            let first = want_src.len();
+            for &p in &g.pairs {
+                want_pos[p] = want_src.len() as i32;
+                want_src.push((p / k) as i32);
+            }
+            let end = want_src.len();
+            for s in (first..end).step_by(SORT_TILE) {
+                want_tiles.extend([g.expert as i32, s as i32, end as i32]);
+                want_tiles[0] += 1;
+            }
+        }
+        let sorted_ok = src_row == want_src && pos == want_pos && tiles[..want_tiles.len()] == want_tiles[..];
+        table.push(Row {
+            check: format!("moe_sort {pairs} pairs of {n_expert} experts ({ty} case)"),
+            result: if sorted_ok {
+                format!("the host grouping's order, {} tiles", want_tiles[0])
+            } else {
+                "DIFFERENT".into()
+            },
+            pass: sorted_ok,
+        });
+        // The chunk's activations, the sorted pairs' rows quantized once, and each row alone.
+        let x: Vec<f32> = (0..a_rows * cols).map(|_| rng.normal()).collect();
+        let xs: Vec<f32> = want_src
+            .iter()
+            .flat_map(|&t| x[t as usize * cols..][..cols].to_vec())
+            .collect();
+        let mut a = gpu.alloc::<u8>(fmt.bytes(pairs, cols))?;
+        quantize_act_into(gpu, fmt, &gpu.upload(&xs)?, pairs, cols, &mut a)?;
+        let mut lone = Vec::new();
+        for t in 0..a_rows {
+            let mut at = gpu.alloc::<u8>(fmt.bytes(1, cols))?;
+            quantize_act_into(gpu, fmt, &gpu.upload(&x[t * cols..(t + 1) * cols])?, 1, cols, &mut at)?;
+            lone.push(at);
+        }
+        let (gate_refs, up_refs): (Vec<_>, Vec<_>) = (gate.iter().collect(), up.iter().collect());
+        let gate_t = ExpertTable::new(gpu, &gate_refs, suffix, fmt, split1, rows, cols)?;
+        let up_t = ExpertTable::new(gpu, &up_refs, suffix, fmt, split1, rows, cols)?;
+        let tiles_dev = gpu.upload(&tiles)?;
+        let (mut equal, mut cases) = (true, Vec::new());
+        for both in [false, true] {
+            let mut y0 = gpu.upload(&vec![f32::NAN; pairs * rows])?;
+            let mut y1 = gpu.upload(&vec![f32::NAN; pairs * rows])?;
+            if both {
+                mmq_ids_into(
+                    gpu,
+                    &[&gate_t, &up_t],
+                    &tiles_dev,
+                    max_tiles,
+                    &a,
+                    pairs,
+                    &mut [&mut y0, &mut y1],
+                )?;
+            } else {
+                mmq_ids_into(gpu, &[&gate_t], &tiles_dev, max_tiles, &a, pairs, &mut [&mut y0])?;
+            }
+            let got = [gpu.download(&y0)?, gpu.download(&y1)?];
+            for (p, &e) in ids.iter().enumerate() {
+                let s = want_pos[p] as usize;
+                for (m, set) in [gate, up].iter().enumerate().take(if both { 2 } else { 1 }) {
+                    let row = &got[m][s * rows..(s + 1) * rows];
+                    let mut want = gpu.upload(&vec![f32::NAN; rows])?;
+                    mmvq_into(
+                        gpu,
+                        suffix,
+                        split1,
+                        &set[e as usize],
+                        &lone[p / k],
+                        1,
+                        rows,
+                        cols,
+                        &mut want,
+                    )?;
+                    let want = gpu.download(&want)?;
+                    if !bits_equal(row, &want) || row.iter().any(|v| !v.is_finite()) {
+                        equal = false;
+                        cases.push(format!("pair {p} (expert {e}, position {s}) matrix {m}"));
+                    }
+                }
+            }
+        }
+        cases.truncate(6);
+        table.push(Row {
+            check: format!(
+                "sorted experts ({ty}, {n_expert} experts of {rows}x{cols}, {pairs} pairs, one and two tables) = each expert's own split-1 launch"
+            ),
+            result: if equal { "bit-equal".into() } else { cases.join("; ") },
+            pass: equal,
+        });
+    }
+    Ok(())
 }
 
 /// The routed experts' products by ids on the device (`mmvq_ids_*`, a mixture's decode): for every
