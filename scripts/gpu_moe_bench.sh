@@ -7,7 +7,8 @@
 # - RESIDENT=1: every expert on the GPU (`-ngl 99`): pp512 and tg128.
 # - OFFLOAD=1: every expert in host memory (`--gpu-expert-budget 0` against `-ngl 99 --n-cpu-moe
 #   99`): pp at PP_LENS (one chunk each, `-u`/`-ub` the length) and tg32; Tandem's routed and all
-#   stream walks, with `--trace`'s copied and skipped experts and link rates in the log.
+#   stream walks, with `--trace`'s copied and skipped experts and link rates in the log, and decode
+#   with `--expert-decode gpu`, `cpu` and `auto`.
 # llama.cpp is built while the checks run (`scripts/llamacpp_cuda_build.sh`: LLAMA_PREBUILT and
 # SAVE_LLAMA_BUILD work as there).
 #
@@ -109,8 +110,10 @@ if [ "${OFFLOAD:-0}" = 1 ]; then
           -p "$n" -n 0 -u "$n" -r 2 --output-format json >"$W/off-tandem-$mode-$n-$1.json" 2>>"$W/off-trace-$mode.log"
       done
     done
-    "$B" bench -m "$W/slice-$SLICE.gguf" --device cuda --gpu-expert-budget 0 -p 0 -n 32 -r 2 --output-format json \
-      >"$W/off-tandem-tg-$1.json" 2>>"$W/bench.err"
+    for side in gpu cpu auto; do
+      "$B" bench -m "$W/slice-$SLICE.gguf" --device cuda --gpu-expert-budget 0 --expert-decode "$side" --trace \
+        -p 0 -n 32 -r 2 --output-format json >"$W/off-tandem-tg-$side-$1.json" 2>>"$W/off-decode-$side.log"
+    done
   }
   off_llama() {
     [ -x "$lb" ] || return
@@ -125,6 +128,7 @@ if [ "${OFFLOAD:-0}" = 1 ]; then
   off_llama 2
   off_tandem 2
   grep -h "expert stream" "$W"/off-trace-*.log | tail -8
+  grep -h "expert decode" "$W"/off-decode-auto.log | tail -2
 fi
 stamp "done"
 
@@ -169,10 +173,11 @@ for mode in ["routed", "all"]:
         test = f"pp{n}"
         if ours.get(test) or theirs.get(test):
             line(f"in host memory, stream {mode} (llama.cpp --n-cpu-moe 99)", test, ours.get(test, []), theirs.get(test, []))
-ours = {}
-for p in glob.glob(f"{w}/off-tandem-tg-*.json"):
-    for row in load(p):
-        ours.setdefault(row["test"], []).append(row["tok_s"])
-if ours.get("tg32") or theirs.get("tg32"):
-    line("in host memory, slot cache (llama.cpp --n-cpu-moe 99)", "tg32", ours.get("tg32", []), theirs.get("tg32", []))
+for side, label in [("gpu", "slot cache"), ("cpu", "experts on the CPU"), ("auto", "auto")]:
+    ours = {}
+    for p in glob.glob(f"{w}/off-tandem-tg-{side}-*.json"):
+        for row in load(p):
+            ours.setdefault(row["test"], []).append(row["tok_s"])
+    if ours.get("tg32") or theirs.get("tg32"):
+        line(f"in host memory, decode: {label} (llama.cpp --n-cpu-moe 99)", "tg32", ours.get("tg32", []), theirs.get("tg32", []))
 PY

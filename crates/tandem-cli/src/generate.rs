@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use tandem_cuda::{CudaModel, ExpertBudget, ExpertOffload};
+use tandem_cuda::{CudaModel, ExpertBudget, ExpertDecode, ExpertOffload};
 use tandem_engine::{Engine, GenerateOptions, SamplingParams, Timings};
 use tandem_model::expert_stream::{ExpertStreamMode, StreamDepth};
 use tandem_model::{Backend, Model, SequenceCache};
@@ -68,6 +68,12 @@ pub struct ExpertArgs {
     /// GPU: expert copies queued ahead of the host-to-device link (1 to 256).
     #[arg(long = "expert-stream-depth", default_value = "16", value_name = "N")]
     pub expert_stream_depth: StreamDepth,
+    /// GPU: where decode steps compute a routed expert kept in host memory: `gpu` copies it into a
+    /// device slot (a cache), `cpu` computes it on the CPU from the model file (as llama.cpp's
+    /// `--n-cpu-moe`), `auto` runs experts already in a slot on the GPU and the others where timing
+    /// at load found one cheaper (always the GPU under `--deterministic`).
+    #[arg(long = "expert-decode", default_value = "auto", value_name = "WHERE")]
+    pub expert_decode: ExpertDecode,
     /// Print each streamed chunk's copied and skipped experts and the link's rate to stderr.
     #[arg(long)]
     pub trace: bool,
@@ -77,6 +83,7 @@ impl ExpertArgs {
     pub fn offload(&self) -> ExpertOffload {
         ExpertOffload {
             budget: self.gpu_expert_budget,
+            decode: self.expert_decode,
             stream: self.expert_stream,
             depth: self.expert_stream_depth,
             trace: self.trace,

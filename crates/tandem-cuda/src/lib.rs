@@ -41,7 +41,7 @@ pub use cudarc::driver::CudaSlice;
 pub use matmul::weights::{DeviceWeights, GpuMemory};
 pub use model::CudaModel;
 pub use offload::slots::ExpertCounters;
-pub use options::{CudaOptions, ExpertBudget, ExpertOffload, LabOptions};
+pub use options::{CudaOptions, ExpertBudget, ExpertDecode, ExpertOffload, LabOptions};
 pub use runtime::device::Gpu;
 
 #[derive(Debug, thiserror::Error)]

@@ -86,10 +86,41 @@ impl std::str::FromStr for ExpertBudget {
     }
 }
 
+/// Where decode steps (and batches of up to `routes::INDEXED_EXPERTS_MAX_ROWS` rows) compute a
+/// routed expert that is in host memory (`--expert-decode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertDecode {
+    /// An expert already in a device slot runs there; one that is not runs where load-time timing
+    /// found one expert cheaper: copied into a slot and computed on the GPU, or computed on the CPU
+    /// from the model file while the GPU runs the others (`model::cpu_experts`). Deterministic mode
+    /// keeps every expert on the GPU (the CPU's sums are other bits).
+    #[default]
+    Auto,
+    /// Always through the slots (the GPU computes every expert).
+    Gpu,
+    /// Every non-resident expert on the CPU, as llama.cpp's `--n-cpu-moe` does.
+    Cpu,
+}
+
+impl std::str::FromStr for ExpertDecode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(ExpertDecode::Auto),
+            "gpu" => Ok(ExpertDecode::Gpu),
+            "cpu" => Ok(ExpertDecode::Cpu),
+            _ => Err(format!("{s:?}: expected auto, gpu or cpu")),
+        }
+    }
+}
+
 /// The expert placement and streaming options of a CUDA model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExpertOffload {
     pub budget: ExpertBudget,
+    /// Where decode steps compute routed experts in host memory (`--expert-decode`).
+    pub decode: ExpertDecode,
     /// The walk of prefill chunks of `STREAM_MIN_ROWS` rows or more (`--expert-stream`).
     pub stream: ExpertStreamMode,
     /// Copies queued ahead of the link (`--expert-stream-depth`).
@@ -296,6 +327,15 @@ mod tests {
         assert_eq!(ExpertOffload::default().budget, ExpertBudget::All);
         assert_eq!(ExpertOffload::default().stream, ExpertStreamMode::Routed);
         assert_eq!(ExpertOffload::default().depth.get(), 16);
+        assert_eq!(ExpertOffload::default().decode, ExpertDecode::Auto);
+        for (text, want) in [
+            ("auto", ExpertDecode::Auto),
+            (" GPU", ExpertDecode::Gpu),
+            ("cpu", ExpertDecode::Cpu),
+        ] {
+            assert_eq!(text.parse(), Ok(want));
+        }
+        assert!("ncmoe".parse::<ExpertDecode>().is_err());
     }
 
     #[test]

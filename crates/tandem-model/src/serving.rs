@@ -111,6 +111,8 @@ pub struct ExpertTraffic {
     pub cache_hits: u64,
     /// Experts copied into a slot for a step or short chunk.
     pub cache_copies: u64,
+    /// Experts a decode step computed on the CPU instead.
+    pub cpu_experts: u64,
     /// Experts a long prefill chunk streamed, and skipped because no row routed to them.
     pub stream_copies: u64,
     pub stream_skips: u64,

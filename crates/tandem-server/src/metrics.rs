@@ -321,6 +321,11 @@ impl Metrics {
                     t.cache_copies,
                 ),
                 (
+                    "tandem_expert_cpu_total",
+                    "Experts in host memory a decode step computed on the CPU.",
+                    t.cpu_experts,
+                ),
+                (
                     "tandem_expert_stream_copies_total",
                     "Experts a long prefill chunk streamed from host memory.",
                     t.stream_copies,
@@ -371,6 +376,7 @@ mod tests {
             expert_traffic: Some(ExpertTraffic {
                 cache_hits: 7,
                 cache_copies: 3,
+                cpu_experts: 5,
                 stream_copies: 40,
                 stream_skips: 9,
                 bytes: 123456,
@@ -381,6 +387,7 @@ mod tests {
         for line in [
             "tandem_expert_cache_hits_total 7",
             "tandem_expert_cache_copies_total 3",
+            "tandem_expert_cpu_total 5",
             "tandem_expert_stream_copies_total 40",
             "tandem_expert_stream_skips_total 9",
             "tandem_expert_host_bytes_total 123456",

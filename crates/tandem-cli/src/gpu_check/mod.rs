@@ -222,6 +222,7 @@ fn model_checks(args: &GpuCheckArgs, name: &str, threads: usize, table: &mut Vec
     deterministic_rows(args, &path, threads, gpu, &short, &prompt, table)?;
     if mixture {
         offload::offload_rows(args, &path, threads, &short, table)?;
+        offload::cpu_expert_rows(args, &path, threads, &short, table)?;
     }
     Ok(())
 }

@@ -2,12 +2,14 @@
 //! expert resident, in deterministic mode: teacher-forced `logits_sha256` must be the same bits at
 //! budgets that keep none or some experts on the device, with a long chunk streamed in `routed` and
 //! `all` mode at depths 1, 16 and 256 or staged (`off`), and with every position a one-row step
-//! through the slot cache.
+//! through the slot cache. Then the same in default mode with every host expert of a one-row step
+//! computed on the CPU (`--expert-decode cpu`, other bits by construction): top-1 equal to the
+//! resident model's wherever its margin is at least `MARGIN`, and mean NLL within 1%.
 
 use std::time::Instant;
 
 use anyhow::Result;
-use tandem_cuda::{ExpertBudget, ExpertOffload};
+use tandem_cuda::{ExpertBudget, ExpertDecode, ExpertOffload};
 use tandem_engine::score::ScoreOptions;
 use tandem_engine::Engine;
 use tandem_model::expert_stream::{ExpertStreamMode, StreamDepth, STREAM_MIN_ROWS};
@@ -60,6 +62,7 @@ pub(super) fn offload_rows(
         let n_vocab = model.config.n_vocab;
         let offload = ExpertOffload {
             budget,
+            decode: ExpertDecode::Gpu,
             stream: p.stream,
             depth: StreamDepth::new(p.depth)?,
             trace: false,
@@ -110,6 +113,72 @@ pub(super) fn offload_rows(
             pass: same,
         });
     }
+    Ok(())
+}
+
+/// Top-1 margin above which the CPU-computed experts must agree with the resident model (the parity
+/// contract's).
+const MARGIN: f32 = 0.4;
+
+/// Teacher-forced one-row steps (each a decode step) with every expert resident, against budget 0
+/// and every non-resident expert on the CPU, in default mode: top-1 where the reference margin is at
+/// least `MARGIN`, and mean NLL within 1%.
+pub(super) fn cpu_expert_rows(
+    args: &GpuCheckArgs,
+    path: &std::path::Path,
+    threads: usize,
+    short: &str,
+    table: &mut Vec<Row>,
+) -> Result<()> {
+    let len = 96;
+    let mut reports = Vec::new();
+    for (budget, decode) in [
+        (ExpertBudget::All, ExpertDecode::Gpu),
+        (ExpertBudget::Bytes(0), ExpertDecode::Cpu),
+    ] {
+        let model = Model::load(path, threads)?;
+        let prompt = prompt_ids(len, model.config.n_vocab, 17);
+        let offload = ExpertOffload {
+            budget,
+            decode,
+            ..ExpertOffload::default()
+        };
+        let cuda = tandem_runtime::load_cuda(model, args.gpu, false, offload, |_, _| {})?;
+        let mut engine = Engine::new(cuda);
+        let mut kv = engine.try_new_sequence(prompt.len())?;
+        let options = ScoreOptions {
+            top_k: 2,
+            positions: (0..len - 1).collect(),
+            ..ScoreOptions::chunked(1)
+        };
+        let report = engine.score(&mut kv, &prompt, &options)?;
+        let on_cpu = engine.model.expert_counters().map_or(0, |c| c.cpu_experts);
+        reports.push((report, on_cpu));
+    }
+    let [(want, _), (got, on_cpu)] = <[_; 2]>::try_from(reports).map_err(|_| anyhow::anyhow!("two runs"))?;
+    let (mut checked, mut wrong) = (0, 0);
+    for ((_, w), (_, g)) in want.top.iter().zip(&got.top) {
+        let (Some(w0), Some(w1), Some(g0)) = (w.first(), w.get(1), g.first()) else {
+            continue;
+        };
+        if w0.1 - w1.1 >= MARGIN {
+            checked += 1;
+            wrong += usize::from(w0.0 != g0.0);
+        }
+    }
+    let nll = (got.mean_nll - want.mean_nll).abs() / want.mean_nll.max(1e-9);
+    let pass = wrong == 0 && nll <= 0.01 && on_cpu > 0;
+    table.push(Row {
+        check: format!("{short}: budget 0, experts of one-row steps on the CPU (default mode) vs all resident"),
+        result: format!(
+            "{on_cpu} experts on the CPU; top-1 {}/{checked} at margin >= {MARGIN}; mean NLL {:.4} vs {:.4} ({:.2}%)",
+            checked - wrong,
+            got.mean_nll,
+            want.mean_nll,
+            nll * 100.0
+        ),
+        pass,
+    });
     Ok(())
 }
 

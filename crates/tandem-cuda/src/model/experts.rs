@@ -31,6 +31,7 @@ use tandem_model::config::{Activation, MoeConfig};
 use tandem_model::moe::{group_by_expert, Routing};
 use tandem_model::weights::ExpertFfn;
 use tandem_model::ModelError;
+use tandem_model::Rows;
 
 use crate::matmul::indexed::{mmq_ids_into, mmvq_ids_into, ExpertTable, Pairs};
 use crate::model::{CudaModel, GpuAct, Mode};
@@ -308,8 +309,21 @@ impl CudaModel {
         let (starts, pos) = stacked_positions(&groups, pairs)
             .ok_or_else(|| ModelError::Kernel("expert groups do not cover each routed row once".into()))?;
         let stream = self.expert_stream(layer, rows, &groups)?;
+        // Experts a decode step computes on the CPU (`cpu_experts.rs`) read its rows from the host,
+        // read back before the GPU's experts are queued so that the two run side by side.
+        let on_cpu: Vec<bool> = groups
+            .iter()
+            .map(|g| self.expert_on_cpu(layer, g.expert, rows, stream))
+            .collect();
+        let x_host = match on_cpu.contains(&true) {
+            true => Some(Rows {
+                data: self.gpu.download(x.buf()?)?,
+                width: x.width,
+            }),
+            false => None,
+        };
         let mut stack = self.act(pairs, width)?;
-        for (g, &start) in groups.iter().zip(&starts) {
+        for ((g, &start), _) in groups.iter().zip(&starts).zip(&on_cpu).filter(|(_, &cpu)| !cpu) {
             let members: Vec<usize> = g.rows(k).collect();
             let xe = tandem_model::backend::Backend::gather_rows(self, x, &members)?;
             let matrices = [&experts.gate, &experts.up, &experts.down].map(|set| &set.experts[g.expert]);
@@ -331,6 +345,24 @@ impl CudaModel {
                 "cuMemcpyDtoD (expert outputs)",
                 self.gpu.stream.memcpy_dtod(y.buf()?, &mut dst.slice_mut(range)),
             )?;
+        }
+        if let Some(x_host) = &x_host {
+            let mut computed = 0;
+            for ((g, &start), _) in groups.iter().zip(&starts).zip(&on_cpu).filter(|(_, &cpu)| cpu) {
+                let members: Vec<usize> = g.rows(k).collect();
+                let y = self.cpu_expert_rows(x_host, &members, experts, g.expert, act)?;
+                let dst = stack.buf_mut()?;
+                driver(
+                    "cuMemcpyHtoD (expert outputs from the CPU)",
+                    self.gpu
+                        .stream
+                        .memcpy_htod(&y, &mut dst.slice_mut(start * width..(start + members.len()) * width)),
+                )?;
+                computed += 1;
+            }
+            if let Some(o) = &self.offload {
+                o.slots.count_cpu(computed);
+            }
         }
         if stream {
             self.end_layer_stream(layer)?;

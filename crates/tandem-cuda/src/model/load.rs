@@ -185,7 +185,7 @@ impl CudaModel {
             }
         }
         gpu.synchronize()?;
-        Ok(CudaModel {
+        let model = CudaModel {
             cpu,
             gpu,
             routes,
@@ -195,7 +195,9 @@ impl CudaModel {
             buffers,
             diagnostics,
             offload,
-        })
+        };
+        model.settle_expert_decode(deterministic)?;
+        Ok(model)
     }
 }
 

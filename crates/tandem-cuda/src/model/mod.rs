@@ -9,6 +9,7 @@
 mod attend;
 mod attend_rows;
 mod backend;
+mod cpu_experts;
 mod decode_graph;
 mod experts;
 mod ffn;

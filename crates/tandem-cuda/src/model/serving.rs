@@ -27,6 +27,7 @@ impl ServingBackend for CudaModel {
         self.expert_counters().map(|c| ExpertTraffic {
             cache_hits: c.cache_hits,
             cache_copies: c.cache_copies,
+            cpu_experts: c.cpu_experts,
             stream_copies: c.stream_copies,
             stream_skips: c.stream_skips,
             bytes: c.bytes,

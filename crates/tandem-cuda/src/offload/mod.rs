@@ -9,7 +9,7 @@ pub(crate) mod residency;
 pub(crate) mod slots;
 pub(crate) mod stream;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use tandem_model::weights::{FeedForward, Weights};
@@ -174,11 +174,24 @@ impl OffloadLoad {
             ring,
             active: RefCell::new(None),
             options,
+            decode_side: Cell::new(DecodeSide::Slots),
             n_layers: w.layers.len(),
             first_layer: mixture_layers.first().copied().unwrap_or(0),
             last_layer: mixture_layers.last().copied().unwrap_or(0),
         })
     }
+}
+
+/// Where a decode step computes a routed expert in host memory, as settled after load
+/// (`CudaModel::settle_expert_decode`, from `--expert-decode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeSide {
+    /// Copied into a device slot unless one holds it, and run on the GPU.
+    Slots,
+    /// Run on the GPU when a slot holds it, else on the CPU.
+    CpuWhenMissed,
+    /// Always on the CPU.
+    Cpu,
 }
 
 /// A model's experts beyond its budget, while it runs.
@@ -190,6 +203,7 @@ pub struct Offload {
     /// The stream of the chunk whose pass is running, from its first mixture layer to its last.
     pub active: RefCell<Option<ActiveStream>>,
     pub options: ExpertOffload,
+    pub decode_side: Cell<DecodeSide>,
     pub n_layers: usize,
     pub first_layer: usize,
     pub last_layer: usize,

@@ -31,6 +31,8 @@ pub struct ExpertCounters {
     pub cache_hits: u64,
     /// Non-resident experts copied into a slot on the compute stream.
     pub cache_copies: u64,
+    /// Non-resident experts a decode step computed on the CPU (`--expert-decode`).
+    pub cpu_experts: u64,
     /// Entries a streamed chunk copied, and skipped as unrouted.
     pub stream_copies: u64,
     pub stream_skips: u64,
@@ -99,6 +101,16 @@ impl SlotPool {
         let mut c = self.counters.get();
         f(&mut c);
         self.counters.set(c);
+    }
+
+    /// Whether a slot holds `layer`'s `expert` now (a hit for `stage`).
+    pub fn holds(&self, layer: usize, expert: usize) -> bool {
+        self.held.borrow().contains(&Some((layer, expert)))
+    }
+
+    /// Counts experts a decode step computed on the CPU.
+    pub fn count_cpu(&self, n: usize) {
+        self.count(|c| c.cpu_experts += n as u64);
     }
 
     /// Counts a streamed chunk's copies and skips.
