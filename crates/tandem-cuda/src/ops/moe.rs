@@ -186,6 +186,33 @@ mod tests {
     use tandem_model::moe::Routing;
 
     #[test]
+    fn sorted_tiles_never_outnumber_the_grid_the_host_launches() {
+        // Every expert's pairs cut into tiles of SORT_TILE, as moe_sort cuts them, for routings from
+        // one expert taking everything to every pair on its own expert.
+        let tiles = |counts: &[usize]| counts.iter().map(|c| c.div_ceil(SORT_TILE)).sum::<usize>();
+        for (pairs, n) in [(1, 128), (8, 128), (4096, 128), (4096, 4), (33, 2), (17 * 3, 7)] {
+            let mut all_on_one = vec![0; n];
+            all_on_one[0] = pairs;
+            let mut spread = vec![0; n];
+            for p in 0..pairs {
+                spread[p % n] += 1;
+            }
+            let mut ragged = vec![0; n];
+            for p in 0..pairs {
+                ragged[(p * p + 3 * p) % n] += 1;
+            }
+            for counts in [all_on_one, spread, ragged] {
+                assert!(
+                    tiles(&counts) <= max_sort_tiles(pairs, n),
+                    "{pairs} pairs of {n}: {counts:?}"
+                );
+            }
+        }
+        assert_eq!(max_sort_tiles(4096, 128), 256 + 128);
+        assert_eq!(max_sort_tiles(3, 128), 1 + 3);
+    }
+
+    #[test]
     fn each_pair_finds_its_expert_output_in_the_stack() {
         // Rows route to (0, 1), (1, 2), (3, 0): the groups are experts 0, 1, 2 and 3.
         let logits = [5.0, 4.0, 0.0, 0.0, 0.0, 5.0, 4.0, 0.0, 4.0, 0.0, 0.0, 5.0];
