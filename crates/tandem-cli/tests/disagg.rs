@@ -1,10 +1,10 @@
 //! Disaggregated prefill with real processes on loopback: a decode node (`--role decode`) reading long
 //! prompts from a prefill node (`--role prefill`) gives the same tokens and logprobs, in bits, as a
 //! server reading them itself (Gemma 3 past its 768-row rings, a continued conversation, SmolLM2); and
-//! every failure — the peer unreachable, another model, slower than the timeout, a flipped byte, the
-//! connection cut mid-transfer, a KV budget the detached cache does not fit — falls back to a local
-//! read with the same tokens, counted by cause, with nothing left reserved and the server still serving;
-//! and the prefill process killed after its first rows went out.
+//! every failure — the peer unreachable, another model, slower than the timeout, a flipped byte of the
+//! KV stream, the HTTP/2 connection cut mid-transfer, a KV budget the detached cache does not fit —
+//! falls back to a local read with the same tokens, counted by cause, with nothing left reserved and
+//! the server still serving; and the prefill process killed after its first rows went out.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -98,8 +98,11 @@ fn long_prompt(seed: usize) -> String {
         .join(" ")
 }
 
-/// Forwards connections to `upstream`, passing the response through `damage` (bytes so far, byte):
-/// `Some(b)` sends `b`, `None` cuts the connection there.
+/// Forwards connections to `upstream`, passing the HTTP/2 DATA payload of the responses (the KV stream
+/// bytes) through `damage` (stream bytes so far, byte): `Some(b)` sends `b`, `None` cuts the connection
+/// there. The response is parsed into HTTP/2 frames (9-byte heads: length u24, type, flags, stream), so
+/// a flipped byte lands in the KV stream and not in HTTP/2's own framing, and a cut comes after the
+/// response began, mid-body.
 fn proxy(upstream: u16, damage: fn(usize, u8) -> Option<u8>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -114,24 +117,38 @@ fn proxy(upstream: u16, damage: fn(usize, u8) -> Option<u8>) -> u16 {
                 let _ = std::io::copy(&mut c2, &mut s2);
             });
             let mut at = 0;
-            let mut buf = [0u8; 4096];
+            let mut pending = Vec::new();
+            let mut buf = [0u8; 1 << 16];
             'relay: while let Ok(n) = server.read(&mut buf) {
                 if n == 0 {
                     break;
                 }
-                let mut out = Vec::with_capacity(n);
-                for &b in &buf[..n] {
-                    match damage(at, b) {
-                        Some(b) => out.push(b),
-                        None => {
-                            let _ = client.write_all(&out);
-                            break 'relay;
+                pending.extend_from_slice(&buf[..n]);
+                // Whole frames only: a DATA frame's payload is the response body.
+                while pending.len() >= 9 {
+                    let len = u32::from_be_bytes([0, pending[0], pending[1], pending[2]]) as usize;
+                    if pending.len() < 9 + len {
+                        break;
+                    }
+                    let mut frame: Vec<u8> = pending.drain(..9 + len).collect();
+                    let (kind, flags) = (frame[3], frame[4]);
+                    if kind == 0 {
+                        // PADDED: a pad length byte first, that many padding bytes last.
+                        let (start, end) = match flags & 0x8 {
+                            0 => (9, 9 + len),
+                            _ => (10, (9 + len).saturating_sub(frame[9] as usize).max(10)),
+                        };
+                        for byte in &mut frame[start..end] {
+                            match damage(at, *byte) {
+                                Some(b) => *byte = b,
+                                None => break 'relay,
+                            }
+                            at += 1;
                         }
                     }
-                    at += 1;
-                }
-                if client.write_all(&out).is_err() {
-                    break;
+                    if client.write_all(&frame).is_err() {
+                        break 'relay;
+                    }
                 }
             }
             let _ = client.shutdown(std::net::Shutdown::Both);
