@@ -24,6 +24,7 @@ fn check_model((key, file): (&str, &str)) {
         fingerprint,
         n_layers: local.layers.len(),
         width,
+        from: 0,
         to,
     });
     let mut shipped = 0;

@@ -45,6 +45,9 @@ pub(crate) struct KvRequest {
     version: u32,
     fingerprint: String,
     tokens: Vec<u32>,
+    /// The first row to send: the decode node holds `0..from` (a continued conversation).
+    #[serde(default)]
+    from: usize,
 }
 
 /// `POST /v1/kv/prefill`: 404 unless this is a prefill node; 409 for another model.
@@ -60,7 +63,18 @@ pub(crate) async fn prefill(
     if req.version != wire::VERSION {
         return Err(ApiError::invalid(
             "version",
-            format!("KV wire version {}, this node speaks {}", req.version, wire::VERSION),
+            format!(
+                "KV wire version {}, this node speaks only {} (both nodes must speak the same)",
+                req.version,
+                wire::VERSION
+            ),
+        ));
+    }
+    let (from, to) = (req.from, req.tokens.len());
+    if from >= to {
+        return Err(ApiError::invalid(
+            "from",
+            format!("the stream would start at row {from} of {to}: nothing to send"),
         ));
     }
     let ours = wire::hex(&id.fingerprint);
@@ -75,13 +89,13 @@ pub(crate) async fn prefill(
         )
         .with_code("model_mismatch"));
     }
-    let to = req.tokens.len();
-    let rx = state.engine.export_kv(req.tokens)?;
+    let rx = state.engine.export_kv(req.tokens, from)?;
     let (enc, head) = Encoder::start(&Hello {
         version: wire::VERSION,
         fingerprint: id.fingerprint,
         n_layers: id.n_layers,
         width: id.width,
+        from,
         to,
     });
     let export = Export {
@@ -252,13 +266,13 @@ type Wake = Arc<dyn Fn() + Send + Sync>;
 type Failure = (&'static str, String);
 
 impl PrefillPeers for PeerClient {
-    fn fetch(&self, tokens: Vec<u32>, wake: Wake) -> mpsc::Receiver<RemoteMsg> {
+    fn fetch(&self, tokens: Vec<u32>, from: usize, wake: Wake) -> mpsc::Receiver<RemoteMsg> {
         let (tx, rx) = mpsc::channel(64);
         let conn = self.peers[self.next.fetch_add(1, Ordering::Relaxed) % self.peers.len()].clone();
         let (key, fingerprint, timeout) = (self.key.clone(), self.fingerprint, self.timeout);
         let received = self.received.clone();
         self.runtime.spawn(async move {
-            let fetch = fetch(&conn, key, fingerprint, tokens, &tx, &wake, &received);
+            let fetch = fetch(&conn, key, fingerprint, (tokens, from), &tx, &wake, &received);
             let fetched = tokio::time::timeout(timeout, fetch).await;
             let peer = &conn.peer;
             let failure = match fetched {
@@ -350,7 +364,7 @@ async fn fetch(
     conn: &PeerConn,
     key: Option<String>,
     fingerprint: [u8; 32],
-    tokens: Vec<u32>,
+    (tokens, from): (Vec<u32>, usize),
     tx: &mpsc::Sender<RemoteMsg>,
     wake: &Wake,
     received: &AtomicU64,
@@ -361,6 +375,7 @@ async fn fetch(
         "version": wire::VERSION,
         "fingerprint": wire::hex(&fingerprint),
         "tokens": tokens,
+        "from": from,
     })
     .to_string();
     let authority = if peer.host.contains(':') {
@@ -404,8 +419,11 @@ async fn fetch(
         decoder.push(&data);
         while let Some(f) = decoder.next_frame().map_err(|e| (e.cause(), e.to_string()))? {
             let msg = match f {
-                Frame::Hello(h) if h.to != to => {
-                    return Err(("protocol", format!("the stream fills {} positions, not {to}", h.to)));
+                Frame::Hello(h) if (h.from, h.to) != (from, to) => {
+                    return Err((
+                        "protocol",
+                        format!("the stream fills positions {}..{}, not {from}..{to}", h.from, h.to),
+                    ));
                 }
                 Frame::Hello(_) => continue,
                 Frame::Rows(rows) => RemoteMsg::Rows(Box::new(rows)),

@@ -319,6 +319,20 @@ impl SequenceKv {
         Ok(())
     }
 
+    /// A copy with storage of its own from the pool: the same rows at the same physical places, the
+    /// same placement. Fails (giving back what it took) when the KV budget has no room for it.
+    pub fn try_clone(&self) -> Result<SequenceKv, ModelError> {
+        let layers = self
+            .layers
+            .iter()
+            .map(LayerCache::try_clone)
+            .collect::<Result<_, _>>()?;
+        Ok(SequenceKv {
+            layers,
+            n_ctx: self.n_ctx,
+        })
+    }
+
     /// Drops every position from `pos` on, keeping the sequence usable from there; false (and nothing
     /// changed) when a sliding-window layer has already overwritten rows a query at `pos` would need.
     pub fn truncate(&mut self, pos: usize) -> bool {
