@@ -3,6 +3,7 @@
 //! Every chunk is stored before it is attended, and attention reads f16 rows (from the cache or from a
 //! staged copy of it), so a prefilled position is attended with exactly the bits a later decode step reads.
 
+pub mod file_digest;
 mod placement;
 mod pool;
 pub mod wire;

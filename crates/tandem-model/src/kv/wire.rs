@@ -42,15 +42,15 @@ const ROWS_HEAD: usize = 4 + 8 + 4 + 4 * 8;
 const HELLO_BODY: usize = 4 + 32 + 4 + 4 + 8 + 8;
 const END_BODY: usize = 8 + 32;
 
-/// Identifies a model for KV exchange: SHA-256 over the GGUF file's bytes (weights, tokenizer and
-/// metadata) and the configuration the engine derived from it (architecture, shapes, each layer's window
-/// and RoPE settings), with the KV dtype (f16). Two nodes exchange KV only when theirs are equal.
-pub fn fingerprint(config: &ModelConfig, file_bytes: &[u8]) -> [u8; 32] {
-    let file: [u8; 32] = Sha256::digest(file_bytes).into();
+/// Identifies a model for KV exchange: SHA-256 over the tag `tandem kv fingerprint v2`, the
+/// configuration the engine derived from the GGUF file (architecture, shapes, each layer's window and
+/// RoPE settings), the KV dtype (f16) and `file_digest`, the tree hash of the file's bytes (weights,
+/// tokenizer and metadata: `file_digest::tree_hash`). Two nodes exchange KV only when theirs are equal.
+pub fn fingerprint(config: &ModelConfig, file_digest: &[u8; 32]) -> [u8; 32] {
     let mut h = Sha256::new();
-    h.update(b"tandem kv fingerprint v1\n");
+    h.update(b"tandem kv fingerprint v2\n");
     h.update(format!("{config:?}\nkv f16\n").as_bytes());
-    h.update(file);
+    h.update(file_digest);
     h.finalize().into()
 }
 
