@@ -211,7 +211,9 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         .map(|u| tandem_server::kv::Peer::parse(u).map_err(anyhow::Error::msg))
         .collect::<Result<Vec<_>>>()?;
     // Both sides of a KV exchange prove the model: the file's bytes and the derived configuration.
-    let fingerprint = (args.role != Role::Both).then(|| model.fingerprint());
+    // The file's digest is remembered across starts: hashing a large model takes a while.
+    let digests = crate::registry::tandem_home().join("digests");
+    let fingerprint = (args.role != Role::Both).then(|| model.fingerprint(Some(&digests)));
     let kv_identity = fingerprint.map(|fingerprint| tandem_server::kv::KvIdentity {
         fingerprint,
         n_layers: model.config.layers.len(),

@@ -1,10 +1,10 @@
 //! Disaggregated prefill with real processes on loopback: a decode node (`--role decode`) reading long
 //! prompts from a prefill node (`--role prefill`) gives the same tokens and logprobs, in bits, as a
 //! server reading them itself (Gemma 3 past its 768-row rings, a continued conversation, SmolLM2); and
-//! every failure — the peer unreachable, another model, slower than the timeout, a flipped byte, the
-//! connection cut mid-transfer, a KV budget the detached cache does not fit — falls back to a local
-//! read with the same tokens, counted by cause, with nothing left reserved and the server still serving;
-//! and the prefill process killed after its first rows went out.
+//! every failure — the peer unreachable, another model, slower than the timeout, a flipped byte of the
+//! KV stream, the HTTP/2 connection cut mid-transfer, a KV budget the detached cache does not fit —
+//! falls back to a local read with the same tokens, counted by cause, with nothing left reserved and
+//! the server still serving; and the prefill process killed after its first rows went out.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -98,8 +98,11 @@ fn long_prompt(seed: usize) -> String {
         .join(" ")
 }
 
-/// Forwards connections to `upstream`, passing the response through `damage` (bytes so far, byte):
-/// `Some(b)` sends `b`, `None` cuts the connection there.
+/// Forwards connections to `upstream`, passing the HTTP/2 DATA payload of the responses (the KV stream
+/// bytes) through `damage` (stream bytes so far, byte): `Some(b)` sends `b`, `None` cuts the connection
+/// there. The response is parsed into HTTP/2 frames (9-byte heads: length u24, type, flags, stream), so
+/// a flipped byte lands in the KV stream and not in HTTP/2's own framing, and a cut comes after the
+/// response began, mid-body.
 fn proxy(upstream: u16, damage: fn(usize, u8) -> Option<u8>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -114,24 +117,38 @@ fn proxy(upstream: u16, damage: fn(usize, u8) -> Option<u8>) -> u16 {
                 let _ = std::io::copy(&mut c2, &mut s2);
             });
             let mut at = 0;
-            let mut buf = [0u8; 4096];
+            let mut pending = Vec::new();
+            let mut buf = [0u8; 1 << 16];
             'relay: while let Ok(n) = server.read(&mut buf) {
                 if n == 0 {
                     break;
                 }
-                let mut out = Vec::with_capacity(n);
-                for &b in &buf[..n] {
-                    match damage(at, b) {
-                        Some(b) => out.push(b),
-                        None => {
-                            let _ = client.write_all(&out);
-                            break 'relay;
+                pending.extend_from_slice(&buf[..n]);
+                // Whole frames only: a DATA frame's payload is the response body.
+                while pending.len() >= 9 {
+                    let len = u32::from_be_bytes([0, pending[0], pending[1], pending[2]]) as usize;
+                    if pending.len() < 9 + len {
+                        break;
+                    }
+                    let mut frame: Vec<u8> = pending.drain(..9 + len).collect();
+                    let (kind, flags) = (frame[3], frame[4]);
+                    if kind == 0 {
+                        // PADDED: a pad length byte first, that many padding bytes last.
+                        let (start, end) = match flags & 0x8 {
+                            0 => (9, 9 + len),
+                            _ => (10, (9 + len).saturating_sub(frame[9] as usize).max(10)),
+                        };
+                        for byte in &mut frame[start..end] {
+                            match damage(at, *byte) {
+                                Some(b) => *byte = b,
+                                None => break 'relay,
+                            }
+                            at += 1;
                         }
                     }
-                    at += 1;
-                }
-                if client.write_all(&out).is_err() {
-                    break;
+                    if client.write_all(&frame).is_err() {
+                        break 'relay;
+                    }
                 }
             }
             let _ = client.shutdown(std::net::Shutdown::Both);
@@ -141,28 +158,101 @@ fn proxy(upstream: u16, damage: fn(usize, u8) -> Option<u8>) -> u16 {
     port
 }
 
+/// Gemma 3 270M's KV: 18 layers of one KV head of 256 (f16 K and V: 1 KiB a row), every sixth global,
+/// the others rings of 512 + 256 rows (the window and the engine's ring slack).
+const GEMMA_GLOBAL_LAYERS: usize = 3;
+const GEMMA_RING_LAYERS: usize = 15;
+const GEMMA_RING: usize = 768;
+const GEMMA_ROW_BYTES: usize = 4 * 256;
+
+/// Rows a stream of positions `from..to` carries on Gemma 3: every new row of a global layer, at most a
+/// ring's worth of a sliding-window one.
+fn gemma_stream_rows(from: usize, to: usize) -> usize {
+    GEMMA_GLOBAL_LAYERS * (to - from) + GEMMA_RING_LAYERS * (to - from).min(GEMMA_RING)
+}
+
+/// (prompt tokens, reused, remote rows) of a `prompt N = R reused + M remote + K read` line.
+fn counts(line: &str) -> (usize, usize, usize) {
+    let n: Vec<usize> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (n[0], n[1], n[2])
+}
+
+/// A remote prefill of `prompt` on `decode` gives `want`; the stream carried the rows its line names
+/// (from the reused prefix to the last token), in as many bytes as those rows take plus the wire's
+/// framing. Returns (stream bytes, reused).
+fn remote_turn(decode: &Server, prompt: &str, want: &Value) -> (usize, usize) {
+    let before = metric(decode.port, "tandem_kv_received_bytes_total") as usize;
+    let (line, got) = complete(decode.port, prompt);
+    assert!(line.contains("(remote prefill)"), "{line}");
+    assert_eq!(&got, want, "remote prefill differs from local: {line}");
+    let (n, reused, rows) = counts(&line);
+    assert_eq!(reused + rows, n - 1, "{line}");
+    let bytes = metric(decode.port, "tandem_kv_received_bytes_total") as usize - before;
+    let payload = GEMMA_ROW_BYTES * gemma_stream_rows(reused, n - 1);
+    // Frame heads and digests: some 90 bytes a frame, a frame per layer and prefill chunk.
+    assert!(
+        (payload..payload + 16384).contains(&bytes),
+        "{line}: {bytes} bytes for {payload} of rows"
+    );
+    (bytes, reused)
+}
+
 #[test]
 fn remote_prefill_gives_local_bits_and_fails_closed() {
     let prefill = start("gemma3-270m", &["--role".into(), "prefill".into()]);
     let local = start("gemma3-270m", &[]);
     let decode = decode_node("gemma3-270m", prefill.port, &[]);
     let first = long_prompt(0);
+    // A version-1 request (no `from`: a whole-prompt stream) is refused naming both versions, and so is
+    // a stream that would carry no row.
+    for (body, what) in [
+        (
+            json!({"version": 1, "fingerprint": "00", "tokens": [2, 3]}),
+            "KV wire version 1, this node speaks only 2",
+        ),
+        (
+            json!({"version": 2, "fingerprint": "00", "tokens": [2, 3], "from": 2}),
+            "nothing to send",
+        ),
+    ] {
+        let (status, _, text) = request(prefill.port, "POST", "/v1/kv/prefill", &body.to_string()).unwrap();
+        assert_eq!(status, 400, "{text}");
+        assert!(text.contains(what), "{text}");
+    }
 
-    // A fresh long prompt, then a conversation continuing it, then a short one.
+    // A fresh long prompt, then a conversation continuing it by more than a ring, then by less than a
+    // ring, then a short prompt.
     let (line, want) = complete(local.port, &first);
     assert!(line.ends_with("read"), "{line}");
-    let (line, got) = complete(decode.port, &first);
-    assert!(line.contains("remote + 1 read (remote prefill)"), "{line}");
-    assert_eq!(got, want, "remote prefill differs from local");
+    let (_, reused) = remote_turn(&decode, &first, &want);
+    assert_eq!(reused, 0);
     let text = want[0]["text"].as_str().unwrap();
     let next = format!("{first}{text} {}", long_prompt(7));
-    let (_, want_next) = complete(local.port, &next);
-    let (line, got_next) = complete(decode.port, &next);
-    assert!(line.contains("(remote prefill)"), "{line}");
-    assert_eq!(got_next, want_next, "a continued conversation differs");
+    let (line, want_next) = complete(local.port, &next);
+    let (n, ..) = counts(&line);
+    let (bytes, reused) = remote_turn(&decode, &next, &want_next);
+    assert!(reused > 800, "the first turn is reused: {reused}");
+    let whole = GEMMA_ROW_BYTES * gemma_stream_rows(0, n - 1);
+    assert!(bytes < whole, "{bytes} bytes, a whole-prompt stream {whole}");
+    let text = want_next[0]["text"].as_str().unwrap();
+    let more = (0..6)
+        .map(|i| format!("item{} costs {} coins.", 100 + i, i))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let third = format!("{next}{text} {more}");
+    let (line, want_third) = complete(local.port, &third);
+    let (n, ..) = counts(&line);
+    let (bytes, reused) = remote_turn(&decode, &third, &want_third);
+    assert!(n - reused < GEMMA_RING, "{n} tokens, {reused} reused");
+    // Fewer new rows than a ring holds: they alone travel, not the rings' whole windows.
+    let whole = GEMMA_ROW_BYTES * gemma_stream_rows(0, n - 1);
+    assert!(bytes * 10 < whole, "{bytes} bytes, a whole-prompt stream {whole}");
     let (line, _) = complete(decode.port, "The capital of France is");
     assert!(line.ends_with("(local: short)"), "{line}");
-    assert_eq!(metric(decode.port, "tandem_remote_prefill_total"), 2);
+    assert_eq!(metric(decode.port, "tandem_remote_prefill_total"), 3);
     assert_eq!(metric(decode.port, "tandem_remote_prefill_short_total"), 1);
     settled(decode.port);
     settled(prefill.port);
@@ -196,7 +286,8 @@ fn remote_prefill_gives_local_bits_and_fails_closed() {
     let cut = proxy(prefill.port, |at, b| (at < 6000).then_some(b));
     fallback(&decode_node("gemma3-270m", cut, &[]), "dropped", 5);
     // One sequence fits the budget; a conversation continued remotely needs it twice (the detached
-    // cache beside the conversation kept for the fallback), so it is read here.
+    // copy beside the conversation kept for the fallback), so it is read here: about 17 MB each for
+    // `next` (3 global layers of 1800 rows and 15 rings of 768, 18 KiB a position).
     let tight = decode_node(
         "gemma3-270m",
         prefill.port,

@@ -13,7 +13,7 @@ fn check_model((key, file): (&str, &str)) {
     let golden = golden();
     let tokens = ids(&prompt(&golden, key, "gpl3-long")["ids"]);
     let (mut engine, _) = load(file);
-    let fingerprint = engine.model.fingerprint();
+    let fingerprint = engine.model.fingerprint(None);
     let to = tokens.len() - 1;
     let mut local = engine.new_sequence(tokens.len() + 8);
     engine.prefill(&mut local, &tokens[..to], 512).unwrap();
@@ -24,6 +24,7 @@ fn check_model((key, file): (&str, &str)) {
         fingerprint,
         n_layers: local.layers.len(),
         width,
+        from: 0,
         to,
     });
     let mut shipped = 0;

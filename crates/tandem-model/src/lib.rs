@@ -94,9 +94,11 @@ impl Model {
         SequenceKv::new(&self.config, n_ctx, self.ring_slack, &self.kv_pool)
     }
 
-    /// The model's identity for KV exchange (`kv::wire::fingerprint`): reads the whole file once.
-    pub fn fingerprint(&self) -> [u8; 32] {
-        kv::wire::fingerprint(&self.config, self.file.bytes())
+    /// The model's identity for KV exchange (`kv::wire::fingerprint`). Reads the whole file (on several
+    /// threads) unless `memo_dir` remembers its digest from an earlier start (`kv::file_digest`).
+    pub fn fingerprint(&self, memo_dir: Option<&std::path::Path>) -> [u8; 32] {
+        let file = kv::file_digest::file_digest(self.file.bytes(), self.file.path(), memo_dir);
+        kv::wire::fingerprint(&self.config, &file)
     }
 
     /// Caps KV memory (all sequences together) at `bytes`; takes effect for sequences made afterwards.

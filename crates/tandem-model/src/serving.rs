@@ -74,6 +74,13 @@ pub trait ServingCache: SequenceCache {
     /// Bytes the cache will hold once it has grown to `len` positions from where it is now: what a
     /// request continuing on it must reserve (storage it holds is not given back while it grows).
     fn bytes_reaching(&self, len: usize) -> usize;
+    /// Makes this cache (fresh from `new_kv`, of the same context) a copy of `other`: the same rows at the
+    /// same physical places, the same placement. A remote prefill continues a conversation in such a copy,
+    /// so the conversation stays untouched until the stream is complete. Fails when the KV budget has no
+    /// room for the copy.
+    fn copy_from(&mut self, other: &Self) -> Result<(), ModelError>
+    where
+        Self: Sized;
     /// Copies the cached rows `from..to` of layer `layer` for a peer (`kv::wire`).
     fn export_rows(&self, layer: usize, from: usize, to: usize) -> Result<LayerRows, ModelError>;
     /// Per layer, the first row a stream filling `0..to` ships from now: what the layer keeps at `to`,
@@ -151,6 +158,11 @@ impl ServingCache for SequenceKv {
 
     fn bytes_reaching(&self, len: usize) -> usize {
         SequenceKv::bytes_reaching(self, len)
+    }
+
+    fn copy_from(&mut self, other: &SequenceKv) -> Result<(), ModelError> {
+        *self = other.try_clone()?;
+        Ok(())
     }
 
     fn export_rows(&self, layer: usize, from: usize, to: usize) -> Result<LayerRows, ModelError> {

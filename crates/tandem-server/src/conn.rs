@@ -1,4 +1,9 @@
-//! One HTTP/1.1 connection: the router behind hyper, with the time limits hyper cannot tell apart.
+//! One connection, HTTP/1.1 or HTTP/2: the router behind hyper, with the time limits hyper cannot tell
+//! apart.
+//!
+//! Both protocols share the port: a connection that opens with the HTTP/2 preface is served as HTTP/2
+//! over cleartext (h2c with prior knowledge: what a decode node's KV client speaks, `kv.rs`), any other
+//! as HTTP/1.1 (hyper_util's `auto` builder reads the first bytes to tell). There is no `Upgrade: h2c`.
 //!
 //! hyper's own `header_read_timeout` starts when it wants the next request head, which on a keep-alive
 //! connection is the moment the previous response ended: it would close idle connections as soon as
@@ -14,6 +19,11 @@
 //! streamed generation of any length) the socket has no limit; the body limit is the extractor's
 //! ([`crate::errors::ApiJson`]). A limit that runs out fails the socket's read, and hyper closes the
 //! connection without answering (a head may not even be parseable yet).
+//!
+//! On HTTP/2 many requests may be in flight at once (the count below), and the limits see bytes, not
+//! frames: a flow-control or ping frame after the last response counts as a next request's first byte,
+//! so an idle HTTP/2 connection may be closed after the head limit rather than the idle limit. Its
+//! client connects again (the KV client does).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,8 +37,8 @@ use axum::body::{Body, Bytes};
 use axum::Router;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
@@ -43,7 +53,7 @@ pub struct Timeouts {
 /// Where a connection stands between requests.
 #[derive(Debug)]
 struct Phase {
-    /// Requests in flight (one at a time in HTTP/1.1; a count so an early drop cannot underflow).
+    /// Requests in flight (one at a time in HTTP/1.1, any number of HTTP/2 streams).
     busy: usize,
     /// When the connection was accepted or its last response ended.
     since: Instant,
@@ -245,6 +255,11 @@ impl http_body::Body for TrackedBody {
     }
 }
 
+/// HTTP/2 streams one connection may have open at once. `max_connections` bounds connections, this what
+/// one of them holds; beyond it a client waits for a stream to end (the engine's queue refuses
+/// generations past its own limit either way).
+const MAX_STREAMS: u32 = 128;
+
 /// Serves one accepted socket until the client or the server closes it; `graceful` asks it to close
 /// once its running request is answered.
 pub fn serve_connection<S>(
@@ -269,10 +284,11 @@ where
             Ok::<_, Infallible>(response.map(|inner| TrackedBody { inner, _busy: busy }))
         }
     });
-    let mut builder = http1::Builder::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
     // The head limit is `WatchedIo`'s (see the module's comment); hyper's would also cut idle time.
-    builder.header_read_timeout(None);
-    let conn = graceful.watch(builder.serve_connection(io, service));
+    builder.http1().header_read_timeout(None);
+    builder.http2().max_concurrent_streams(MAX_STREAMS);
+    let conn = graceful.watch(builder.serve_connection(io, service).into_owned());
     async move {
         // A failed connection (a client gone, a limit run out) concerns only that client.
         let _ = conn.await;

@@ -1,22 +1,25 @@
 //! Disaggregated prefill over HTTP (`docs/KV-WIRE.md`): a prefill node's `POST /v1/kv/prefill`, which
 //! reads a prompt and streams its KV as it is produced, and a decode node's client for it
 //! ([`PeerClient`]), which checks every frame and hands the rows to the engine. Both sides use the
-//! server's own hyper stack (HTTP/1.1, a streamed body) and the API's bearer keys.
+//! server's own hyper stack and the API's bearer keys: the client speaks HTTP/2 with prior knowledge
+//! (the server takes it beside HTTP/1.1, `conn.rs`), one connection per peer, a stream per transfer.
 
 use std::convert::Infallible;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use http_body::Body as _;
-use hyper_util::rt::TokioIo;
+use hyper::body::Incoming;
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::Deserialize;
 use tandem_engine::serve::{Event, PrefillPeers, RemoteMsg};
 use tandem_model::kv::wire::{self, Decoder, Encoder, Frame, Hello};
@@ -42,6 +45,9 @@ pub(crate) struct KvRequest {
     version: u32,
     fingerprint: String,
     tokens: Vec<u32>,
+    /// The first row to send: the decode node holds `0..from` (a continued conversation).
+    #[serde(default)]
+    from: usize,
 }
 
 /// `POST /v1/kv/prefill`: 404 unless this is a prefill node; 409 for another model.
@@ -57,7 +63,18 @@ pub(crate) async fn prefill(
     if req.version != wire::VERSION {
         return Err(ApiError::invalid(
             "version",
-            format!("KV wire version {}, this node speaks {}", req.version, wire::VERSION),
+            format!(
+                "KV wire version {}, this node speaks only {} (both nodes must speak the same)",
+                req.version,
+                wire::VERSION
+            ),
+        ));
+    }
+    let (from, to) = (req.from, req.tokens.len());
+    if from >= to {
+        return Err(ApiError::invalid(
+            "from",
+            format!("the stream would start at row {from} of {to}: nothing to send"),
         ));
     }
     let ours = wire::hex(&id.fingerprint);
@@ -72,13 +89,13 @@ pub(crate) async fn prefill(
         )
         .with_code("model_mismatch"));
     }
-    let to = req.tokens.len();
-    let rx = state.engine.export_kv(req.tokens)?;
+    let rx = state.engine.export_kv(req.tokens, from)?;
     let (enc, head) = Encoder::start(&Hello {
         version: wire::VERSION,
         fingerprint: id.fingerprint,
         n_layers: id.n_layers,
         width: id.width,
+        from,
         to,
     });
     let export = Export {
@@ -204,7 +221,7 @@ impl Peer {
 
 /// A decode node's client of its prefill peers, taken in turn.
 pub struct PeerClient {
-    peers: Vec<Peer>,
+    peers: Vec<Arc<PeerConn>>,
     next: AtomicUsize,
     key: Option<String>,
     fingerprint: [u8; 32],
@@ -226,7 +243,15 @@ impl PeerClient {
     ) -> Self {
         assert!(!peers.is_empty(), "a decode node needs a prefill peer");
         PeerClient {
-            peers,
+            peers: peers
+                .into_iter()
+                .map(|peer| {
+                    Arc::new(PeerConn {
+                        peer,
+                        sender: Mutex::new(None),
+                    })
+                })
+                .collect(),
             next: AtomicUsize::new(0),
             key,
             fingerprint,
@@ -241,14 +266,15 @@ type Wake = Arc<dyn Fn() + Send + Sync>;
 type Failure = (&'static str, String);
 
 impl PrefillPeers for PeerClient {
-    fn fetch(&self, tokens: Vec<u32>, wake: Wake) -> mpsc::Receiver<RemoteMsg> {
+    fn fetch(&self, tokens: Vec<u32>, from: usize, wake: Wake) -> mpsc::Receiver<RemoteMsg> {
         let (tx, rx) = mpsc::channel(64);
-        let peer = self.peers[self.next.fetch_add(1, Ordering::Relaxed) % self.peers.len()].clone();
+        let conn = self.peers[self.next.fetch_add(1, Ordering::Relaxed) % self.peers.len()].clone();
         let (key, fingerprint, timeout) = (self.key.clone(), self.fingerprint, self.timeout);
         let received = self.received.clone();
         self.runtime.spawn(async move {
-            let fetch = fetch(&peer, key, fingerprint, tokens, &tx, &wake, &received);
+            let fetch = fetch(&conn, key, fingerprint, (tokens, from), &tx, &wake, &received);
             let fetched = tokio::time::timeout(timeout, fetch).await;
+            let peer = &conn.peer;
             let failure = match fetched {
                 Ok(Ok(())) => None,
                 Ok(Err((cause, detail))) => Some((cause, format!("{}:{}: {detail}", peer.host, peer.port))),
@@ -263,43 +289,109 @@ impl PrefillPeers for PeerClient {
     }
 }
 
+/// HTTP/2 flow-control windows the client grants a peer: a stream may send this much ahead of what the
+/// engine took (h2's default of 64 KiB would hold a transfer to a window per round trip), the
+/// connection this much over all its streams.
+const STREAM_WINDOW: u32 = 16 << 20;
+const CONNECTION_WINDOW: u32 = 64 << 20;
+/// The largest DATA frame the client accepts: fewer frames (9 bytes of framing each) than h2's 16 KiB.
+const MAX_FRAME: u32 = 256 << 10;
+
+/// One prefill peer and the HTTP/2 connection to it, kept between transfers (each one stream).
+struct PeerConn {
+    peer: Peer,
+    /// `None` before the first transfer and after the connection failed.
+    sender: Mutex<Option<http2::SendRequest<String>>>,
+}
+
+impl PeerConn {
+    /// The kept connection while it is open (a peer that closed it idle, or died, is connected again).
+    fn kept(&self) -> Option<http2::SendRequest<String>> {
+        let mut kept = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.as_ref().is_some_and(|s| s.is_closed()) {
+            *kept = None;
+        }
+        kept.clone()
+    }
+
+    async fn connect(&self) -> Result<http2::SendRequest<String>, String> {
+        let peer = &self.peer;
+        let stream = tokio::net::TcpStream::connect((peer.host.as_str(), peer.port))
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_frame_size(MAX_FRAME)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        *self.sender.lock().unwrap_or_else(PoisonError::into_inner) = Some(sender.clone());
+        Ok(sender)
+    }
+
+    /// Sends `request()` on the kept connection, or on a new one when there is none or the kept one
+    /// fails before the response head (the peer may have closed it just now): a failure on a new
+    /// connection is the peer's being unreachable.
+    async fn send(
+        &self,
+        request: impl Fn() -> Result<Request<String>, Failure>,
+    ) -> Result<Response<Incoming>, Failure> {
+        if let Some(mut sender) = self.kept() {
+            if sender.ready().await.is_ok() {
+                if let Ok(response) = sender.send_request(request()?).await {
+                    return Ok(response);
+                }
+            }
+        }
+        let unreachable = |e: String| ("unreachable", e);
+        let mut sender = self.connect().await.map_err(unreachable)?;
+        sender.ready().await.map_err(|e| unreachable(e.to_string()))?;
+        sender
+            .send_request(request()?)
+            .await
+            .map_err(|e| unreachable(e.to_string()))
+    }
+}
+
 /// One transfer: the request, then every frame checked and passed on; `Ok` once `Done` was sent (or the
 /// engine no longer listens).
 async fn fetch(
-    peer: &Peer,
+    conn: &PeerConn,
     key: Option<String>,
     fingerprint: [u8; 32],
-    tokens: Vec<u32>,
+    (tokens, from): (Vec<u32>, usize),
     tx: &mpsc::Sender<RemoteMsg>,
     wake: &Wake,
     received: &AtomicU64,
 ) -> Result<(), Failure> {
-    let unreachable = |e: &dyn std::fmt::Display| ("unreachable", e.to_string());
-    let stream = tokio::net::TcpStream::connect((peer.host.as_str(), peer.port))
-        .await
-        .map_err(|e| unreachable(&e))?;
-    let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| unreachable(&e))?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let peer = &conn.peer;
     let to = tokens.len();
     let body = serde_json::json!({
         "version": wire::VERSION,
         "fingerprint": wire::hex(&fingerprint),
         "tokens": tokens,
+        "from": from,
     })
     .to_string();
-    let mut request = Request::post("/v1/kv/prefill")
-        .header(HOST, format!("{}:{}", peer.host, peer.port))
-        .header(CONTENT_TYPE, "application/json");
-    if let Some(key) = &key {
-        request = request.header(AUTHORIZATION, format!("Bearer {key}"));
-    }
-    let request = request.body(body).map_err(|e| ("protocol", e.to_string()))?;
-    let response = sender.send_request(request).await.map_err(|e| unreachable(&e))?;
+    let authority = if peer.host.contains(':') {
+        format!("[{}]:{}", peer.host, peer.port)
+    } else {
+        format!("{}:{}", peer.host, peer.port)
+    };
+    let uri = format!("http://{authority}/v1/kv/prefill");
+    let request = || {
+        let mut request = Request::post(&uri).header(CONTENT_TYPE, "application/json");
+        if let Some(key) = &key {
+            request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+        }
+        request.body(body.clone()).map_err(|e| ("protocol", e.to_string()))
+    };
+    let response = conn.send(request).await?;
     let status = response.status();
     let mut body = response.into_body();
     if status != StatusCode::OK {
@@ -327,8 +419,11 @@ async fn fetch(
         decoder.push(&data);
         while let Some(f) = decoder.next_frame().map_err(|e| (e.cause(), e.to_string()))? {
             let msg = match f {
-                Frame::Hello(h) if h.to != to => {
-                    return Err(("protocol", format!("the stream fills {} positions, not {to}", h.to)));
+                Frame::Hello(h) if (h.from, h.to) != (from, to) => {
+                    return Err((
+                        "protocol",
+                        format!("the stream fills positions {}..{}, not {from}..{to}", h.from, h.to),
+                    ));
                 }
                 Frame::Hello(_) => continue,
                 Frame::Rows(rows) => RemoteMsg::Rows(Box::new(rows)),

@@ -208,6 +208,26 @@ impl ServingCache for GpuSequenceKv {
         self.bytes()
     }
 
+    /// Device to device into this cache's own buffers, so its buffer table stays valid.
+    fn copy_from(&mut self, other: &GpuSequenceKv) -> Result<(), ModelError> {
+        let same = self.layers.len() == other.layers.len()
+            && self
+                .layers
+                .iter()
+                .zip(&other.layers)
+                .all(|(a, b)| a.k.len() == b.k.len() && a.v.len() == b.v.len());
+        if !same {
+            return Err(ModelError::Kv("copying a KV cache of another context".into()));
+        }
+        for (a, b) in self.layers.iter_mut().zip(&other.layers) {
+            let stream = Arc::clone(a.k.stream());
+            driver("cuMemcpyDtoD (copy K)", stream.memcpy_dtod(&b.k, &mut a.k))?;
+            driver("cuMemcpyDtoD (copy V)", stream.memcpy_dtod(&b.v, &mut a.v))?;
+            a.placement = b.placement;
+        }
+        Ok(())
+    }
+
     /// Device to host, one copy per contiguous physical run (at most two: a ring wraps once).
     fn export_rows(&self, layer: usize, from: usize, to: usize) -> Result<LayerRows, ModelError> {
         let l = self

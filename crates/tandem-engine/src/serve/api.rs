@@ -103,11 +103,12 @@ pub enum RemoteMsg {
     },
 }
 
-/// Prefill peers: fetch the KV of a prompt's positions `0..tokens.len()` from one of them.
+/// Prefill peers: fetch the KV of a prompt's positions `from..tokens.len()` from one of them (the
+/// caller holds `0..from`; the peer reads the whole prompt).
 pub trait PrefillPeers: Send + Sync + 'static {
     /// Starts a fetch; its messages arrive on the returned channel, and `wake` is called after each
     /// one is sent. Dropping the receiver cancels it.
-    fn fetch(&self, tokens: Vec<u32>, wake: Arc<dyn Fn() + Send + Sync>) -> mpsc::Receiver<RemoteMsg>;
+    fn fetch(&self, tokens: Vec<u32>, from: usize, wake: Arc<dyn Fn() + Send + Sync>) -> mpsc::Receiver<RemoteMsg>;
 }
 
 /// A decode node's remote prefill: where, and from how many new prompt tokens on.
@@ -204,10 +205,11 @@ pub trait EngineHandle: Send + Sync + 'static {
     fn stats(&self) -> EngineStats;
     /// Drops every cached (finished) conversation; returns how many.
     fn flush_cache(&self) -> usize;
-    /// Reads `tokens` and sends the KV of positions `0..tokens.len()` as `KvRows` events (`Started`
-    /// first, `Done` or `Failed` last), for a decode node to install: what a prefill node serves.
-    fn export_kv(&self, tokens: Vec<u32>) -> Result<mpsc::UnboundedReceiver<Event>, SubmitError> {
-        let _ = tokens;
+    /// Reads `tokens` and sends the KV of positions `from..tokens.len()` (per layer those it keeps at the
+    /// end) as `KvRows` events (`Started` first, `Done` or `Failed` last), for a decode node that holds
+    /// `0..from` to install: what a prefill node serves.
+    fn export_kv(&self, tokens: Vec<u32>, from: usize) -> Result<mpsc::UnboundedReceiver<Event>, SubmitError> {
+        let _ = (tokens, from);
         Err(SubmitError::NoKvExport)
     }
     /// Stops accepting work; running requests finish or are cancelled by their deadline.

@@ -91,8 +91,8 @@ struct Pending {
     request: GenerationRequest,
     events: UnboundedSender<Event>,
     submitted: Instant,
-    /// A KV export (`export_kv`): read the prompt, send its rows, sample nothing.
-    export: bool,
+    /// A KV export (`export_kv`) from this row on: read the prompt, send its rows, sample nothing.
+    export: Option<usize>,
 }
 
 struct Shared {
@@ -189,7 +189,7 @@ impl ServingEngine {
     fn enqueue(
         &self,
         request: GenerationRequest,
-        export: bool,
+        export: Option<usize>,
     ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, SubmitError> {
         let mut inbox = self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
         if inbox.len() >= self.config.max_queue {
@@ -240,10 +240,14 @@ impl EngineHandle for ServingEngine {
                 budget: self.config.kv_budget_bytes,
             });
         }
-        self.enqueue(request, false)
+        self.enqueue(request, None)
     }
 
-    fn export_kv(&self, tokens: Vec<u32>) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, SubmitError> {
+    fn export_kv(
+        &self,
+        tokens: Vec<u32>,
+        from: usize,
+    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, SubmitError> {
         if self.shared.stopping.load(Ordering::Acquire) {
             return Err(SubmitError::ShuttingDown);
         }
@@ -270,7 +274,7 @@ impl EngineHandle for ServingEngine {
             stop_ids: Vec::new(),
             top_logprobs: None,
         };
-        self.enqueue(request, true)
+        self.enqueue(request, Some(from))
     }
 
     fn stats(&self) -> EngineStats {
@@ -327,18 +331,22 @@ struct Sequence<K: ServingCache> {
     first_token: Option<Instant>,
     /// Finished (its last event sent); leaves the running set at the end of the step.
     done: bool,
-    /// A KV export: per layer, the first row not yet sent.
+    /// A KV export: per layer, the first row not yet sent (none before the export's `from`).
     export: Option<Vec<usize>>,
 }
 
 /// A remote prefill under way: the peer's rows go into `detached`, a cache no step reads, which
 /// becomes the sequence's cache only once every frame came and checked out (`Loop::pump_remote`).
+/// A continued conversation's detached cache starts as a copy of it (`ServingCache::copy_from`), so
+/// only the new rows travel and the conversation itself stays as it was for the fallback.
 struct RemoteFill<K: ServingCache> {
     pending: Pending,
-    /// The cached conversation the prompt continues (cut back), kept for a local fallback.
+    /// The cached conversation the prompt continues (cut back to `from`), kept for a local fallback.
     conversation: Option<Conversation<K>>,
     detached: K,
-    /// The stream fills positions `0..to` (all but the last prompt token).
+    /// The stream fills positions `from..to` (`to`: all but the last prompt token) on top of the
+    /// conversation's `0..from`.
+    from: usize,
     to: usize,
     rx: tokio::sync::mpsc::Receiver<RemoteMsg>,
     /// Pool bytes reserved: the detached cache's reach, plus the conversation's for the fallback.
@@ -522,19 +530,21 @@ impl<B: ServingBackend> Loop<B> {
             };
             let held = taken.as_ref().map_or(0, |(c, _)| checkpoint_bytes(&c.checkpoints));
             let reused = taken.as_ref().map_or(0, |(c, _)| c.kv.len());
+            // The stream fills `reused..to`; the last prompt token is read here for its logits.
+            let to = prompt.len().saturating_sub(1);
             let mut route = match &self.config.remote {
                 None => PrefillRoute::Local,
-                Some(_) if p.export => PrefillRoute::Local,
-                Some(r) if prompt.len() < 2 || prompt.len() - reused < r.min_tokens => PrefillRoute::Short,
-                Some(_) => PrefillRoute::Remote { rows: prompt.len() - 1 },
+                Some(_) if p.export.is_some() => PrefillRoute::Local,
+                Some(r) if to <= reused || prompt.len() - reused < r.min_tokens => PrefillRoute::Short,
+                Some(_) => PrefillRoute::Remote { rows: to - reused },
             };
             // A fresh request's detached cache becomes its cache: the same reservation. One continuing a
-            // conversation keeps the conversation for the fallback, so the detached cache comes on top.
+            // conversation keeps the conversation for the fallback, so the detached copy of it comes on
+            // top, reaching as far (the copy holds the conversation's storage and grows as it would).
             let mut detached_need = 0;
             if matches!(route, PrefillRoute::Remote { .. }) && taken.is_some() {
-                let detached = self.sizing.bytes_at(reach);
-                if self.make_room(need + held + detached) {
-                    detached_need = detached;
+                if self.make_room(need + held + need) {
+                    detached_need = need;
                 } else {
                     route = PrefillRoute::Fallback { cause: "kv_budget" };
                 }
@@ -552,8 +562,14 @@ impl<B: ServingBackend> Loop<B> {
                 need = self.sizing.bytes_at(reach);
             }
             let Some(p) = self.queue.pop_front() else { return };
-            if let (PrefillRoute::Remote { rows }, Some(remote)) = (route, &self.config.remote) {
-                match self.model.new_kv(self.config.n_ctx) {
+            if let (PrefillRoute::Remote { .. }, Some(remote)) = (route, &self.config.remote) {
+                let detached = self.model.new_kv(self.config.n_ctx).and_then(|mut kv| {
+                    if let Some((c, _)) = &taken {
+                        kv.copy_from(&c.kv)?;
+                    }
+                    Ok(kv)
+                });
+                match detached {
                     Ok(detached) => {
                         let shared = Arc::clone(&self.shared);
                         let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
@@ -561,14 +577,15 @@ impl<B: ServingBackend> Loop<B> {
                             shared.remote_ready.store(true, Ordering::Release);
                             shared.wake.notify_one();
                         });
-                        let rx = remote.peers.fetch(p.request.prompt[..rows].to_vec(), wake);
+                        let rx = remote.peers.fetch(p.request.prompt[..to].to_vec(), reused, wake);
                         let reserved = need + detached_need;
                         self.reserved += reserved;
                         self.remote.push(RemoteFill {
                             pending: p,
                             conversation: taken.map(|(c, _)| c),
                             detached,
-                            to: rows,
+                            from: reused,
+                            to,
                             rx,
                             reserved,
                             need_local: need,
@@ -603,7 +620,7 @@ impl<B: ServingBackend> Loop<B> {
     fn start(&mut self, p: Pending, conversation: Conversation<B::Kv>, need: usize, route: PrefillRoute) {
         let read = conversation.kv.len();
         let reused = match route {
-            PrefillRoute::Remote { .. } => 0,
+            PrefillRoute::Remote { rows } => read - rows,
             _ => read,
         };
         let _ = p.events.send(Event::Started {
@@ -634,7 +651,7 @@ impl<B: ServingBackend> Loop<B> {
         }
         self.reserved += need;
         let sampler = Sampler::new(p.request.sampling.clone());
-        let export = p.export.then(|| vec![0; self.model.config().layers.len()]);
+        let export = p.export.map(|from| vec![from; self.model.config().layers.len()]);
         self.running.push(Sequence {
             history: p.request.prompt.clone(),
             phase: Phase::Prefill { read },
@@ -741,6 +758,7 @@ impl<B: ServingBackend> Loop<B> {
             pending: p,
             conversation,
             detached,
+            from,
             to,
             rx,
             reserved,
@@ -750,17 +768,18 @@ impl<B: ServingBackend> Loop<B> {
         self.reserved -= reserved;
         match outcome {
             Ok(()) => {
-                // The conversation kept for the fallback gives its blocks back first.
-                drop(conversation);
+                // The conversation kept for the fallback gives its blocks back first; its checkpoints
+                // (at or before `from`, of the same rows) serve the detached copy as well.
+                let checkpoints = conversation.map_or_else(Vec::new, |c| c.checkpoints);
                 let reach = (p.request.prompt.len() + p.request.max_tokens).min(self.config.n_ctx);
-                let need = self.sizing.bytes_at(reach);
+                let need = detached.bytes_reaching(reach);
                 let fed = p.request.prompt[..to].to_vec();
                 let c = Conversation {
                     fed,
                     kv: detached,
-                    checkpoints: Vec::new(),
+                    checkpoints,
                 };
-                self.start(p, c, need, PrefillRoute::Remote { rows: to });
+                self.start(p, c, need, PrefillRoute::Remote { rows: to - from });
             }
             Err((cause, detail)) => {
                 drop(detached);

@@ -3,6 +3,7 @@
 //! Every chunk is stored before it is attended, and attention reads f16 rows (from the cache or from a
 //! staged copy of it), so a prefilled position is attended with exactly the bits a later decode step reads.
 
+pub mod file_digest;
 mod placement;
 mod pool;
 pub mod wire;
@@ -317,6 +318,20 @@ impl SequenceKv {
             });
         }
         Ok(())
+    }
+
+    /// A copy with storage of its own from the pool: the same rows at the same physical places, the
+    /// same placement. Fails (giving back what it took) when the KV budget has no room for it.
+    pub fn try_clone(&self) -> Result<SequenceKv, ModelError> {
+        let layers = self
+            .layers
+            .iter()
+            .map(LayerCache::try_clone)
+            .collect::<Result<_, _>>()?;
+        Ok(SequenceKv {
+            layers,
+            n_ctx: self.n_ctx,
+        })
     }
 
     /// Drops every position from `pos` on, keeping the sequence usable from there; false (and nothing

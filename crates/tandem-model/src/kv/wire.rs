@@ -2,15 +2,16 @@
 //! streams it to a decode node (`docs/KV-WIRE.md` is the reference; this is its one implementation).
 //!
 //! A stream is the magic `TANDEMKV`, then frames: one `Hello` (version, model fingerprint, shape, the
-//! positions `0..to` the stream fills), `Rows` frames as the prefill produces them, and one `End` (or
+//! positions `from..to` the stream fills on top of the receiver's `0..from`), `Rows` frames as the prefill produces them, and one `End` (or
 //! an `Error` from the sender). Every frame carries the SHA-256 of its kind, length and body; `End`
 //! carries how many `Rows` frames came and the SHA-256 over their digests in order, so a frame lost,
 //! repeated or reordered is caught as surely as a flipped byte.
 //!
 //! Rows travel in logical order with the sender's placement after them (`RingPlacement`). A
 //! sliding-window layer ships only the rows its ring keeps at `to`; the receiver appends them as a
-//! local prefill would, so its ring has the same physical placement (for the same capacity) and
-//! attention reads the same bits. Placement is never derived from absolute positions.
+//! local prefill would, skipping the rows a full ring would have overwritten, so its ring has the same
+//! physical placement (for the same capacity) and attention reads the same bits. Placement is never
+//! derived from absolute positions.
 
 use half::f16;
 use sha2::{Digest, Sha256};
@@ -22,7 +23,8 @@ use crate::ModelError;
 /// The first bytes of every stream.
 pub const MAGIC: [u8; 8] = *b"TANDEMKV";
 /// The format version a `Hello` carries; a receiver refuses any other.
-pub const VERSION: u32 = 1;
+/// Version 2 added `from` (a continued conversation ships only its new rows); version 1 is refused.
+pub const VERSION: u32 = 2;
 /// Rows one `Rows` frame may carry (senders split longer ranges); bounds what a receiver buffers.
 pub const MAX_FRAME_ROWS: usize = 4096;
 /// Largest body of a `Hello`, `End` or `Error` frame.
@@ -37,18 +39,18 @@ const FRAME_HEAD: usize = 5;
 const DIGEST: usize = 32;
 /// layer u32, first u64, rows u32, then the placement: capacity, len, origin_logical, origin_physical (u64).
 const ROWS_HEAD: usize = 4 + 8 + 4 + 4 * 8;
-const HELLO_BODY: usize = 4 + 32 + 4 + 4 + 8;
+const HELLO_BODY: usize = 4 + 32 + 4 + 4 + 8 + 8;
 const END_BODY: usize = 8 + 32;
 
-/// Identifies a model for KV exchange: SHA-256 over the GGUF file's bytes (weights, tokenizer and
-/// metadata) and the configuration the engine derived from it (architecture, shapes, each layer's window
-/// and RoPE settings), with the KV dtype (f16). Two nodes exchange KV only when theirs are equal.
-pub fn fingerprint(config: &ModelConfig, file_bytes: &[u8]) -> [u8; 32] {
-    let file: [u8; 32] = Sha256::digest(file_bytes).into();
+/// Identifies a model for KV exchange: SHA-256 over the tag `tandem kv fingerprint v2`, the
+/// configuration the engine derived from the GGUF file (architecture, shapes, each layer's window and
+/// RoPE settings), the KV dtype (f16) and `file_digest`, the tree hash of the file's bytes (weights,
+/// tokenizer and metadata: `file_digest::tree_hash`). Two nodes exchange KV only when theirs are equal.
+pub fn fingerprint(config: &ModelConfig, file_digest: &[u8; 32]) -> [u8; 32] {
     let mut h = Sha256::new();
-    h.update(b"tandem kv fingerprint v1\n");
+    h.update(b"tandem kv fingerprint v2\n");
     h.update(format!("{config:?}\nkv f16\n").as_bytes());
-    h.update(file);
+    h.update(file_digest);
     h.finalize().into()
 }
 
@@ -102,7 +104,8 @@ pub struct Hello {
     pub n_layers: usize,
     /// Values per row (KV heads × head dim).
     pub width: usize,
-    /// The stream fills positions `0..to`.
+    /// The stream fills positions `from..to`; the receiver holds `0..from` already.
+    pub from: usize,
     pub to: usize,
 }
 
@@ -173,6 +176,7 @@ impl Encoder {
         body.extend_from_slice(&hello.fingerprint);
         body.extend_from_slice(&(hello.n_layers as u32).to_le_bytes());
         body.extend_from_slice(&(hello.width as u32).to_le_bytes());
+        body.extend_from_slice(&(hello.from as u64).to_le_bytes());
         body.extend_from_slice(&(hello.to as u64).to_le_bytes());
         let mut out = MAGIC.to_vec();
         out.extend(frame(KIND_HELLO, &body).0);
@@ -349,8 +353,12 @@ impl Decoder {
                     fingerprint,
                     n_layers: u32_at(body, 36) as usize,
                     width: u32_at(body, 40) as usize,
-                    to: u64_at(body, 44) as usize,
+                    from: u64_at(body, 44) as usize,
+                    to: u64_at(body, 52) as usize,
                 };
+                if hello.from > hello.to {
+                    return Err(self.malformed(format!("a stream from {} to {}", hello.from, hello.to)));
+                }
                 self.hello = Some(hello.clone());
                 Ok(Frame::Hello(hello))
             }
@@ -372,8 +380,8 @@ impl Decoder {
                 if layer >= h.n_layers {
                     return Err(self.malformed(format!("layer {layer} of {}", h.n_layers)));
                 }
-                if n == 0 || n > MAX_FRAME_ROWS || first.checked_add(n).is_none_or(|e| e > h.to) {
-                    return Err(self.malformed(format!("rows {first}+{n} outside 0..{}", h.to)));
+                if n == 0 || n > MAX_FRAME_ROWS || first < h.from || first.checked_add(n).is_none_or(|e| e > h.to) {
+                    return Err(self.malformed(format!("rows {first}+{n} outside {}..{}", h.from, h.to)));
                 }
                 if body.len() != ROWS_HEAD + 4 * n * h.width {
                     return Err(self.malformed(format!("{} bytes for {n} rows of {}", body.len(), h.width)));
@@ -433,8 +441,12 @@ impl Decoder {
 
 /// Checks rows before they are installed into a layer now at `placement` (of a detached cache that a
 /// stream fills to `to`). Returns the placement to start from when the rows start past the layer's end:
-/// allowed only for an empty sliding-window layer, whose ring then starts at `rows.first` as a local
-/// prefill's would once the rows before it are evicted.
+/// allowed only for a sliding-window layer, whose ring a local prefill would have moved on over the rows
+/// in between (a stream ships only what the ring keeps at `to`). The ring then holds rows from
+/// `rows.first` on, at the physical row a local prefill would have written it: the skipped rows take
+/// their places as if appended. Where they would not all have been evicted by `to`, the ring holds fewer
+/// old rows than a local one (never a row that did not arrive); `check_complete` makes sure it still
+/// holds every row a query at `to` sees.
 pub fn check_install(
     placement: &RingPlacement,
     window: Option<usize>,
@@ -469,15 +481,16 @@ pub fn check_install(
     if rows.first == end {
         return Ok(None);
     }
-    if window.is_none() || placement.len != 0 {
+    if window.is_none() {
         return bad(format!("a gap: rows from {} after {end}", rows.first));
     }
-    let capacity = placement.capacity;
+    let capacity = placement.capacity.max(1);
+    let skipped = rows.first - end;
     Ok(Some(RingPlacement {
-        capacity,
+        capacity: placement.capacity,
         len: 0,
         origin_logical: rows.first,
-        origin_physical: rows.first % capacity.max(1),
+        origin_physical: (placement.origin_physical + placement.len + skipped % capacity) % capacity,
     }))
 }
 
@@ -561,15 +574,26 @@ mod tests {
 
     /// The stream a prefill node sends for `kv` (filled to `to`): per layer the rows its ring keeps.
     fn stream(kv: &SequenceKv, fp: [u8; 32], width: usize) -> Vec<u8> {
+        stream_from(kv, fp, width, 0)
+    }
+
+    /// The stream for a receiver that holds `0..start` already: per layer the rows its ring keeps from
+    /// `start` on.
+    fn stream_from(kv: &SequenceKv, fp: [u8; 32], width: usize, start: usize) -> Vec<u8> {
         let to = kv.len();
         let (mut enc, mut out) = Encoder::start(&Hello {
             version: VERSION,
             fingerprint: fp,
             n_layers: kv.layers.len(),
             width,
+            from: start,
             to,
         });
         for (layer, from) in kv.export_from(to).into_iter().enumerate() {
+            let from = from.max(start);
+            if from == to {
+                continue;
+            }
             for piece in kv.export_rows(layer, from, to).unwrap().split(width) {
                 out.extend(enc.rows(&piece));
             }
@@ -651,6 +675,68 @@ mod tests {
         }
     }
 
+    /// A continued conversation: the receiver holds the conversation's first `start` positions (a copy
+    /// of its cache), the stream only the new rows. Its rings end as a local continuation's would, whether
+    /// the new rows overflow the 64 + slack rows of a ring or not, wrapped or not.
+    #[test]
+    fn a_continued_conversation_gets_only_its_new_rows() {
+        let c = config();
+        let w = c.kv_width();
+        let fp = [9u8; 32];
+        let ring = 64 + RING_SLACK;
+        for (before, after) in [
+            (vec![10], vec![20]),
+            (vec![40], vec![ring - 5]),
+            (vec![300], vec![7, 30]),
+            (vec![300], vec![ring + 40]),
+            (vec![100, 1, 1], vec![2 * ring + 3]),
+            (vec![ring], vec![ring]),
+        ] {
+            let pool = KvPool::new(w, None);
+            let kept = filled(&c, &pool, RING_SLACK, &before);
+            let start = kept.len();
+            // The sender read the whole conversation (here: as the local reference did, chunk by chunk).
+            let chunks: Vec<usize> = before.iter().chain(&after).copied().collect();
+            let local = filled(&c, &pool, RING_SLACK, &chunks);
+            let bytes = stream_from(&local, fp, w, start);
+            let mut remote = kept.try_clone().unwrap();
+            install(&bytes, 1000, fp, &mut remote).unwrap();
+            for (a, b) in remote.layers.iter().zip(&local.layers) {
+                // The same next physical row and every row a query sees; older ones at most dropped.
+                assert_eq!(a.placement.end(), b.placement.end(), "{before:?} {after:?}");
+                let next = |p: &RingPlacement| (p.origin_physical + p.len) % p.capacity;
+                assert_eq!(next(&a.placement), next(&b.placement), "{before:?} {after:?}");
+                assert!(a.placement.origin_logical >= b.placement.origin_logical);
+            }
+            assert_eq!(visible(&remote), visible(&local), "{before:?} {after:?}");
+            // Only the new rows travelled: at most a ring of them per sliding-window layer.
+            let new = local.len() - start;
+            let rows = 5 * new.min(ring) + new;
+            assert!(
+                bytes.len() < 4 * w * rows + 8192,
+                "{} bytes for {rows} rows",
+                bytes.len()
+            );
+            assert!(bytes.len() > 4 * w * rows, "{} bytes for {rows} rows", bytes.len());
+        }
+        // Rows before the stream's start are refused by the decoder.
+        let pool = KvPool::new(w, None);
+        let local = filled(&c, &pool, RING_SLACK, &[50]);
+        let (mut enc, mut out) = Encoder::start(&Hello {
+            version: VERSION,
+            fingerprint: fp,
+            n_layers: 6,
+            width: w,
+            from: 20,
+            to: 50,
+        });
+        out.extend(enc.rows(&local.export_rows(5, 10, 50).unwrap()));
+        let mut dec = Decoder::new(fp);
+        dec.push(&out);
+        assert!(matches!(dec.next_frame(), Ok(Some(Frame::Hello(_)))));
+        assert_eq!(dec.next_frame().unwrap_err().cause(), "protocol");
+    }
+
     #[test]
     fn a_sliding_layer_ships_only_what_its_ring_keeps() {
         let c = config();
@@ -706,6 +792,7 @@ mod tests {
             fingerprint: fp,
             n_layers: 6,
             width: w,
+            from: 0,
             to,
         });
         let global = local.export_rows(5, 0, to).unwrap();
@@ -738,6 +825,7 @@ mod tests {
             fingerprint: fp,
             n_layers: 6,
             width: w,
+            from: 0,
             to,
         });
         start.extend(Encoder::error("out of memory"));
@@ -770,6 +858,7 @@ mod tests {
             fingerprint: [0; 32],
             n_layers: 1,
             width: 8,
+            from: 0,
             to: 1,
         });
         bytes.truncate(bytes.len());

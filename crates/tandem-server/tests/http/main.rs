@@ -1,4 +1,4 @@
-//! The real router over a fake engine, spoken to over HTTP/1.1 on 127.0.0.1.
+//! The real router over a fake engine, spoken to over HTTP/1.1 (and HTTP/2: `protocols`) on 127.0.0.1.
 
 mod common;
 mod errors;
@@ -7,3 +7,4 @@ mod lifecycle;
 mod limits;
 mod llamacpp;
 mod openai;
+mod protocols;
