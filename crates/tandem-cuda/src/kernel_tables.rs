@@ -21,6 +21,7 @@ fn kernel_names_are_found_in_every_file() {
         "gather_rows",
         "moe_route",
         "moe_combine",
+        "moe_sort",
         "kv_store",
         "kv_gather",
         "split_rope_kv_store",
@@ -114,6 +115,17 @@ fn kernel_names_are_found_in_every_file() {
         assert!(mmvq.contains(&k.to_string()), "{k} in {mmvq:?}");
     }
     assert_eq!(mmvq.len(), 5 + offered.len());
-    // The tensor-core kernels of prefill chunks, one per type `int8::mmq_takes` admits.
-    assert_eq!(kernel_names(nvrtc::MMQ.body), ["mmq_q4_k", "mmq_q6_k", "mmq_q8_0"]);
+    // The tensor-core kernels of prefill chunks, one per type `int8::mmq_takes` admits, then their
+    // grouped forms for a mixture's sorted pairs (`ExpertTable::groups_on_tensor_cores`).
+    assert_eq!(
+        kernel_names(nvrtc::MMQ.body),
+        [
+            "mmq_q4_k",
+            "mmq_q6_k",
+            "mmq_q8_0",
+            "mmq_ids_q4_k",
+            "mmq_ids_q6_k",
+            "mmq_ids_q8_0"
+        ]
+    );
 }

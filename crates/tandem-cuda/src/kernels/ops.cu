@@ -536,42 +536,77 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* _
 }
 
 // Mixture-of-experts routing, as `Routing::from_logits` (tandem-model's moe.rs) computes it: one
-// thread per row of `logits` (rows x n, row-major). The softmax subtracts the row's maximum and sums
-// the f32 exponentials in f64; each of the k slots takes the most probable expert not yet taken
-// (strictly greater wins, so ties go to the lower index, and NaNs still fill a slot); the weights are
-// the chosen probabilities, divided by their slot-order f32 sum (at least MOE_MIN_WEIGHT_SUM) when
-// `norm` is set. A probability is recomputed, with the same rounding, wherever it is read.
+// warp per row of `logits` (rows x n, row-major; n at most 32 * MOE_ROUTE_MAX_PER_LANE), its
+// probabilities in shared memory. The softmax subtracts the row's maximum (order-free: NaNs are
+// ignored as f32::max ignores them) and sums the f32 exponentials in f64 in expert order (lane 0, so
+// the bits are the host's sequential sum's). Each of the k slots takes the most probable expert not
+// yet taken, as the host's scan in expert order does: the first untaken expert starts it, so when
+// that one's probability is NaN it keeps the slot; else the largest non-NaN probability wins, the
+// lowest index among equals (each lane scans its experts in order, then a butterfly keeps the
+// larger, ties to the lower index). The weights are the chosen probabilities, divided by their
+// slot-order f32 sum (at least MOE_MIN_WEIGHT_SUM) when `norm` is set. A decode step routes in one
+// warp's few microseconds where a thread per row walked every slot over every expert alone.
 #define MOE_MIN_WEIGHT_SUM 6.1035156e-5f
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int rows, int n, int k, int norm,
-                                     int* __restrict__ ids, float* __restrict__ weights) {
+#define MOE_ROUTE_WARPS 4
+#define MOE_ROUTE_MAX_PER_LANE 32
+extern "C" __global__ void __launch_bounds__(32 * MOE_ROUTE_WARPS) moe_route(const float* __restrict__ logits, int rows,
+                                                                             int n, int k, int norm,
+                                                                             int* __restrict__ ids,
+                                                                             float* __restrict__ weights) {
     WAIT_PRIOR_GRID();
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
+    extern __shared__ float moe_route_probs[];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int r = blockIdx.x * MOE_ROUTE_WARPS + warp;
+    if (r >= rows) return;  // the whole warp: no barrier below spans warps
+    float* p = moe_route_probs + warp * n;
     const float* x = logits + (size_t)r * n;
     float mx = -INFINITY;
-    for (int e = 0; e < n; e++) mx = fmaxf(mx, x[e]);
-    double sum = 0.0;
-    for (int e = 0; e < n; e++) sum += (double)expf(x[e] - mx);
-    float inv = (float)(1.0 / sum);
+    for (int e = lane; e < n; e += 32) mx = fmaxf(mx, x[e]);
+    mx = warp_max(mx);
+    for (int e = lane; e < n; e += 32) p[e] = expf(x[e] - mx);
+    __syncwarp();
+    float inv = 0.f;
+    if (lane == 0) {
+        double sum = 0.0;
+        for (int e = 0; e < n; e++) sum += (double)p[e];
+        inv = (float)(1.0 / sum);
+    }
+    inv = __shfl_sync(0xffffffffu, inv, 0);
+    __syncwarp();
+    for (int e = lane; e < n; e += 32) p[e] = __fmul_rn(p[e], inv);
+    __syncwarp();
     int* id = ids + (size_t)r * k;
     float* w = weights + (size_t)r * k;
+    unsigned taken = 0u;  // bit j: expert lane + 32 j
     for (int s = 0; s < k; s++) {
-        int best = -1;
-        float bp = 0.f;
-        for (int e = 0; e < n; e++) {
-            bool taken = false;
-            for (int t = 0; t < s; t++) taken |= id[t] == e;
-            if (taken) continue;
-            float p = __fmul_rn(expf(x[e] - mx), inv);
-            if (best < 0 || p > bp) {
-                best = e;
-                bp = p;
+        int first = n, mine = n;
+        float mine_p = 0.f;
+        for (int j = 0, e = lane; e < n; j++, e += 32) {
+            if ((taken >> j) & 1u) continue;
+            float q = p[e];
+            if (first == n) first = e;
+            if (!isnan(q) && (mine == n || q > mine_p)) {
+                mine = e;
+                mine_p = q;
             }
         }
-        id[s] = best;
-        w[s] = bp;
+        for (int o = 16; o > 0; o >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
+        for (int o = 16; o > 0; o >>= 1) {
+            float other_p = __shfl_xor_sync(0xffffffffu, mine_p, o);
+            int other = __shfl_xor_sync(0xffffffffu, mine, o);
+            if (other < n && (mine == n || other_p > mine_p || (other_p == mine_p && other < mine))) {
+                mine = other;
+                mine_p = other_p;
+            }
+        }
+        int best = isnan(p[first]) ? first : mine;
+        if ((best & 31) == lane) taken |= 1u << (best >> 5);
+        if (lane == 0) {
+            id[s] = best;
+            w[s] = p[best];
+        }
     }
-    if (norm) {
+    if (norm && lane == 0) {
         float total = 0.f;
         for (int s = 0; s < k; s++) total = __fadd_rn(total, w[s]);
         total = fmaxf(total, MOE_MIN_WEIGHT_SUM);

@@ -10,6 +10,13 @@ use crate::runtime::device::Gpu;
 use crate::runtime::grid::{blocks, i32_of, launch_cfg};
 use crate::CudaError;
 
+/// Rows (warps) of one `moe_route` block (`MOE_ROUTE_WARPS` in ops.cu).
+const ROUTE_WARPS: usize = 4;
+
+/// Experts a row can route over: 32 a lane (`MOE_ROUTE_MAX_PER_LANE` in ops.cu, the bits of one
+/// lane's taken mask).
+pub const ROUTE_MAX_EXPERTS: usize = 32 * 32;
+
 /// A mixture's shape for the routing kernel: `n` experts, `k` chosen a row, weights renormalised
 /// when `norm`.
 #[derive(Clone, Copy, Debug)]
@@ -30,7 +37,14 @@ pub fn route_into(
     weights: &mut CudaSlice<f32>,
 ) -> Result<(), CudaError> {
     let RouteShape { rows, n, k, norm } = shape;
-    if n == 0 || k == 0 || k > n || logits.len() < rows * n || ids.len() < rows * k || weights.len() < rows * k {
+    if n == 0
+        || n > ROUTE_MAX_EXPERTS
+        || k == 0
+        || k > n
+        || logits.len() < rows * n
+        || ids.len() < rows * k
+        || weights.len() < rows * k
+    {
         return Err(CudaError::Driver {
             what: "moe_route".into(),
             err: format!("{rows} rows of {n} router logits, {k} experts a row"),
@@ -45,9 +59,11 @@ pub fn route_into(
     let f = gpu.function("moe_route")?;
     let mut b = gpu.launch_builder(f)?;
     b.arg(logits).arg(&r).arg(&ni).arg(&ki).arg(&norm).arg(ids).arg(weights);
-    driver("moe_route", unsafe {
-        b.launch(launch_cfg((blocks(rows, 64), 1, 1), 64))
-    })?;
+    let mut cfg = launch_cfg((blocks(rows, ROUTE_WARPS), 1, 1), 32 * ROUTE_WARPS as u32);
+    cfg.shared_mem_bytes = (ROUTE_WARPS * n * 4) as u32;
+    // SAFETY: logits hold rows x n floats, ids and weights rows x k; the shared memory a row's n
+    // probabilities for each of the block's warps.
+    driver("moe_route", unsafe { b.launch(cfg) })?;
     Ok(())
 }
 
