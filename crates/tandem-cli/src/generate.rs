@@ -70,8 +70,9 @@ pub struct ExpertArgs {
     pub expert_stream_depth: StreamDepth,
     /// GPU: where decode steps compute a routed expert kept in host memory: `gpu` copies it into a
     /// device slot (a cache), `cpu` computes it on the CPU from the model file (as llama.cpp's
-    /// `--n-cpu-moe`), `auto` runs experts already in a slot on the GPU and the others where timing
-    /// at load found one cheaper (always the GPU under `--deterministic`).
+    /// `--n-cpu-moe`), `auto` runs experts already in a slot on the GPU and the others on the side
+    /// whose decode steps the first steps, alternating, measured faster (always the GPU under
+    /// `--deterministic`).
     #[arg(long = "expert-decode", default_value = "auto", value_name = "WHERE")]
     pub expert_decode: ExpertDecode,
     /// Print each streamed chunk's copied and skipped experts and the link's rate to stderr.

@@ -90,10 +90,10 @@ impl std::str::FromStr for ExpertBudget {
 /// routed expert that is in host memory (`--expert-decode`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ExpertDecode {
-    /// An expert already in a device slot runs there; one that is not runs where load-time timing
-    /// found one expert cheaper: copied into a slot and computed on the GPU, or computed on the CPU
-    /// from the model file while the GPU runs the others (`model::cpu_experts`). Deterministic mode
-    /// keeps every expert on the GPU (the CPU's sums are other bits).
+    /// An expert already in a device slot runs there; one that is not runs where the first decode
+    /// steps, alternating, measured the faster steps: copied into a slot and computed on the GPU, or
+    /// computed on the CPU from the model file while the GPU runs the others (`model::cpu_experts`).
+    /// Deterministic mode keeps every expert on the GPU (the CPU's sums are other bits).
     #[default]
     Auto,
     /// Always through the slots (the GPU computes every expert).

@@ -8,32 +8,31 @@
 //! each expert's outputs into the stack `moe_combine` reads; the GPU meanwhile runs the experts it
 //! holds, whose launches are queued first.
 //!
-//! Which is cheaper depends on the machine: the link's rate against the CPU's memory bandwidth and
-//! cores. `auto` times one expert each way at load (`settle_expert_decode`): an expert found in a
-//! slot always runs there (no copy), a missed one where that timing says. The CPU's sums are other
-//! bits than the GPU's, so deterministic mode keeps every expert on the GPU.
+//! Which is cheaper depends on the machine (the link's rate against the CPU's memory bandwidth and
+//! cores) and on how often a step finds its experts in a slot already. `auto` measures it on the
+//! model's own decode steps: an expert found in a slot always runs there (no copy); for the missed
+//! ones, the first decode steps alternate between the two sides, each timed from its first mixture
+//! layer to the next step's, and the side with the smaller median step is kept
+//! (`offload::DecodeTrial`). The CPU's sums are other bits than the GPU's, so deterministic mode
+//! keeps every expert on the GPU.
 
 use std::time::{Duration, Instant};
 
 use tandem_model::backend::Backend;
 use tandem_model::config::Activation;
-use tandem_model::weights::{ExpertFfn, FeedForward, Matrix};
+use tandem_model::weights::{ExpertFfn, Matrix};
 use tandem_model::ModelError;
 use tandem_model::Rows;
 
-use crate::model::{CudaModel, GpuAct, Mode};
-use crate::offload::DecodeSide;
+use crate::model::{CudaModel, Mode};
+use crate::offload::{DecodeSide, DecodeTrial};
 use crate::options::ExpertDecode;
 use crate::routes::INDEXED_EXPERTS_MAX_ROWS;
-use crate::runtime::checked::driver;
 use crate::CudaError;
 
-/// Experts timed each way at load (distinct ones, so every slot copy is a miss).
-const TIMED_EXPERTS: usize = 6;
-
 impl CudaModel {
-    /// Settles where decode steps compute non-resident experts, from `--expert-decode` (timing one
-    /// layer's experts each way for `auto`). Nothing to settle without experts in host memory.
+    /// Settles where decode steps compute non-resident experts, from `--expert-decode` (`auto`
+    /// starts its trial). Nothing to settle without experts in host memory.
     pub(crate) fn settle_expert_decode(&self, deterministic: bool) -> Result<(), CudaError> {
         let Some(o) = &self.offload else {
             return Ok(());
@@ -49,27 +48,62 @@ impl CudaModel {
             (ExpertDecode::Gpu, _) | (ExpertDecode::Auto, true) => DecodeSide::Slots,
             (ExpertDecode::Cpu, false) => DecodeSide::Cpu,
             (ExpertDecode::Auto, false) => {
-                let (on_gpu, on_cpu) = self.time_expert_decode().map_err(|e| CudaError::Driver {
-                    what: "timing experts for --expert-decode auto".into(),
-                    err: e.to_string(),
-                })?;
-                let side = if on_cpu < on_gpu {
-                    DecodeSide::CpuWhenMissed
-                } else {
-                    DecodeSide::Slots
-                };
-                if o.options.trace {
-                    eprintln!(
-                        "expert decode: a missed expert {:.0} us copied and run on the GPU, {:.0} us on the CPU: {side:?}",
-                        on_gpu.as_secs_f64() * 1e6,
-                        on_cpu.as_secs_f64() * 1e6
-                    );
-                }
-                side
+                *o.trial.borrow_mut() = Some(DecodeTrial::default());
+                DecodeSide::Slots
             }
         };
         o.decode_side.set(side);
         Ok(())
+    }
+
+    /// At a pass's first mixture layer, once its routing has come back: `auto`'s trial takes the
+    /// previous decode step's time (when it had as many rows) and picks this step's side, or, with
+    /// enough samples, settles the side for good.
+    pub(crate) fn decode_trial_step(&self, layer: usize, rows: usize, streamed: bool) {
+        let Some(o) = &self.offload else {
+            return;
+        };
+        if layer != o.first_layer {
+            return;
+        }
+        let mut trial = o.trial.borrow_mut();
+        let Some(t) = trial.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        let previous = t.current.take();
+        if streamed || rows > INDEXED_EXPERTS_MAX_ROWS || self.pass.mode.get() != Mode::Normal {
+            return;
+        }
+        if let Some((at, _, side)) = previous.filter(|&(_, r, _)| r == rows) {
+            t.samples[side].push(now - at);
+        }
+        let [slots, cpu] = &mut t.samples;
+        if slots.len() > DecodeTrial::STEPS && cpu.len() > DecodeTrial::STEPS {
+            let (on_gpu, on_cpu) = (median(&mut slots[1..]), median(&mut cpu[1..]));
+            let side = if on_cpu < on_gpu {
+                DecodeSide::CpuWhenMissed
+            } else {
+                DecodeSide::Slots
+            };
+            if o.options.trace {
+                eprintln!(
+                    "expert decode: median step {:.2} ms with missed experts copied to the GPU, {:.2} ms with them on the CPU: {side:?}",
+                    on_gpu.as_secs_f64() * 1e3,
+                    on_cpu.as_secs_f64() * 1e3
+                );
+            }
+            o.decode_side.set(side);
+            *trial = None;
+            return;
+        }
+        let side = usize::from(slots.len() > cpu.len());
+        o.decode_side.set(if side == 0 {
+            DecodeSide::Slots
+        } else {
+            DecodeSide::CpuWhenMissed
+        });
+        t.current = Some((now, rows, side));
     }
 
     /// Whether a chunk of `rows` rows (not streamed) computes `layer`'s non-resident `expert` on the
@@ -105,87 +139,6 @@ impl CudaModel {
         let xe = self.cpu.gather_rows(x_host, members)?;
         let h = self.cpu.gated_products(&xe, gate, up, act, down)?;
         Ok(self.cpu.matmul(down, &h)?.data)
-    }
-
-    /// A decode step's cost for one missed expert each way, on the first mixture layer with experts
-    /// in host memory: copied into a slot and run on the GPU (to the end of its products), against
-    /// run on the CPU with its output uploaded. Medians over `TIMED_EXPERTS` distinct experts after
-    /// one of each to warm up; the slots and counters are left as they were found.
-    fn time_expert_decode(&self) -> Result<(Duration, Duration), ModelError> {
-        let o = self
-            .offload
-            .as_ref()
-            .ok_or_else(|| ModelError::Kernel("no experts in host memory".into()))?;
-        let found = self
-            .cpu
-            .weights
-            .layers
-            .iter()
-            .enumerate()
-            .find_map(|(l, layer)| match &layer.ffn {
-                FeedForward::Experts(e) => {
-                    let missing: Vec<usize> = (0..e.gate.experts.len())
-                        .filter(|&x| !o.residency.is_resident(l, x))
-                        .collect();
-                    (!missing.is_empty()).then_some((l, e, missing))
-                }
-                _ => None,
-            });
-        let Some((layer, experts, missing)) = found else {
-            return Err(ModelError::Kernel(
-                "no mixture layer with experts in host memory".into(),
-            ));
-        };
-        let act = self.cpu.config.activation;
-        let width = self.cpu.config.d_model;
-        // Any row: the cost does not depend on the values.
-        let row: Vec<f32> = (0..width).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
-        let x_host = Rows {
-            data: row.clone(),
-            width,
-        };
-        let counters = o.slots.counters.get();
-        let mut gpu_times = Vec::new();
-        let mut cpu_times = Vec::new();
-        for (i, &expert) in missing.iter().cycle().take(TIMED_EXPERTS + 1).enumerate() {
-            o.slots.forget();
-            let x = self.act_from_host(&row, width)?;
-            self.gpu.synchronize()?;
-            let t0 = Instant::now();
-            let matrices = [&experts.gate, &experts.up, &experts.down].map(|s| &s.experts[expert]);
-            let placed = self
-                .place_expert(layer, expert, &matrices, false)?
-                .ok_or_else(|| ModelError::Kernel(format!("layer {layer} expert {expert} is resident")))?;
-            let [gate, up, down] = placed.matrices.each_ref();
-            let h = self.gated_pair_products(&x, gate, up, act, down)?;
-            let y = self.matmul_rows(down, &h)?;
-            self.gpu.synchronize()?;
-            let on_gpu = t0.elapsed();
-            drop(y);
-            let t0 = Instant::now();
-            let out = self.cpu_expert_rows(&x_host, &[0], experts, expert, act)?;
-            let up_y = self.gpu.upload(&out)?;
-            self.gpu.synchronize()?;
-            let on_cpu = t0.elapsed();
-            drop(up_y);
-            if i > 0 {
-                gpu_times.push(on_gpu);
-                cpu_times.push(on_cpu);
-            }
-        }
-        o.slots.forget();
-        o.slots.counters.set(counters);
-        Ok((median(&mut gpu_times), median(&mut cpu_times)))
-    }
-
-    /// One host row on the device as an activation.
-    fn act_from_host(&self, row: &[f32], width: usize) -> Result<GpuAct, ModelError> {
-        let mut x = self.act(1, width)?;
-        driver(
-            "cuMemcpyHtoD (timing row)",
-            self.gpu.stream.memcpy_htod(row, x.buf_mut()?),
-        )?;
-        Ok(x)
     }
 }
 

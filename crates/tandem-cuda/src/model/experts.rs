@@ -309,6 +309,7 @@ impl CudaModel {
         let (starts, pos) = stacked_positions(&groups, pairs)
             .ok_or_else(|| ModelError::Kernel("expert groups do not cover each routed row once".into()))?;
         let stream = self.expert_stream(layer, rows, &groups)?;
+        self.decode_trial_step(layer, rows, stream);
         // Experts a decode step computes on the CPU (`cpu_experts.rs`) read its rows from the host,
         // read back before the GPU's experts are queued so that the two run side by side.
         let on_cpu: Vec<bool> = groups

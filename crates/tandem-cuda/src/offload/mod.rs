@@ -175,6 +175,7 @@ impl OffloadLoad {
             active: RefCell::new(None),
             options,
             decode_side: Cell::new(DecodeSide::Slots),
+            trial: RefCell::new(None),
             n_layers: w.layers.len(),
             first_layer: mixture_layers.first().copied().unwrap_or(0),
             last_layer: mixture_layers.last().copied().unwrap_or(0),
@@ -194,6 +195,24 @@ pub enum DecodeSide {
     Cpu,
 }
 
+/// `--expert-decode auto`'s trial: decode steps alternate between the slots and the CPU for missed
+/// experts, each timed from its first mixture layer to the next step's (at the synced point where the
+/// layer's routing has come back), until each side has `DecodeTrial::STEPS` samples; the side with
+/// the smaller median is kept.
+#[derive(Debug, Default)]
+pub struct DecodeTrial {
+    /// Step times with the slots (0) and with missed experts on the CPU (1), the first of each
+    /// thrown away (a warm-up).
+    pub samples: [Vec<std::time::Duration>; 2],
+    /// The step under way: when it reached its first mixture layer, its rows and its side.
+    pub current: Option<(std::time::Instant, usize, usize)>,
+}
+
+impl DecodeTrial {
+    /// Samples each side takes before the choice (one more is thrown away).
+    pub const STEPS: usize = 8;
+}
+
 /// A model's experts beyond its budget, while it runs.
 pub struct Offload {
     pub residency: Residency,
@@ -204,6 +223,8 @@ pub struct Offload {
     pub active: RefCell<Option<ActiveStream>>,
     pub options: ExpertOffload,
     pub decode_side: Cell<DecodeSide>,
+    /// `auto`'s trial while it runs (`model::cpu_experts`).
+    pub trial: RefCell<Option<DecodeTrial>>,
     pub n_layers: usize,
     pub first_layer: usize,
     pub last_layer: usize,
