@@ -16,13 +16,14 @@
 //! (`offload::DecodeTrial`). The CPU's sums are other bits than the GPU's, so deterministic mode
 //! keeps every expert on the GPU.
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tandem_model::backend::Backend;
 use tandem_model::config::Activation;
 use tandem_model::weights::{ExpertFfn, Matrix};
 use tandem_model::ModelError;
-use tandem_model::Rows;
+use tandem_model::{Model, Rows};
 
 use crate::model::{CudaModel, Mode};
 use crate::offload::{DecodeSide, DecodeTrial};
@@ -125,21 +126,50 @@ impl CudaModel {
         }
     }
 
-    /// The outputs of `expert`'s gate, up and down over `members` (chunk rows) of `x_host` (the
-    /// chunk's normed rows, read back), computed on the CPU from the model file.
-    pub(crate) fn cpu_expert_rows(
+    /// The outputs of each job's expert (`(expert, members, _)`: its gate, up and down over those
+    /// chunk rows of `x_host`, the chunk's normed rows read back), computed on the CPU from the model
+    /// file. The experts run side by side, one a task of the CPU model's pool, each task's products
+    /// on its own thread (a pool called from inside a task runs serially): a step's few one-row
+    /// experts would otherwise each split three small products over every thread, one expert after
+    /// another. A product's rows are the same bits on one thread or many.
+    pub(crate) fn cpu_experts(
         &self,
         x_host: &Rows,
-        members: &[usize],
+        jobs: &[(usize, Vec<usize>, usize)],
         experts: &ExpertFfn,
-        expert: usize,
         act: Activation,
-    ) -> Result<Vec<f32>, ModelError> {
-        let [gate, up, down]: [&Matrix; 3] = [&experts.gate, &experts.up, &experts.down].map(|s| &s.experts[expert]);
-        let xe = self.cpu.gather_rows(x_host, members)?;
-        let h = self.cpu.gated_products(&xe, gate, up, act, down)?;
-        Ok(self.cpu.matmul(down, &h)?.data)
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let cpu = &self.cpu;
+        let results: Vec<Mutex<Option<Result<Vec<f32>, ModelError>>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+        cpu.pool.run(jobs.len(), &|i| {
+            let (expert, members, _) = &jobs[i];
+            let y = cpu_expert(cpu, x_host, members, experts, *expert, act);
+            *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(y);
+        });
+        results
+            .into_iter()
+            .map(|r| {
+                r.into_inner()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .unwrap_or_else(|| Err(ModelError::Kernel("a CPU expert task did not run".into())))
+            })
+            .collect()
     }
+}
+
+/// `expert`'s gate, up and down over `members` of `x_host`, by the CPU backend.
+fn cpu_expert(
+    cpu: &Model,
+    x_host: &Rows,
+    members: &[usize],
+    experts: &ExpertFfn,
+    expert: usize,
+    act: Activation,
+) -> Result<Vec<f32>, ModelError> {
+    let [gate, up, down]: [&Matrix; 3] = [&experts.gate, &experts.up, &experts.down].map(|s| &s.experts[expert]);
+    let xe = cpu.gather_rows(x_host, members)?;
+    let h = cpu.gated_products(&xe, gate, up, act, down)?;
+    Ok(cpu.matmul(down, &h)?.data)
 }
 
 fn median(v: &mut [Duration]) -> Duration {

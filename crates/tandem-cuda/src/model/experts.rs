@@ -348,21 +348,25 @@ impl CudaModel {
             )?;
         }
         if let Some(x_host) = &x_host {
-            let mut computed = 0;
-            for ((g, &start), _) in groups.iter().zip(&starts).zip(&on_cpu).filter(|(_, &cpu)| cpu) {
-                let members: Vec<usize> = g.rows(k).collect();
-                let y = self.cpu_expert_rows(x_host, &members, experts, g.expert, act)?;
+            let jobs: Vec<(usize, Vec<usize>, usize)> = groups
+                .iter()
+                .zip(&starts)
+                .zip(&on_cpu)
+                .filter(|(_, &cpu)| cpu)
+                .map(|((g, &start), _)| (g.expert, g.rows(k).collect(), start))
+                .collect();
+            let outputs = self.cpu_experts(x_host, &jobs, experts, act)?;
+            for ((_, members, start), y) in jobs.iter().zip(&outputs) {
                 let dst = stack.buf_mut()?;
                 driver(
                     "cuMemcpyHtoD (expert outputs from the CPU)",
                     self.gpu
                         .stream
-                        .memcpy_htod(&y, &mut dst.slice_mut(start * width..(start + members.len()) * width)),
+                        .memcpy_htod(y, &mut dst.slice_mut(start * width..(start + members.len()) * width)),
                 )?;
-                computed += 1;
             }
             if let Some(o) = &self.offload {
-                o.slots.count_cpu(computed);
+                o.slots.count_cpu(jobs.len());
             }
         }
         if stream {
