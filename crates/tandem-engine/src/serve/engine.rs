@@ -732,19 +732,20 @@ impl<B: ServingBackend> Loop<B> {
         'layers: for (layer, keep_from) in s.kv.export_from(to).into_iter().enumerate() {
             let mut from = keep_from.max(export.next[layer]);
             while from < end {
-                let room = export.backlog.room().saturating_sub(wire::rows_frame_len(0, width));
-                let fit = room / (4 * width).max(1);
-                let mut n = fit.min(end - from).min(wire::MAX_FRAME_ROWS);
+                let fit = |backlog: &KvBacklog| {
+                    let room = backlog.room().saturating_sub(wire::rows_frame_len(0, width));
+                    (room / (4 * width).max(1)).min(end - from).min(wire::MAX_FRAME_ROWS)
+                };
+                let mut n = fit(&export.backlog);
                 if n == 0 {
-                    // A limit below a one-row frame still lets one frame go at a time.
-                    if export.backlog.queued() == 0 {
-                        n = 1;
-                    } else if export.backlog.stall() {
-                        continue;
-                    } else {
+                    if export.backlog.queued() > 0 && !export.backlog.stall() {
                         export.shipped = false;
                         break 'layers;
                     }
+                    // The buffer drained meanwhile (to half, or empty). Should a one-row frame still
+                    // not fit (a limit below two of them), one row goes anyway: the export goes on,
+                    // a frame at a time, and the engine never spins waiting on the sender.
+                    n = fit(&export.backlog).max(1);
                 }
                 match s.kv.export_rows(layer, from, from + n) {
                     Ok(r) => {
