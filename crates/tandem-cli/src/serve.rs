@@ -119,6 +119,10 @@ pub struct ServeArgs {
     /// `1gbit`, `500mbit`, `2.5gbit` or bits per second (default: no cap). With --role prefill.
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     kv_send_rate: Option<u64>,
+    /// KV bytes a prefill node queues per transfer ahead of its connection (`64M`, `512K`); past it
+    /// the engine stops reading that prompt until the link catches up. With --role prefill.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    kv_send_buffer: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -196,6 +200,9 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     if args.role != Role::Prefill && args.kv_send_rate.is_some() {
         bail!("--kv-send-rate is for --role prefill: it caps the KV stream a prefill node sends");
     }
+    if args.role != Role::Prefill && args.kv_send_buffer.is_some() {
+        bail!("--kv-send-buffer is for --role prefill: it bounds the KV a prefill node queues per transfer");
+    }
     let path = crate::registry::resolve(&args.model)?;
     let threads = args
         .threads
@@ -262,6 +269,9 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         max_queue: args.max_queue,
         max_tokens_limit: args.max_tokens_limit,
         remote,
+        kv_send_buffer_bytes: args
+            .kv_send_buffer
+            .unwrap_or(ServingConfig::default().kv_send_buffer_bytes),
     };
     // The CPU has no kernels to load: one row reads every weight in. The GPU warms each chunk size
     // the scheduler takes (each picks its own cuBLAS kernels), the one-row decode route, and decode

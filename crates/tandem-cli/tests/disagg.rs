@@ -408,3 +408,57 @@ fn a_capped_kv_stream_gives_local_bits() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a rate"));
 }
+
+/// A decode node of several peers tries the next when one fails before it sent any rows: the first
+/// peer down and the second live gives a remote prefill after one retry, in the same bits; both down
+/// falls back as one peer down does, the retry counted as well.
+#[test]
+fn a_peer_down_gives_way_to_the_next() {
+    let prefill = start("gemma3-270m", &["--role".into(), "prefill".into()]);
+    let local = start("gemma3-270m", &[]);
+    let node = |peers: &[u16]| {
+        let mut args: Vec<String> = ["--role", "decode", "--remote-prefill-min-tokens", "32"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for port in peers {
+            args.push("--prefill-peer".into());
+            args.push(format!("http://127.0.0.1:{port}"));
+        }
+        start("gemma3-270m", &args)
+    };
+    // Peers are taken in turn from the first: a transfer starts at the peer that is down.
+    let down = free_port();
+    let decode = node(&[down, prefill.port]);
+    let prompt = long_prompt(31);
+    let (_, want) = complete(local.port, &prompt);
+    let (line, got) = complete(decode.port, &prompt);
+    assert!(line.ends_with("read after 1 retry (remote prefill)"), "{line}");
+    assert_eq!(got, want, "remote prefill after a retry differs from local");
+    assert_eq!(metric(decode.port, "tandem_remote_prefill_retries_total"), 1);
+    assert_eq!(metric(decode.port, "tandem_remote_prefill_total"), 1);
+    assert_eq!(
+        metric(
+            decode.port,
+            "tandem_remote_prefill_fallback_total{cause=\"unreachable\"}"
+        ),
+        0
+    );
+    settled(decode.port);
+
+    let both = node(&[down, free_port()]);
+    let prompt = long_prompt(32);
+    let (_, want) = complete(local.port, &prompt);
+    let (line, got) = complete(both.port, &prompt);
+    assert!(
+        line.ends_with("read after 1 retry (local: fallback unreachable)"),
+        "{line}"
+    );
+    assert_eq!(got, want, "the fallback differs from local");
+    assert_eq!(metric(both.port, "tandem_remote_prefill_retries_total"), 1);
+    assert_eq!(
+        metric(both.port, "tandem_remote_prefill_fallback_total{cause=\"unreachable\"}"),
+        1
+    );
+    settled(both.port);
+}

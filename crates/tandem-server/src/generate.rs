@@ -189,22 +189,30 @@ impl Generation {
     }
 
     /// `"prompt N = R reused + K read"`, for the `x-tandem-prompt` header and the `tandem` object; on a
-    /// decode node `"prompt N = R reused + M remote + K read"` with the route in parentheses.
+    /// decode node `"prompt N = R reused + M remote + K read"` with the route in parentheses, and before
+    /// it `after 1 retry` (`after N retries`) when peers failed before the one that sent or the last.
     pub fn prompt_cache_line(&self) -> String {
         let (n, reused) = (self.prompt_tokens, self.reused);
+        let retried = |retries: usize| match retries {
+            0 => String::new(),
+            1 => " after 1 retry".to_string(),
+            r => format!(" after {r} retries"),
+        };
         match self.prefill {
             PrefillRoute::Local => format!("prompt {n} = {reused} reused + {} read", n.saturating_sub(reused)),
-            PrefillRoute::Remote { rows } => format!(
-                "prompt {n} = {reused} reused + {rows} remote + {} read (remote prefill)",
-                n.saturating_sub(reused + rows)
+            PrefillRoute::Remote { rows, retries } => format!(
+                "prompt {n} = {reused} reused + {rows} remote + {} read{} (remote prefill)",
+                n.saturating_sub(reused + rows),
+                retried(retries)
             ),
             PrefillRoute::Short => format!(
                 "prompt {n} = {reused} reused + 0 remote + {} read (local: short)",
                 n.saturating_sub(reused)
             ),
-            PrefillRoute::Fallback { cause } => format!(
-                "prompt {n} = {reused} reused + 0 remote + {} read (local: fallback {cause})",
-                n.saturating_sub(reused)
+            PrefillRoute::Fallback { cause, retries } => format!(
+                "prompt {n} = {reused} reused + 0 remote + {} read{} (local: fallback {cause})",
+                n.saturating_sub(reused),
+                retried(retries)
             ),
         }
     }

@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::Deserialize;
-use tandem_engine::serve::{Event, PrefillPeers, RemoteMsg};
+use tandem_engine::serve::{Event, KvBacklog, PrefillPeers, RemoteMsg};
 use tandem_model::kv::wire::{self, Decoder, Encoder, Frame, Hello};
 use tokio::sync::mpsc;
 
@@ -89,7 +89,7 @@ pub(crate) async fn prefill(
         )
         .with_code("model_mismatch"));
     }
-    let rx = state.engine.export_kv(req.tokens, from)?;
+    let export = state.engine.export_kv(req.tokens, from)?;
     let (enc, head) = Encoder::start(&Hello {
         version: wire::VERSION,
         fingerprint: id.fingerprint,
@@ -99,9 +99,11 @@ pub(crate) async fn prefill(
         to,
     });
     let export = Export {
-        rx,
+        rx: export.events,
+        backlog: export.backlog,
         enc: Some(enc),
         pending: Bytes::from(head),
+        counted: false,
         pacer: state.config.kv_send_rate.map(Pacer::new),
         state: state.clone(),
     };
@@ -112,13 +114,18 @@ pub(crate) async fn prefill(
     Ok(([(CONTENT_TYPE, KV_MEDIA_TYPE)], Body::from_stream(body)).into_response())
 }
 
-/// A KV stream on its way out: the engine's rows encoded as they come, let go at the link's pace.
+/// A KV stream on its way out: the engine's rows encoded as they come, let go at the link's pace. When
+/// the client goes away the body is dropped with `rx`, and the engine drops the export's sequence.
 struct Export {
     rx: mpsc::UnboundedReceiver<Event>,
+    /// The export's send buffer: `pending` and the rows in `rx` are queued in it until handed on.
+    backlog: Arc<KvBacklog>,
     /// `None` once the last frame (`End` or `Error`) is encoded.
     enc: Option<Encoder>,
     /// Encoded bytes not yet handed to the connection.
     pending: Bytes,
+    /// `pending` is a `Rows` frame, whose bytes the engine counted in `backlog`.
+    counted: bool,
     pacer: Option<Pacer>,
     state: Arc<AppState>,
 }
@@ -126,14 +133,16 @@ struct Export {
 impl Export {
     /// The next bytes to send, `None` after the last frame. Paced, a frame goes out in slices, each once
     /// the capped link would have carried it; the engine is never waited on by the pacing (its events
-    /// queue in `rx` meanwhile).
+    /// queue in `rx` meanwhile, up to the send buffer: `KvBacklog`).
     async fn next(&mut self) -> Option<Bytes> {
         while self.pending.is_empty() {
             let mut enc = self.enc.take()?;
+            self.counted = false;
             let bytes = match self.rx.recv().await {
                 Some(Event::KvRows(rows)) => {
                     let bytes = enc.rows(&rows);
                     self.enc = Some(enc);
+                    self.counted = true;
                     bytes
                 }
                 Some(Event::Done { .. }) => enc.end(),
@@ -154,6 +163,9 @@ impl Export {
             }
             None => std::mem::take(&mut self.pending),
         };
+        if self.counted {
+            self.backlog.sent(out.len());
+        }
         Metrics::inc(&self.state.metrics.kv_sent_bytes, out.len() as u64);
         Some(out)
     }
@@ -266,18 +278,46 @@ type Wake = Arc<dyn Fn() + Send + Sync>;
 type Failure = (&'static str, String);
 
 impl PrefillPeers for PeerClient {
+    /// Starts at the next peer in turn; a peer that fails before any of its rows reached the engine
+    /// (unreachable, refused, another model: nothing was installed) gives way to the next, each peer
+    /// tried once. A failure after rows came ends the fetch: the detached cache holds that peer's rows.
+    /// `timeout` bounds all the tries together, as the request waits on all of them.
     fn fetch(&self, tokens: Vec<u32>, from: usize, wake: Wake) -> mpsc::Receiver<RemoteMsg> {
         let (tx, rx) = mpsc::channel(64);
-        let conn = self.peers[self.next.fetch_add(1, Ordering::Relaxed) % self.peers.len()].clone();
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let conns: Vec<Arc<PeerConn>> = (0..self.peers.len())
+            .map(|k| self.peers[(first + k) % self.peers.len()].clone())
+            .collect();
         let (key, fingerprint, timeout) = (self.key.clone(), self.fingerprint, self.timeout);
         let received = self.received.clone();
         self.runtime.spawn(async move {
-            let fetch = fetch(&conn, key, fingerprint, (tokens, from), &tx, &wake, &received);
-            let fetched = tokio::time::timeout(timeout, fetch).await;
-            let peer = &conn.peer;
-            let failure = match fetched {
-                Ok(Ok(())) => None,
-                Ok(Err((cause, detail))) => Some((cause, format!("{}:{}: {detail}", peer.host, peer.port))),
+            let tries = async {
+                for (k, conn) in conns.iter().enumerate() {
+                    let mut installed = false;
+                    let fetched = fetch(
+                        conn,
+                        key.clone(),
+                        fingerprint,
+                        (tokens.clone(), from),
+                        (&tx, &wake, &mut installed),
+                        &received,
+                    )
+                    .await;
+                    let Err((cause, detail)) = fetched else { return None };
+                    let peer = &conn.peer;
+                    let detail = format!("{}:{}: {detail}", peer.host, peer.port);
+                    if installed || k + 1 == conns.len() {
+                        return Some((cause, detail));
+                    }
+                    if tx.send(RemoteMsg::Retry { cause, detail }).await.is_err() {
+                        return None;
+                    }
+                    wake();
+                }
+                None
+            };
+            let failure = match tokio::time::timeout(timeout, tries).await {
+                Ok(failure) => failure,
                 Err(_) => Some(("timeout", format!("no whole stream within {timeout:?}"))),
             };
             if let Some((cause, detail)) = failure {
@@ -296,6 +336,9 @@ const STREAM_WINDOW: u32 = 16 << 20;
 const CONNECTION_WINDOW: u32 = 64 << 20;
 /// The largest DATA frame the client accepts: fewer frames (9 bytes of framing each) than h2's 16 KiB.
 const MAX_FRAME: u32 = 256 << 10;
+
+/// How long a TCP connect to a peer may take before the peer counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One prefill peer and the HTTP/2 connection to it, kept between transfers (each one stream).
 struct PeerConn {
@@ -316,9 +359,15 @@ impl PeerConn {
 
     async fn connect(&self) -> Result<http2::SendRequest<String>, String> {
         let peer = &self.peer;
-        let stream = tokio::net::TcpStream::connect((peer.host.as_str(), peer.port))
-            .await
-            .map_err(|e| e.to_string())?;
+        // A peer that drops SYNs would otherwise hold the transfer to the whole --prefill-timeout and
+        // leave the next peer no time.
+        let stream = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio::net::TcpStream::connect((peer.host.as_str(), peer.port)),
+        )
+        .await
+        .map_err(|_| format!("no connection within {CONNECT_TIMEOUT:?}"))?
+        .map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .initial_stream_window_size(STREAM_WINDOW)
@@ -359,14 +408,13 @@ impl PeerConn {
 }
 
 /// One transfer: the request, then every frame checked and passed on; `Ok` once `Done` was sent (or the
-/// engine no longer listens).
+/// engine no longer listens). `installed` is set once a message went to the engine.
 async fn fetch(
     conn: &PeerConn,
     key: Option<String>,
     fingerprint: [u8; 32],
     (tokens, from): (Vec<u32>, usize),
-    tx: &mpsc::Sender<RemoteMsg>,
-    wake: &Wake,
+    (tx, wake, installed): (&mpsc::Sender<RemoteMsg>, &Wake, &mut bool),
     received: &AtomicU64,
 ) -> Result<(), Failure> {
     let peer = &conn.peer;
@@ -431,6 +479,7 @@ async fn fetch(
                 Frame::Error(m) => return Err(("refused", m)),
             };
             let done = matches!(msg, RemoteMsg::Done);
+            *installed = true;
             if tx.send(msg).await.is_err() {
                 return Ok(());
             }

@@ -286,6 +286,11 @@ impl Metrics {
                 stats.local_short_prefills_total,
             ),
             (
+                "tandem_remote_prefill_retries_total",
+                "Prefill peers given up before they sent any rows, for the next peer.",
+                stats.remote_retries_total,
+            ),
+            (
                 "tandem_kv_exports_total",
                 "KV exports a prefill node served.",
                 stats.kv_exports_total,

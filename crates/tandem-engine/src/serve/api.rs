@@ -1,5 +1,6 @@
 //! What the serving engine offers the HTTP layer: submit a generation, receive its events, read stats.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +63,93 @@ pub enum Event {
     Failed(String),
 }
 
+/// A KV export as the engine hands it out (`EngineHandle::export_kv`): its events, and the books of its
+/// send buffer, which whoever sends the stream keeps by calling `KvBacklog::sent`.
+pub struct KvExport {
+    pub events: mpsc::UnboundedReceiver<Event>,
+    pub backlog: Arc<KvBacklog>,
+}
+
+/// An export's send buffer: the bytes of the `Rows` frames (`wire::rows_frame_len`) the engine has
+/// queued as `KvRows` events and the sender has not yet handed on. The engine queues rows only while
+/// they fit within `limit` (one frame at a time when the limit is below a frame), and reads no more of
+/// the prompt until every row it wrote is queued, so the rows of a slow transfer wait in its KV cache,
+/// which is reserved anyway, and not in copies. Once it stops for want of room it is woken when the
+/// sender has drained the buffer to half the limit, so it queues in large steps, not per slice sent.
+pub struct KvBacklog {
+    queued: AtomicUsize,
+    limit: usize,
+    /// The engine found no room and waits to be woken.
+    stalled: AtomicBool,
+    wake: Box<dyn Fn() + Send + Sync>,
+}
+
+impl KvBacklog {
+    pub fn new(limit: usize, wake: Box<dyn Fn() + Send + Sync>) -> Self {
+        KvBacklog {
+            queued: AtomicUsize::new(0),
+            limit,
+            stalled: AtomicBool::new(false),
+            wake,
+        }
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes of `Rows` frames queued and not yet handed on.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    /// The sender handed on `n` bytes of `Rows` frames.
+    pub fn sent(&self, n: usize) {
+        let before = self
+            .queued
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| Some(q.saturating_sub(n)))
+            .unwrap_or_else(|q| q);
+        // `stall` sets the flag before it looks at the count again, so either it sees this drain or
+        // this sees its flag: no wake-up is lost.
+        if before.saturating_sub(n) <= self.resume_at() && self.stalled.swap(false, Ordering::SeqCst) {
+            (self.wake)();
+        }
+    }
+
+    /// Room for more frames within the limit.
+    pub(crate) fn room(&self) -> usize {
+        self.limit.saturating_sub(self.queued())
+    }
+
+    pub(crate) fn queue(&self, n: usize) {
+        self.queued.fetch_add(n, Ordering::SeqCst);
+    }
+
+    /// The engine found no room: it is woken once the buffer drained to `resume_at`. True when it
+    /// already has (the engine goes on at once).
+    pub(crate) fn stall(&self) -> bool {
+        self.stalled.store(true, Ordering::SeqCst);
+        if self.queued() <= self.resume_at() {
+            self.stalled.store(false, Ordering::SeqCst);
+            return true;
+        }
+        false
+    }
+
+    fn resume_at(&self) -> usize {
+        self.limit / 2
+    }
+}
+
+impl std::fmt::Debug for KvBacklog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvBacklog")
+            .field("queued", &self.queued())
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Where a request's prompt was read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PrefillRoute {
@@ -70,10 +158,12 @@ pub enum PrefillRoute {
     Local,
     /// Here: fewer new tokens than `RemotePrefill::min_tokens`, not worth the wire hop.
     Short,
-    /// A peer sent the KV of the first `rows` positions (all but the last prompt token, read here).
-    Remote { rows: usize },
-    /// Here, after the remote prefill failed for `cause` (one of `FALLBACK_CAUSES`).
-    Fallback { cause: &'static str },
+    /// A peer sent the KV of the first `rows` positions (all but the last prompt token, read here),
+    /// after `retries` peers before it failed before sending any (`RemoteMsg::Retry`).
+    Remote { rows: usize, retries: usize },
+    /// Here, after the remote prefill failed for `cause` (one of `FALLBACK_CAUSES`) on the last peer
+    /// tried, `retries` peers having failed before it.
+    Fallback { cause: &'static str, retries: usize },
 }
 
 /// Why a remote prefill fell back to a local one: the peer refused (an HTTP error, or its own failure
@@ -91,9 +181,16 @@ pub const FALLBACK_CAUSES: [&str; 8] = [
     "kv_budget",
 ];
 
-/// What a remote prefill's fetch reports to the engine, in order: `Rows`, then `Done` or `Failed`.
+/// What a remote prefill's fetch reports to the engine, in order: `Retry`s, `Rows`, then `Done` or
+/// `Failed`.
 #[derive(Debug)]
 pub enum RemoteMsg {
+    /// A peer failed before it sent any rows, for `cause` (one of `FALLBACK_CAUSES`): the fetch goes on
+    /// with the next peer, into the same (still empty) detached cache.
+    Retry {
+        cause: &'static str,
+        detail: String,
+    },
     Rows(Box<LayerRows>),
     /// Every frame came and checked out.
     Done,
@@ -104,7 +201,8 @@ pub enum RemoteMsg {
 }
 
 /// Prefill peers: fetch the KV of a prompt's positions `from..tokens.len()` from one of them (the
-/// caller holds `0..from`; the peer reads the whole prompt).
+/// caller holds `0..from`; the peer reads the whole prompt), trying the next when one fails before it
+/// sent any rows.
 pub trait PrefillPeers: Send + Sync + 'static {
     /// Starts a fetch; its messages arrive on the returned channel, and `wake` is called after each
     /// one is sent. Dropping the receiver cancels it.
@@ -191,6 +289,8 @@ pub struct EngineStats {
     pub local_short_prefills_total: u64,
     /// Remote prefills that fell back, by cause (`FALLBACK_CAUSES`, same order).
     pub remote_fallbacks_total: [u64; FALLBACK_CAUSES.len()],
+    /// Prefill peers given up before they sent any rows, for the next peer (`RemoteMsg::Retry`).
+    pub remote_retries_total: u64,
     /// KV exports served to decode nodes, and the rows they sent.
     pub kv_exports_total: u64,
     pub kv_exported_rows_total: u64,
@@ -207,8 +307,9 @@ pub trait EngineHandle: Send + Sync + 'static {
     fn flush_cache(&self) -> usize;
     /// Reads `tokens` and sends the KV of positions `from..tokens.len()` (per layer those it keeps at the
     /// end) as `KvRows` events (`Started` first, `Done` or `Failed` last), for a decode node that holds
-    /// `0..from` to install: what a prefill node serves.
-    fn export_kv(&self, tokens: Vec<u32>, from: usize) -> Result<mpsc::UnboundedReceiver<Event>, SubmitError> {
+    /// `0..from` to install: what a prefill node serves. The events wait within the export's send
+    /// buffer (`KvBacklog`): the sender reports what it handed on.
+    fn export_kv(&self, tokens: Vec<u32>, from: usize) -> Result<KvExport, SubmitError> {
         let _ = (tokens, from);
         Err(SubmitError::NoKvExport)
     }

@@ -42,7 +42,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tandem_model::kv::RING_SLACK;
+use tandem_model::kv::{wire, RING_SLACK};
 use tandem_model::{
     Backend, KvSizing, LogitRows, Logits, Model, ModelError, SequenceCache, ServingBackend, ServingCache, Span,
 };
@@ -70,6 +70,9 @@ pub struct ServingConfig {
     pub max_tokens_limit: usize,
     /// A decode node's prefill peers (`None`: every prompt is read here).
     pub remote: Option<RemotePrefill>,
+    /// A KV export's send buffer (`KvBacklog`): the bytes of rows queued for the sender and not yet
+    /// handed on, beyond which the engine stops reading that prompt until the sender catches up.
+    pub kv_send_buffer_bytes: usize,
 }
 
 impl Default for ServingConfig {
@@ -83,6 +86,9 @@ impl Default for ServingConfig {
             max_queue: 64,
             max_tokens_limit: 4096,
             remote: None,
+            // Several 512-row chunks of a small model, one of an 8B model (128 KiB a position): the
+            // link stays busy while the next chunk is read, and a slow one holds at most this much.
+            kv_send_buffer_bytes: 64 << 20,
         }
     }
 }
@@ -91,8 +97,9 @@ struct Pending {
     request: GenerationRequest,
     events: UnboundedSender<Event>,
     submitted: Instant,
-    /// A KV export (`export_kv`) from this row on: read the prompt, send its rows, sample nothing.
-    export: Option<usize>,
+    /// A KV export (`export_kv`) from this row on, and its send buffer: read the prompt, send its rows,
+    /// sample nothing.
+    export: Option<(usize, Arc<KvBacklog>)>,
 }
 
 struct Shared {
@@ -101,8 +108,9 @@ struct Shared {
     stats: Mutex<EngineStats>,
     stopping: AtomicBool,
     flush: Mutex<Option<std::sync::mpsc::Sender<usize>>>,
-    /// A remote prefill's fetch has sent something since the loop last looked.
-    remote_ready: AtomicBool,
+    /// A remote prefill's fetch has sent something, or an export's sender drained its buffer, since the
+    /// loop last looked.
+    ready: AtomicBool,
 }
 
 /// The engine handle: cheap to share, talks to the loop thread.
@@ -141,7 +149,7 @@ impl ServingEngine {
             }),
             stopping: AtomicBool::new(false),
             flush: Mutex::new(None),
-            remote_ready: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
         });
         let loop_shared = Arc::clone(&shared);
         let loop_config = config.clone();
@@ -189,7 +197,7 @@ impl ServingEngine {
     fn enqueue(
         &self,
         request: GenerationRequest,
-        export: Option<usize>,
+        export: Option<(usize, Arc<KvBacklog>)>,
     ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, SubmitError> {
         let mut inbox = self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
         if inbox.len() >= self.config.max_queue {
@@ -243,11 +251,7 @@ impl EngineHandle for ServingEngine {
         self.enqueue(request, None)
     }
 
-    fn export_kv(
-        &self,
-        tokens: Vec<u32>,
-        from: usize,
-    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Event>, SubmitError> {
+    fn export_kv(&self, tokens: Vec<u32>, from: usize) -> Result<KvExport, SubmitError> {
         if self.shared.stopping.load(Ordering::Acquire) {
             return Err(SubmitError::ShuttingDown);
         }
@@ -274,7 +278,9 @@ impl EngineHandle for ServingEngine {
             stop_ids: Vec::new(),
             top_logprobs: None,
         };
-        self.enqueue(request, Some(from))
+        let backlog = Arc::new(KvBacklog::new(self.config.kv_send_buffer_bytes, waker(&self.shared)));
+        let events = self.enqueue(request, Some((from, backlog.clone())))?;
+        Ok(KvExport { events, backlog })
     }
 
     fn stats(&self) -> EngineStats {
@@ -295,6 +301,18 @@ impl EngineHandle for ServingEngine {
             let _ = t.join();
         }
     }
+}
+
+/// Wakes the loop from another thread (a fetch's message, an export's drained buffer). The flag is set
+/// under the inbox lock, which `wait_for_work` holds from its look at the flag to its wait: no wake-up
+/// is lost.
+fn waker(shared: &Arc<Shared>) -> Box<dyn Fn() + Send + Sync> {
+    let shared = Arc::clone(shared);
+    Box::new(move || {
+        let _inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        shared.ready.store(true, Ordering::Release);
+        shared.wake.notify_one();
+    })
 }
 
 impl Drop for ServingEngine {
@@ -331,8 +349,17 @@ struct Sequence<K: ServingCache> {
     first_token: Option<Instant>,
     /// Finished (its last event sent); leaves the running set at the end of the step.
     done: bool,
-    /// A KV export: per layer, the first row not yet sent (none before the export's `from`).
-    export: Option<Vec<usize>>,
+    /// A KV export's progress.
+    export: Option<Export>,
+}
+
+struct Export {
+    /// Per layer, the first row not yet sent (none before the export's `from`).
+    next: Vec<usize>,
+    backlog: Arc<KvBacklog>,
+    /// Every row written so far is queued: the next chunk may be read (a ring's rows must go out
+    /// before it overwrites them).
+    shipped: bool,
 }
 
 /// A remote prefill under way: the peer's rows go into `detached`, a cache no step reads, which
@@ -353,6 +380,8 @@ struct RemoteFill<K: ServingCache> {
     reserved: usize,
     /// What the conversation (or a fresh cache) reserves when the prompt is read here after all.
     need_local: usize,
+    /// Peers that failed before sending any rows (`RemoteMsg::Retry`).
+    retries: usize,
 }
 
 /// Checkpoints kept per conversation: the ends of its last few prompts.
@@ -423,6 +452,7 @@ impl<B: ServingBackend> Loop<B> {
             self.drop_cancelled();
             self.admit();
             self.pump_remote();
+            self.pump_exports();
             let decoded = self.decode_step();
             let prefilled = self.prefill_step();
             self.publish_stats();
@@ -440,8 +470,8 @@ impl<B: ServingBackend> Loop<B> {
     fn wait_for_work(&mut self) {
         let inbox = self.shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
         // A fetch sets the flag under the inbox lock before it notifies, so no wake-up is lost.
-        let remote_ready = self.shared.remote_ready.swap(false, Ordering::AcqRel);
-        if inbox.is_empty() && !remote_ready && !self.shared.stopping.load(Ordering::Acquire) {
+        let ready = self.shared.ready.swap(false, Ordering::AcqRel);
+        if inbox.is_empty() && !ready && !self.shared.stopping.load(Ordering::Acquire) {
             let _ = self.shared.wake.wait_timeout(inbox, Duration::from_millis(50));
         }
     }
@@ -536,7 +566,10 @@ impl<B: ServingBackend> Loop<B> {
                 None => PrefillRoute::Local,
                 Some(_) if p.export.is_some() => PrefillRoute::Local,
                 Some(r) if to <= reused || prompt.len() - reused < r.min_tokens => PrefillRoute::Short,
-                Some(_) => PrefillRoute::Remote { rows: to - reused },
+                Some(_) => PrefillRoute::Remote {
+                    rows: to - reused,
+                    retries: 0,
+                },
             };
             // A fresh request's detached cache becomes its cache: the same reservation. One continuing a
             // conversation keeps the conversation for the fallback, so the detached copy of it comes on
@@ -546,7 +579,10 @@ impl<B: ServingBackend> Loop<B> {
                 if self.make_room(need + held + need) {
                     detached_need = need;
                 } else {
-                    route = PrefillRoute::Fallback { cause: "kv_budget" };
+                    route = PrefillRoute::Fallback {
+                        cause: "kv_budget",
+                        retries: 0,
+                    };
                 }
             }
             if !self.make_room(need + held) {
@@ -571,12 +607,7 @@ impl<B: ServingBackend> Loop<B> {
                 });
                 match detached {
                     Ok(detached) => {
-                        let shared = Arc::clone(&self.shared);
-                        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-                            let _inbox = shared.inbox.lock().unwrap_or_else(|e| e.into_inner());
-                            shared.remote_ready.store(true, Ordering::Release);
-                            shared.wake.notify_one();
-                        });
+                        let wake: Arc<dyn Fn() + Send + Sync> = Arc::from(waker(&self.shared));
                         let rx = remote.peers.fetch(p.request.prompt[..to].to_vec(), reused, wake);
                         let reserved = need + detached_need;
                         self.reserved += reserved;
@@ -589,11 +620,17 @@ impl<B: ServingBackend> Loop<B> {
                             rx,
                             reserved,
                             need_local: need,
+                            retries: 0,
                         });
                         continue;
                     }
                     // Device memory can run out below the budget: read the prompt here instead.
-                    Err(_) => route = PrefillRoute::Fallback { cause: "kv_budget" },
+                    Err(_) => {
+                        route = PrefillRoute::Fallback {
+                            cause: "kv_budget",
+                            retries: 0,
+                        }
+                    }
                 }
             }
             let conversation = match taken {
@@ -620,7 +657,7 @@ impl<B: ServingBackend> Loop<B> {
     fn start(&mut self, p: Pending, conversation: Conversation<B::Kv>, need: usize, route: PrefillRoute) {
         let read = conversation.kv.len();
         let reused = match route {
-            PrefillRoute::Remote { rows } => read - rows,
+            PrefillRoute::Remote { rows, .. } => read - rows,
             _ => read,
         };
         let _ = p.events.send(Event::Started {
@@ -638,11 +675,11 @@ impl<B: ServingBackend> Loop<B> {
             match route {
                 PrefillRoute::Local => {}
                 PrefillRoute::Short => st.local_short_prefills_total += 1,
-                PrefillRoute::Remote { rows } => {
+                PrefillRoute::Remote { rows, .. } => {
                     st.remote_prefills_total += 1;
                     st.remote_rows_total += rows as u64;
                 }
-                PrefillRoute::Fallback { cause } => {
+                PrefillRoute::Fallback { cause, .. } => {
                     if let Some(i) = FALLBACK_CAUSES.iter().position(|c| *c == cause) {
                         st.remote_fallbacks_total[i] += 1;
                     }
@@ -651,7 +688,11 @@ impl<B: ServingBackend> Loop<B> {
         }
         self.reserved += need;
         let sampler = Sampler::new(p.request.sampling.clone());
-        let export = p.export.map(|from| vec![from; self.model.config().layers.len()]);
+        let export = p.export.map(|(from, backlog)| Export {
+            next: vec![from; self.model.config().layers.len()],
+            backlog,
+            shipped: false,
+        });
         self.running.push(Sequence {
             history: p.request.prompt.clone(),
             phase: Phase::Prefill { read },
@@ -670,38 +711,56 @@ impl<B: ServingBackend> Loop<B> {
             done: false,
             export,
         });
-        // An export sends the rows it reused at once.
+        // An export sends the rows it reused at once (as far as its buffer takes them).
         let last = self.running.len() - 1;
         self.ship(last);
+        self.finish_export_if_done(last);
     }
 
-    /// Sends an export's rows written since the last call: per layer, those its cache will still hold
-    /// when the prompt is read (a ring's last rows). A failure fails the export.
+    /// Queues an export's rows written since they were last queued, as far as its send buffer takes
+    /// them: per layer, those its cache will still hold when the prompt is read (a ring's last rows), in
+    /// frames of at most `MAX_FRAME_ROWS`. Records whether every written row is queued. A failure fails
+    /// the export.
     fn ship(&mut self, i: usize) {
+        let width = self.model.config().kv_width();
         let s = &mut self.running[i];
-        let Some(next) = s.export.as_mut() else { return };
+        let Some(export) = s.export.as_mut() else { return };
         let to = s.request.prompt.len();
         let end = s.kv.len();
         let mut rows = 0u64;
-        for (layer, keep_from) in s.kv.export_from(to).into_iter().enumerate() {
-            let from = keep_from.max(next[layer]);
-            if from >= end {
-                continue;
-            }
-            match s.kv.export_rows(layer, from, end) {
-                Ok(r) => {
-                    let width = r.k.len() / (end - from);
-                    for piece in r.split(width) {
-                        let _ = s.events.send(Event::KvRows(Box::new(piece)));
+        export.shipped = true;
+        'layers: for (layer, keep_from) in s.kv.export_from(to).into_iter().enumerate() {
+            let mut from = keep_from.max(export.next[layer]);
+            while from < end {
+                let fit = |backlog: &KvBacklog| {
+                    let room = backlog.room().saturating_sub(wire::rows_frame_len(0, width));
+                    (room / (4 * width).max(1)).min(end - from).min(wire::MAX_FRAME_ROWS)
+                };
+                let mut n = fit(&export.backlog);
+                if n == 0 {
+                    if export.backlog.queued() > 0 && !export.backlog.stall() {
+                        export.shipped = false;
+                        break 'layers;
                     }
-                    rows += (end - from) as u64;
-                    next[layer] = end;
+                    // The buffer drained meanwhile (to half, or empty). Should a one-row frame still
+                    // not fit (a limit below two of them), one row goes anyway: the export goes on,
+                    // a frame at a time, and the engine never spins waiting on the sender.
+                    n = fit(&export.backlog).max(1);
                 }
-                Err(e) => {
-                    let _ = s.events.send(Event::Failed(format!("exporting KV: {e}")));
-                    s.failed = true;
-                    s.done = true;
-                    return;
+                match s.kv.export_rows(layer, from, from + n) {
+                    Ok(r) => {
+                        export.backlog.queue(wire::rows_frame_len(n, width));
+                        let _ = s.events.send(Event::KvRows(Box::new(r)));
+                        rows += n as u64;
+                        from += n;
+                        export.next[layer] = from;
+                    }
+                    Err(e) => {
+                        let _ = s.events.send(Event::Failed(format!("exporting KV: {e}")));
+                        s.failed = true;
+                        s.done = true;
+                        return;
+                    }
                 }
             }
         }
@@ -709,12 +768,24 @@ impl<B: ServingBackend> Loop<B> {
         st.kv_exported_rows_total += rows;
     }
 
+    /// Queues what exports waiting on their send buffers now have room for.
+    fn pump_exports(&mut self) {
+        for i in 0..self.running.len() {
+            let s = &self.running[i];
+            if !s.done && s.export.as_ref().is_some_and(|e| !e.shipped) {
+                self.ship(i);
+                self.finish_export_if_done(i);
+            }
+        }
+        self.retire_finished();
+    }
+
     /// Installs what the remote prefills' fetches sent; a fill that completed swaps its detached cache
     /// in, one that failed discards it (its blocks back to the pool) and reads the prompt here.
     fn pump_remote(&mut self) {
         let mut i = 0;
         while i < self.remote.len() {
-            match Self::pump_one(&mut self.remote[i]) {
+            match Self::pump_one(&mut self.remote[i], &self.shared) {
                 None => i += 1,
                 Some(outcome) => {
                     let fill = self.remote.swap_remove(i);
@@ -725,7 +796,7 @@ impl<B: ServingBackend> Loop<B> {
     }
 
     /// `None` while the fetch goes on; else whether the detached cache is complete (or why not).
-    fn pump_one(f: &mut RemoteFill<B::Kv>) -> Option<Result<(), (&'static str, String)>> {
+    fn pump_one(f: &mut RemoteFill<B::Kv>, shared: &Shared) -> Option<Result<(), (&'static str, String)>> {
         loop {
             match f.rx.try_recv() {
                 Ok(RemoteMsg::Rows(rows)) => {
@@ -743,6 +814,16 @@ impl<B: ServingBackend> Loop<B> {
                             .check_installed(f.to)
                             .map_err(|e| ("protocol", e.to_string())),
                     );
+                }
+                Ok(RemoteMsg::Retry { cause, detail }) => {
+                    // Nothing came from that peer: the detached cache is as it was, for the next.
+                    eprintln!("tandem: remote prefill failed ({cause}), trying the next peer: {detail}");
+                    f.retries += 1;
+                    shared
+                        .stats
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remote_retries_total += 1;
                 }
                 Ok(RemoteMsg::Failed { cause, detail }) => return Some(Err((cause, detail))),
                 Err(TryRecvError::Empty) => return None,
@@ -763,6 +844,7 @@ impl<B: ServingBackend> Loop<B> {
             rx,
             reserved,
             need_local,
+            retries,
         } = f;
         drop(rx);
         self.reserved -= reserved;
@@ -779,7 +861,15 @@ impl<B: ServingBackend> Loop<B> {
                     kv: detached,
                     checkpoints,
                 };
-                self.start(p, c, need, PrefillRoute::Remote { rows: to - from });
+                self.start(
+                    p,
+                    c,
+                    need,
+                    PrefillRoute::Remote {
+                        rows: to - from,
+                        retries,
+                    },
+                );
             }
             Err((cause, detail)) => {
                 drop(detached);
@@ -798,7 +888,7 @@ impl<B: ServingBackend> Loop<B> {
                         }
                     },
                 };
-                self.start(p, conversation, need_local, PrefillRoute::Fallback { cause });
+                self.start(p, conversation, need_local, PrefillRoute::Fallback { cause, retries });
             }
         }
     }
@@ -890,8 +980,10 @@ impl<B: ServingBackend> Loop<B> {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| match s.phase {
-                Phase::Prefill { read } => Some((s.request.prompt.len() - read, i)),
-                Phase::Decode { .. } => None,
+                // An export reads on once its rows so far are queued (they may wait in its cache).
+                _ if s.export.as_ref().is_some_and(|e| !e.shipped) => None,
+                Phase::Prefill { read } if read < s.request.prompt.len() => Some((s.request.prompt.len() - read, i)),
+                Phase::Prefill { .. } | Phase::Decode { .. } => None,
             })
             .collect();
         if order.is_empty() {
@@ -956,18 +1048,10 @@ impl<B: ServingBackend> Loop<B> {
                 }
                 for (i, l) in read_whole {
                     self.checkpoint(i);
-                    let s = &mut self.running[i];
-                    if s.export.is_some() {
-                        if !s.done {
-                            Self::finish_export(s);
-                            self.shared
-                                .stats
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .kv_exports_total += 1;
-                        }
+                    if self.running[i].export.is_some() {
+                        self.finish_export_if_done(i);
                     } else {
-                        Self::emit_next(s, &l);
+                        Self::emit_next(&mut self.running[i], &l);
                     }
                 }
                 let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
@@ -989,8 +1073,14 @@ impl<B: ServingBackend> Loop<B> {
         true
     }
 
-    /// An export has sent every row: it ends (its cache stays for reuse like a conversation's).
-    fn finish_export(s: &mut Sequence<B::Kv>) {
+    /// An export that has read its whole prompt and queued every row ends (its cache stays for reuse
+    /// like a conversation's).
+    fn finish_export_if_done(&mut self, i: usize) {
+        let s = &mut self.running[i];
+        let read_whole = matches!(s.phase, Phase::Prefill { read } if read == s.request.prompt.len());
+        if s.done || !read_whole || !s.export.as_ref().is_some_and(|e| e.shipped) {
+            return;
+        }
         let now = Instant::now();
         let timings = RequestTimings {
             queued: s.started - s.submitted,
@@ -1003,6 +1093,11 @@ impl<B: ServingBackend> Loop<B> {
             timings,
         });
         s.done = true;
+        self.shared
+            .stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .kv_exports_total += 1;
     }
 
     /// Samples the next token from `logits`, sends it, and decides whether the sequence goes on.

@@ -54,6 +54,12 @@ pub fn fingerprint(config: &ModelConfig, file_digest: &[u8; 32]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The encoded length of a `Rows` frame of `n` rows of `width` values (`Encoder::rows`): what a sender
+/// counts against its send buffer before the frame is encoded.
+pub fn rows_frame_len(n: usize, width: usize) -> usize {
+    FRAME_HEAD + ROWS_HEAD + 4 * n * width + DIGEST
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -595,7 +601,10 @@ mod tests {
                 continue;
             }
             for piece in kv.export_rows(layer, from, to).unwrap().split(width) {
-                out.extend(enc.rows(&piece));
+                let frame = enc.rows(&piece);
+                // Senders count this length against their send buffer before encoding.
+                assert_eq!(frame.len(), rows_frame_len(piece.n_rows(width), width));
+                out.extend(frame);
             }
         }
         out.extend(enc.end());
