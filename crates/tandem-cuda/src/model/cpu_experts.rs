@@ -140,7 +140,7 @@ impl CudaModel {
         act: Activation,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let cpu = &self.cpu;
-        let results: Vec<Mutex<Option<Result<Vec<f32>, ModelError>>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+        let results: Vec<ExpertSlot> = jobs.iter().map(|_| Mutex::new(None)).collect();
         cpu.pool.run(jobs.len(), &|i| {
             let (expert, members, _) = &jobs[i];
             let y = cpu_expert(cpu, x_host, members, experts, *expert, act);
@@ -156,6 +156,9 @@ impl CudaModel {
             .collect()
     }
 }
+
+/// Where a CPU expert task leaves its outputs (or its error) for the calling thread.
+type ExpertSlot = Mutex<Option<Result<Vec<f32>, ModelError>>>;
 
 /// `expert`'s gate, up and down over `members` of `x_host`, by the CPU backend.
 fn cpu_expert(
