@@ -7,7 +7,7 @@
 //!   16 pairs of one expert on the tensor cores, each expert's weights read once a tile
 //!   (`mmq_ids_*` in `kernels/mmq.cu`).
 
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, PushKernelArg};
 
 use crate::matmul::kinds::{ActQuant, MmvqVariant};
 use crate::runtime::checked::driver;
@@ -110,17 +110,8 @@ pub fn mmvq_ids_into(
         what: "mmvq_ids".into(),
         err,
     };
-    let [first, ..] = tables else {
-        return Err(fail("no expert table".into()));
-    };
+    let first = one_shape(tables, outs.len(), &fail)?;
     let p = pairs.pairs;
-    if tables.len() > 2 || outs.len() != tables.len() || !tables.iter().all(|t| t.same_shape(first)) {
-        return Err(fail(format!(
-            "{} tables of differing shapes, {} outputs",
-            tables.len(),
-            outs.len()
-        )));
-    }
     let (rows, cols) = (first.rows, first.cols);
     if !rows.is_multiple_of(first.variant.rows as usize)
         || pairs.ids.len() < p
@@ -140,20 +131,13 @@ pub fn mmvq_ids_into(
     let (a_rows, a_div) = (i32_of(pairs.a_rows, "rows")?, i32_of(pairs.a_div, "rows")?);
     let n_expert = i32_of(first.n_expert(), "experts")?;
     let grid_y = u32::try_from(p).map_err(|_| fail(format!("{p} pairs")))?;
-    let second = tables.get(1).unwrap_or(first);
+    let second = tables.get(1).copied().unwrap_or(first);
     let mut b = gpu.launch_builder(f)?;
     b.arg(&first.addresses)
         .arg(&second.addresses)
         .arg(pairs.ids)
         .arg(pairs.a);
-    let (y0, rest) = outs.split_first_mut().ok_or_else(|| fail("no output".into()))?;
-    match rest.first_mut() {
-        Some(y1) => b.arg(&mut **y0).arg(&mut **y1),
-        None => {
-            let y0: &CudaSlice<f32> = y0;
-            b.arg(y0).arg(y0)
-        }
-    };
+    arg_outputs(&mut b, outs, &fail)?;
     b.arg(&r).arg(&c).arg(&a_rows).arg(&a_div).arg(&n_expert);
     let cfg = launch_cfg((first.variant.blocks(rows), grid_y, tables.len() as u32), 128);
     // SAFETY: every address in the tables is an expert's integer-route matrix of rows x cols (the
@@ -179,16 +163,7 @@ pub fn mmq_ids_into(
         what: "mmq_ids".into(),
         err,
     };
-    let [first, ..] = tables else {
-        return Err(fail("no expert table".into()));
-    };
-    if tables.len() > 2 || outs.len() != tables.len() || !tables.iter().all(|t| t.same_shape(first)) {
-        return Err(fail(format!(
-            "{} tables of differing shapes, {} outputs",
-            tables.len(),
-            outs.len()
-        )));
-    }
+    let first = one_shape(tables, outs.len(), &fail)?;
     let (rows, cols) = (first.rows, first.cols);
     if !first.groups_on_tensor_cores()
         || tiles.len() < 1 + 3 * max_tiles
@@ -204,9 +179,45 @@ pub fn mmq_ids_into(
     let f = gpu.function(&name)?;
     let (r, c, n) = (i32_of(rows, "rows")?, i32_of(cols, "cols")?, i32_of(n_total, "pairs")?);
     let grid_x = u32::try_from(max_tiles.max(1)).map_err(|_| fail(format!("{max_tiles} tiles")))?;
-    let second = tables.get(1).unwrap_or(first);
+    let second = tables.get(1).copied().unwrap_or(first);
     let mut b = gpu.launch_builder(f)?;
     b.arg(&first.addresses).arg(&second.addresses).arg(tiles).arg(a);
+    arg_outputs(&mut b, outs, &fail)?;
+    b.arg(&r).arg(&c).arg(&n);
+    let cfg = launch_cfg((grid_x, rows.div_ceil(32) as u32, tables.len() as u32), 128);
+    // SAFETY: every address in the tables is an expert's integer-route matrix of rows x cols (the
+    // model owns them for its lifetime); `tiles` names positions inside the n_total rows of `a`
+    // (quantized as the tables' format) and of each output (n_total rows of `rows` floats).
+    driver(&name, unsafe { b.launch(cfg) })?;
+    Ok(())
+}
+
+/// The first of one or two tables of one shape, one output each: what a launch of `*_ids_*` takes
+/// (a second table shares the first's grid, in grid.z).
+fn one_shape<'t>(
+    tables: &[&'t ExpertTable],
+    n_outs: usize,
+    fail: &impl Fn(String) -> CudaError,
+) -> Result<&'t ExpertTable, CudaError> {
+    let [first, ..] = tables else {
+        return Err(fail("no expert table".into()));
+    };
+    if tables.len() > 2 || n_outs != tables.len() || !tables.iter().all(|t| t.same_shape(first)) {
+        return Err(fail(format!(
+            "{} tables of differing shapes, {n_outs} outputs",
+            tables.len()
+        )));
+    }
+    Ok(first)
+}
+
+/// The outputs Y0 and Y1 of a `*_ids_*` launch: the second table's, or the first's again when there
+/// is one table (grid.z is then 1 and never writes Y1).
+fn arg_outputs<'a>(
+    b: &mut LaunchArgs<'a>,
+    outs: &'a mut [&mut CudaSlice<f32>],
+    fail: &impl Fn(String) -> CudaError,
+) -> Result<(), CudaError> {
     let (y0, rest) = outs.split_first_mut().ok_or_else(|| fail("no output".into()))?;
     match rest.first_mut() {
         Some(y1) => b.arg(&mut **y0).arg(&mut **y1),
@@ -215,11 +226,5 @@ pub fn mmq_ids_into(
             b.arg(y0).arg(y0)
         }
     };
-    b.arg(&r).arg(&c).arg(&n);
-    let cfg = launch_cfg((grid_x, rows.div_ceil(32) as u32, tables.len() as u32), 128);
-    // SAFETY: every address in the tables is an expert's integer-route matrix of rows x cols (the
-    // model owns them for its lifetime); `tiles` names positions inside the n_total rows of `a`
-    // (quantized as the tables' format) and of each output (n_total rows of `rows` floats).
-    driver(&name, unsafe { b.launch(cfg) })?;
     Ok(())
 }
