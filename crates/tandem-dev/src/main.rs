@@ -70,6 +70,8 @@ enum Bench {
     /// A dependent memory round trip alone and while the rest of the GPU streams weights (what an
     /// overlapping decode step's latency-bound work would pay: docs/OVERLAPPED-DECODE.md).
     Latency,
+    /// The page-locked host-to-device copy rate, whole and in an expert stream's piece sizes.
+    Link,
 }
 
 fn main() -> ExitCode {
@@ -100,7 +102,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
         Bench::L2,
     ];
     let asked = |b: Bench| args.what.contains(&b) || (args.what.contains(&Bench::Kernels) && kernels.contains(&b));
-    let benches: [(Bench, BenchFn); 8] = [
+    let benches: [(Bench, BenchFn); 9] = [
         (Bench::Matvec, matvec::matvec_bench),
         (Bench::Flash, flash::flash_bench),
         (Bench::Gemm, gemm::gemm_bench),
@@ -109,6 +111,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
         (Bench::L2, int8::l2_bench),
         (Bench::Handover, probes::handover_bench),
         (Bench::Latency, probes::latency_bench),
+        (Bench::Link, probes::link_bench),
     ];
     let mut table = Vec::new();
     for (b, run) in benches {

@@ -1,9 +1,10 @@
-//! The GPU probes (`tandem_cuda::lab::handover`, `tandem_cuda::lab::latency`) run at the sizes that
+//! The GPU probes (`tandem_cuda::lab::handover`, `latency` and `link`) run at the sizes that
 //! matter to a decode step.
 
 use anyhow::Result;
 use tandem_cuda::lab::handover::bench_handover;
 use tandem_cuda::lab::latency::{bench_latency, Latency};
+use tandem_cuda::lab::link::bench_link;
 use tandem_cuda::Gpu;
 
 use crate::common::Row;
@@ -54,4 +55,22 @@ fn latency_row(l: &Latency, from: &str) -> Row {
             100.0 * l.overlap
         ),
     }
+}
+
+/// `tandem_cuda::lab::link`: the page-locked host-to-device rate over 2 GiB, whole and in the piece
+/// sizes an expert stream issues (one matrix of a Qwen3-30B-A3B expert at Q4_K is 864 KiB, its down
+/// matrix at Q6_K 1,260 KiB), the rate the stream's 90% target is read against.
+pub fn link_bench(gpu: &Gpu, table: &mut Vec<Row>) -> Result<()> {
+    let pieces = [0, 64 << 20, 4 << 20, 1_290_240, 884_736, 256 << 10];
+    for r in bench_link(gpu, 2 << 30, &pieces, 5)? {
+        table.push(Row {
+            what: format!(
+                "host to device, page-locked, {} pieces of {} KiB",
+                r.pieces,
+                r.piece_bytes >> 10
+            ),
+            result: format!("best {:.1} GB/s, median {:.1} GB/s", r.best_gbs, r.median_gbs),
+        });
+    }
+    Ok(())
 }

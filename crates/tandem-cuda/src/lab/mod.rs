@@ -2,11 +2,12 @@
 //! `tandem-dev`'s benchmarks reach. Each kernel family's launchers with their shape and buffer types,
 //! re-exported here under the path of the module that owns them (`lab::attention::tile` is
 //! `attention::tile`), and the route helpers a test needs to lay out a launch as the model does; and
-//! the probes (`handover`, `latency`), which time the GPU itself rather than a kernel of the model.
+//! the probes (`handover`, `latency`, `link`), which time the GPU itself rather than a kernel of the model.
 //! Nothing a user runs goes through here, and these items change with the kernels.
 
 pub mod handover;
 pub mod latency;
+pub mod link;
 
 /// The float launchers and cuBLAS GEMMs (`runtime::launch`).
 pub mod launch {
