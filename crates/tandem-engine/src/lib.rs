@@ -3,6 +3,7 @@
 pub mod sampling;
 pub mod score;
 pub mod serve;
+pub mod spec;
 
 use std::time::{Duration, Instant};
 

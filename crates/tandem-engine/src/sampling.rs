@@ -73,6 +73,13 @@ impl Sampler {
 
     /// Picks the next token given the logits and the tokens so far (prompt and completion).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let dist = self.distribution(logits, history);
+        self.draw(&dist)
+    }
+
+    /// The distribution `sample` draws from: after bias, penalties, the truncations and temperature.
+    /// Greedy sampling gives all of the mass to the argmax.
+    pub fn distribution(&self, logits: &[f32], history: &[u32]) -> Distribution {
         let p = &self.params;
         let mut logits = logits.to_vec();
         for &(id, bias) in &p.logit_bias {
@@ -82,7 +89,7 @@ impl Sampler {
         }
         apply_penalties(&mut logits, history, p);
         if p.temperature <= 0.0 {
-            return argmax(&logits);
+            return Distribution::certain(argmax(&logits));
         }
         let mut cands: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
         // Sort by logit, ties by id: a total order, so the result does not depend on the sort algorithm.
@@ -110,15 +117,61 @@ impl Sampler {
         }
         cands.truncate(keep.max(1));
         let probs = softmax(&cands.iter().map(|c| c.1).collect::<Vec<_>>(), p.temperature);
+        Distribution {
+            tokens: cands.iter().map(|c| c.0).collect(),
+            probs,
+            greedy: false,
+        }
+    }
+
+    /// A draw from `dist`; a greedy choice takes no draw from the generator.
+    pub fn draw(&mut self, dist: &Distribution) -> u32 {
+        if dist.greedy {
+            return dist.tokens[0];
+        }
         let r = self.next_uniform();
         let mut cum = 0.0;
-        for (c, pr) in cands.iter().zip(&probs) {
+        for (&t, pr) in dist.tokens.iter().zip(&dist.probs) {
             cum += pr;
             if r < cum {
-                return c.0;
+                return t;
             }
         }
-        cands.last().map_or(0, |c| c.0)
+        dist.tokens.last().copied().unwrap_or(0)
+    }
+
+    /// A uniform draw in [0, 1) from the sequence's generator (speculative acceptance draws here too,
+    /// so a seed fixes its decisions).
+    pub fn uniform(&mut self) -> f64 {
+        self.next_uniform()
+    }
+}
+
+/// The tokens a sampler may draw and their probabilities (summing to 1), most likely first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Distribution {
+    pub tokens: Vec<u32>,
+    pub probs: Vec<f64>,
+    /// Temperature 0: all of the mass on the one token, chosen without a draw.
+    pub greedy: bool,
+}
+
+impl Distribution {
+    /// Greedy choice: all of the mass on one token.
+    pub fn certain(token: u32) -> Self {
+        Distribution {
+            tokens: vec![token],
+            probs: vec![1.0],
+            greedy: true,
+        }
+    }
+
+    /// The probability of `token` (0 when it cannot be drawn).
+    pub fn prob(&self, token: u32) -> f64 {
+        self.tokens
+            .iter()
+            .position(|&t| t == token)
+            .map_or(0.0, |i| self.probs[i])
     }
 }
 

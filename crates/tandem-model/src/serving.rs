@@ -62,6 +62,9 @@ pub trait ServingCache: SequenceCache {
     /// Drops every position from `pos` on; false (and nothing changed) when a sliding-window layer has
     /// already overwritten rows a query at `pos` would need.
     fn truncate(&mut self, pos: usize) -> bool;
+    /// Rows a pass may write past the current end and still be cut back (`truncate`) to any position
+    /// after the end: what bounds a speculative verify pass. `usize::MAX` without sliding-window layers.
+    fn rewind_room(&self) -> usize;
     /// Copies what `truncate` cannot take back (the sliding-window layers) at the current position;
     /// fails when the KV budget has no room for the copy.
     fn checkpoint(&self) -> Result<Self::Checkpoint, ModelError>;
@@ -142,6 +145,14 @@ impl ServingCache for SequenceKv {
 
     fn truncate(&mut self, pos: usize) -> bool {
         SequenceKv::truncate(self, pos)
+    }
+
+    fn rewind_room(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| l.placement.rewind_room(l.window))
+            .min()
+            .unwrap_or(usize::MAX)
     }
 
     fn checkpoint(&self) -> Result<Checkpoint, ModelError> {

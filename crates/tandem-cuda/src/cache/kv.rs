@@ -144,6 +144,14 @@ impl ServingCache for GpuSequenceKv {
         true
     }
 
+    fn rewind_room(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| l.placement.rewind_room(l.window))
+            .min()
+            .unwrap_or(usize::MAX)
+    }
+
     fn checkpoint(&self) -> Result<GpuCheckpoint, ModelError> {
         let rings: Vec<(usize, &GpuLayerCache)> = self
             .layers

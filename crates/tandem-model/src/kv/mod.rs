@@ -596,6 +596,35 @@ mod tests {
         assert_eq!(kv.len(), 150);
     }
 
+    /// A verify pass of up to `rewind_room` drafts (plus the fed token) over a wrapped ring can always be
+    /// cut back to keep only the fed token; one draft more than the slack allows can not.
+    #[test]
+    fn a_pass_within_the_rewind_room_can_be_cut_back() {
+        use crate::ServingCache;
+        let config = ModelConfig {
+            layers: gemma3_270m().layers[..6].to_vec(),
+            ..gemma3_270m()
+        };
+        let width = config.kv_width();
+        let mut staging = StagingBuffers::default();
+        let fill = |kv: &mut SequenceKv, t: usize, staging: &mut StagingBuffers| {
+            let k = vec![1.0f32; t * width];
+            for layer in &mut kv.layers {
+                layer.store_and_attend(&k, &k, t, staging, |_| {}).unwrap();
+            }
+        };
+        for slack in [0, 8, RING_SLACK] {
+            let pool = KvPool::new(width, None);
+            assert_eq!(SequenceKv::new(&config, 4096, slack, &pool).rewind_room(), slack);
+            for drafts in [0, slack, slack + 1, slack + 2] {
+                let mut kv = SequenceKv::new(&config, 4096, slack, &pool);
+                fill(&mut kv, 1000, &mut staging);
+                fill(&mut kv, drafts + 1, &mut staging);
+                assert_eq!(kv.truncate(1001), drafts <= slack + 1, "slack {slack} drafts {drafts}");
+            }
+        }
+    }
+
     /// Rows seen by the attention callback for each chunk, checked against the window rule.
     #[test]
     fn every_route_shows_exactly_the_visible_rows() {

@@ -58,6 +58,14 @@ impl RingPlacement {
         self.origin_logical <= needed_from && self.origin_logical <= pos && pos <= self.end()
     }
 
+    /// Rows a pass may write past the end and still be cut back to any position after the end
+    /// (`window`: the layer's). A ring keeps `capacity - window` rows past its window, and a pass of
+    /// that many rows overwrites only rows older than any later query sees; a layer that keeps every
+    /// key has no limit.
+    pub fn rewind_room(&self, window: Option<usize>) -> usize {
+        window.map_or(usize::MAX, |w| self.capacity.saturating_sub(w))
+    }
+
     /// Drops every position from `pos` on (checked with `can_truncate` first).
     pub fn truncate(&mut self, pos: usize) {
         self.len = pos - self.origin_logical;

@@ -1,0 +1,192 @@
+//! How many tokens to draft. With acceptance rate `a` per draft, a step drafting `k` tokens yields on
+//! average `(1 - a^(k+1)) / (1 - a)` tokens, and costs a one-row step plus `k` extra rows. Both are
+//! measured as decoding goes: `a` as a moving average over drafted tokens, the step costs as moving
+//! averages of the passes' times (one-row steps, and the extra seconds a drafted row adds). The length
+//! chosen maximises tokens per second; when no length beats a plain step, none is drafted, so text where
+//! drafts fail decodes at the plain speed.
+//!
+//! A rate estimated low would stop drafting for good, and with it the measurements that could raise it,
+//! so after a number of plain steps one token is drafted as a probe; each failed probe doubles the wait
+//! before the next (up to `MAX_BACKOFF` steps), which bounds what probing costs on text where drafts
+//! never hold.
+
+/// The running estimates behind the draft length.
+#[derive(Clone, Debug)]
+pub struct DraftLength {
+    max: usize,
+    adaptive: bool,
+    /// Estimated probability that a draft token is accepted.
+    acceptance: f64,
+    /// Seconds of a one-row step, and extra seconds per drafted row in a verify pass.
+    step_seconds: Option<f64>,
+    row_seconds: Option<f64>,
+    /// Plain steps since the last drafted one, and how many to wait before probing.
+    plain_steps: usize,
+    backoff: usize,
+    probing: bool,
+}
+
+/// Weight of the newest observation in the moving averages.
+const WEIGHT: f64 = 0.15;
+/// Where the acceptance estimate starts and drifts back to while nothing is drafted.
+const PRIOR: f64 = 0.6;
+/// Plain steps before the first probe, and the longest wait between probes.
+const FIRST_BACKOFF: usize = 8;
+const MAX_BACKOFF: usize = 256;
+/// Extra cost of a drafted row relative to a one-row step, until it is measured.
+const ROW_COST_PRIOR: f64 = 0.15;
+
+impl DraftLength {
+    pub fn new(max: usize, adaptive: bool) -> Self {
+        DraftLength {
+            max,
+            adaptive,
+            acceptance: PRIOR,
+            step_seconds: None,
+            row_seconds: None,
+            plain_steps: 0,
+            backoff: FIRST_BACKOFF,
+            probing: false,
+        }
+    }
+
+    /// The estimated acceptance rate.
+    pub fn acceptance(&self) -> f64 {
+        self.acceptance
+    }
+
+    /// Tokens to draft in the next step (0: a plain step).
+    pub fn choose(&mut self) -> usize {
+        if !self.adaptive {
+            return self.max;
+        }
+        let k = self.best();
+        self.probing = k == 0 && self.plain_steps >= self.backoff;
+        if self.probing {
+            1
+        } else {
+            k
+        }
+    }
+
+    /// The length the estimates favour.
+    fn best(&self) -> usize {
+        let relative_row = match (self.step_seconds, self.row_seconds) {
+            (Some(step), Some(row)) if step > 0.0 => (row / step).max(0.0),
+            _ => ROW_COST_PRIOR,
+        };
+        let a = self.acceptance.clamp(0.0, 0.999);
+        let mut best = (1.0, 0);
+        for k in 1..=self.max {
+            let tokens = (1.0 - a.powi(k as i32 + 1)) / (1.0 - a);
+            let rate = tokens / (1.0 + relative_row * k as f64);
+            // Only a clear gain justifies the wider pass (the estimates are noisy).
+            if rate > best.0 * 1.02 && rate > best.0 {
+                best = (rate, k);
+            }
+        }
+        best.1
+    }
+
+    /// Records a step: `drafted` tokens proposed (0: a plain step), `accepted` of them kept, `seconds`
+    /// the forward pass took.
+    pub fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
+        if drafted == 0 {
+            self.step_seconds = Some(blend(self.step_seconds, seconds));
+            self.plain_steps += 1;
+            return;
+        }
+        self.plain_steps = 0;
+        if self.probing {
+            self.backoff = if accepted == 0 {
+                (self.backoff * 2).min(MAX_BACKOFF)
+            } else {
+                FIRST_BACKOFF
+            };
+            self.probing = false;
+        }
+        // Each draft token is an observation; later ones count only if the earlier were kept, so
+        // `accepted` kept and at most one rejected are what this step says about the rate.
+        let observed = (accepted + usize::from(accepted < drafted)) as f64;
+        let rate = accepted as f64 / observed.max(1.0);
+        let w = 1.0 - (1.0 - WEIGHT).powf(observed);
+        self.acceptance += (rate - self.acceptance) * w;
+        if let Some(step) = self.step_seconds {
+            let extra = (seconds - step) / drafted as f64;
+            self.row_seconds = Some(blend(self.row_seconds, extra));
+        }
+    }
+}
+
+fn blend(old: Option<f64>, new: f64) -> f64 {
+    match old {
+        Some(o) => o + (new - o) * WEIGHT,
+        None => new,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_length_when_not_adaptive() {
+        let mut l = DraftLength::new(5, false);
+        l.record(5, 0, 1.0);
+        assert_eq!(l.choose(), 5);
+    }
+
+    #[test]
+    fn drafts_more_as_drafts_are_kept_and_stop_when_they_fail() {
+        let mut l = DraftLength::new(8, true);
+        l.record(0, 0, 0.010);
+        let start = l.choose();
+        assert!(start > 0, "the prior drafts");
+        for _ in 0..40 {
+            let k = l.choose().max(1);
+            l.record(k, k, 0.012);
+        }
+        assert!(l.choose() >= start, "all kept: {} vs {start}", l.choose());
+        for _ in 0..40 {
+            l.record(4, 0, 0.013);
+        }
+        assert_eq!(l.choose(), 0, "nothing kept: plain steps");
+        // After plain steps one token is drafted as a probe; failed probes come ever more rarely.
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            let mut plain = 0;
+            while l.choose() == 0 {
+                l.record(0, 0, 0.010);
+                plain += 1;
+                assert!(plain <= MAX_BACKOFF, "never probes");
+            }
+            l.record(1, 0, 0.011);
+            waits.push(plain);
+        }
+        assert_eq!(waits, vec![8, 16, 32, 64, 128, 256]);
+        // A probe that holds brings drafting back.
+        while l.choose() == 0 {
+            l.record(0, 0, 0.010);
+        }
+        l.record(1, 1, 0.011);
+        assert!(l.choose() > 0);
+    }
+
+    #[test]
+    fn costly_rows_shorten_the_draft() {
+        let mut cheap = DraftLength::new(8, true);
+        let mut dear = DraftLength::new(8, true);
+        for _ in 0..20 {
+            cheap.record(0, 0, 0.010);
+            dear.record(0, 0, 0.010);
+            cheap.record(4, 3, 0.0104);
+            dear.record(4, 3, 0.018);
+        }
+        assert!(
+            cheap.choose() > dear.choose(),
+            "{} vs {}",
+            cheap.choose(),
+            dear.choose()
+        );
+    }
+}
