@@ -7,18 +7,25 @@
 //! pass a step for all of them, as the server batches its decoders (llama-batched-bench's `-npl`);
 //! its test is named "tg128 x8" and counts every sequence's tokens. Each test runs once to warm up,
 //! then `-r` times.
+//!
+//! `--prompt-file F` replaces the tg test's random tokens with text: the file's tokens are prefilled
+//! untimed and N tokens are generated greedily after them ("tg128 @ F"), as `tandem run` would; with
+//! `--spec` they are drafted and verified, and the row also reports the acceptance rate and tokens per
+//! decode step.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
+use tandem_engine::spec::SpecStats;
+use tandem_engine::{Engine, GenerateOptions, SamplingParams};
 use tandem_model::LogitRows;
+use tandem_runtime::{on_engine, AnyEngine, EngineBackend};
 
-use crate::generate::{load, ModelArgs};
-use tandem_engine::Engine;
-use tandem_model::Backend;
-use tandem_runtime::{on_engine, AnyEngine};
+use crate::generate::{load, load_draft, ModelArgs};
+use crate::spec::{SpecArgs, Speculator};
 
 /// `tandem bench …` runs the model benchmark; `tandem bench serve …` drives a running server.
 #[derive(Args)]
@@ -36,7 +43,7 @@ pub enum BenchSub {
     Serve(crate::bench_serve::BenchServeArgs),
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -60,6 +67,11 @@ pub struct BenchArgs {
     /// Repetitions.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub repetitions: usize,
+    /// Generate after this text in the tg test (prefilled untimed) instead of forcing random tokens.
+    #[arg(long)]
+    pub prompt_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     #[arg(long, value_enum, default_value_t = BenchFormat::Md)]
     pub output_format: BenchFormat,
 }
@@ -94,9 +106,31 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
 }
 
 pub fn bench(args: &BenchArgs) -> Result<()> {
+    let spec = args.spec.settings()?;
+    let text = match &args.prompt_file {
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+        None if spec.mode != tandem_engine::spec::SpecMode::Off => {
+            bail!("--spec needs --prompt-file: drafts are checked against generated text, not forced tokens")
+        }
+        None => None,
+    };
+    if text.is_some() && args.parallel.iter().any(|&p| p > 1) {
+        bail!("--prompt-file generates one sequence: drop --parallel");
+    }
     let mut loaded = load(&args.model)?;
     let bos = loaded.tokenizer.bos().filter(|_| loaded.tokenizer.adds_bos());
-    let results = on_engine!(&mut loaded.engine, |e| bench_on(e, bos, args))?;
+    let context = match &text {
+        Some(t) => Some(loaded.tokenizer.try_encode(t, true, false)?),
+        None => None,
+    };
+    let mut draft = load_draft(&args.spec, &args.model)?;
+    let results = on_engine!(&mut loaded.engine, |e| bench_on(
+        e,
+        bos,
+        args,
+        context.as_deref(),
+        draft.take()
+    ))?;
     let where_ = match &loaded.engine {
         AnyEngine::Cpu(e) => format!("{} threads", e.model.pool.n_threads()),
         AnyEngine::Cuda(e) => format!(
@@ -113,34 +147,128 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         BenchFormat::Json => {
             let rows: Vec<_> = results
                 .iter()
-                .map(|(t, (m, s))| json!({"test": t, "tok_s": m, "stddev": s}))
+                .map(|r| {
+                    let mut row = json!({"test": r.test, "tok_s": r.mean, "stddev": r.stddev});
+                    if let Some(s) = &r.spec {
+                        row["acceptance"] = json!(s.acceptance());
+                        row["tokens_per_step"] = json!(s.tokens_per_step());
+                        row["drafted"] = json!(s.drafted);
+                        row["accepted"] = json!(s.accepted);
+                    }
+                    row
+                })
                 .collect();
             println!("{}", serde_json::to_string(&rows)?);
         }
         BenchFormat::Md => {
-            println!("| model | device | test | t/s |");
-            println!("| --- | --- | ---: | ---: |");
-            for (t, (m, s)) in &results {
-                println!("| {} | {where_} | {t} | {m:.2} ± {s:.2} |", args.model.model);
+            let drafts = results.iter().any(|r| r.spec.is_some());
+            let extra = if drafts { " acceptance | tokens/step |" } else { "" };
+            println!("| model | device | test | t/s |{extra}");
+            println!(
+                "| --- | --- | ---: | ---: |{}",
+                if drafts { " ---: | ---: |" } else { "" }
+            );
+            for r in &results {
+                let extra = match &r.spec {
+                    Some(s) => format!(" {:.1}% | {:.2} |", 100.0 * s.acceptance(), s.tokens_per_step()),
+                    None if drafts => " | |".to_string(),
+                    None => String::new(),
+                };
+                println!(
+                    "| {} | {where_} | {} | {:.2} ± {:.2} |{extra}",
+                    args.model.model, r.test, r.mean, r.stddev
+                );
             }
         }
     }
     Ok(())
 }
 
-type BenchRows = Vec<(String, (f64, f64))>;
+/// One test's result: tokens per second over the repetitions, and with drafts what drafting did (summed
+/// over the repetitions).
+struct BenchRow {
+    test: String,
+    mean: f64,
+    stddev: f64,
+    spec: Option<SpecStats>,
+}
+
+type BenchRows = Vec<BenchRow>;
+
+fn row(test: String, speeds: &[f64], spec: Option<SpecStats>) -> BenchRow {
+    let (mean, stddev) = mean_std(speeds);
+    BenchRow {
+        test,
+        mean,
+        stddev,
+        spec,
+    }
+}
 
 /// The pp and tg tests on any backend, at every depth. Device work is asynchronous, but every forward
 /// pass returns logits to the host (a synchronization), so wall-clock time covers the work.
-fn bench_on<B: Backend>(engine: &mut Engine<B>, bos: Option<u32>, args: &BenchArgs) -> Result<BenchRows> {
+fn bench_on<B: EngineBackend>(
+    engine: &mut Engine<B>,
+    bos: Option<u32>,
+    args: &BenchArgs,
+    context: Option<&[u32]>,
+    draft: Option<AnyEngine>,
+) -> Result<BenchRows> {
     let mut results = Vec::new();
-    for &depth in &args.depth {
-        bench_at_depth(engine, bos, args, depth, &mut results)?;
+    let Some(context) = context else {
+        for &depth in &args.depth {
+            bench_at_depth(engine, bos, args, depth, &mut results)?;
+        }
+        return Ok(results);
+    };
+    let n_pp: Vec<usize> = args.n_prompt.iter().copied().filter(|&n| n > 0).collect();
+    if !n_pp.is_empty() {
+        let pp_only = BenchArgs {
+            n_gen: vec![],
+            ..args.clone()
+        };
+        bench_at_depth(engine, bos, &pp_only, 0, &mut results)?;
+    }
+    let longest = args.n_gen.iter().copied().max().unwrap_or(0);
+    let n_ctx = context.len() + longest + 1;
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let mut spec = Speculator::new(&args.spec, engine, draft, n_ctx, args.ubatch, &greedy)?;
+    let name = args
+        .prompt_file
+        .as_ref()
+        .and_then(|p| p.file_name())
+        .map_or("text".into(), |n| n.to_string_lossy().into_owned());
+    for &n_gen in args.n_gen.iter().filter(|&&n| n > 0) {
+        let opts = GenerateOptions {
+            max_tokens: n_gen + 1,
+            prefill_chunk: args.ubatch.max(1),
+            sampling: greedy.clone(),
+            stop_ids: vec![],
+        };
+        let mut speeds = Vec::new();
+        let mut stats = SpecStats::default();
+        for rep in 0..=args.repetitions.max(1) {
+            spec.reset();
+            let mut kv = engine.try_new_sequence(n_ctx)?;
+            let (_, timings) = spec.generate(engine, &mut kv, context, &opts, |_| true)?;
+            if rep > 0 {
+                speeds.push(timings.decode_tok_s());
+                stats.add(&spec.stats);
+            }
+        }
+        let mut test = format!("tg{n_gen} @ {name}");
+        if spec.enabled() {
+            test += &format!(" spec {:?}", args.spec.mode).to_lowercase();
+        }
+        results.push(row(test, &speeds, spec.enabled().then_some(stats)));
     }
     Ok(results)
 }
 
-fn bench_at_depth<B: Backend>(
+fn bench_at_depth<B: EngineBackend>(
     engine: &mut Engine<B>,
     bos: Option<u32>,
     args: &BenchArgs,
@@ -174,7 +302,7 @@ fn bench_at_depth<B: Backend>(
                 speeds.push(n_prompt as f64 / start.elapsed().as_secs_f64());
             }
         }
-        results.push((test_name("pp", n_prompt, depth, 1), mean_std(&speeds)));
+        results.push(row(test_name("pp", n_prompt, depth, 1), &speeds, None));
     }
     for &n_gen in args.n_gen.iter().filter(|&&n| n > 0) {
         let gen = tokens(n_gen, n_vocab, test_bos);
@@ -197,7 +325,7 @@ fn bench_at_depth<B: Backend>(
                     speeds.push((n_gen * parallel) as f64 / start.elapsed().as_secs_f64());
                 }
             }
-            results.push((test_name("tg", n_gen, depth, parallel), mean_std(&speeds)));
+            results.push(row(test_name("tg", n_gen, depth, parallel), &speeds, None));
         }
     }
     Ok(())

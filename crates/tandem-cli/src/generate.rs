@@ -9,9 +9,11 @@ use serde_json::json;
 use tandem_cuda::{CudaModel, ExpertBudget, ExpertDecode, ExpertOffload};
 use tandem_engine::{Engine, GenerateOptions, SamplingParams, Timings};
 use tandem_model::expert_stream::{ExpertStreamMode, StreamDepth};
-use tandem_model::{Backend, Model, SequenceCache};
-use tandem_runtime::{on_engine, AnyEngine, Device, DeviceModel};
+use tandem_model::{Model, SequenceCache};
+use tandem_runtime::{on_engine, AnyEngine, Device, DeviceModel, EngineBackend};
 use tandem_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+
+use crate::spec::{SpecArgs, Speculator};
 
 /// Options shared by every command that loads a model and runs it.
 #[derive(Args, Clone)]
@@ -165,6 +167,8 @@ pub struct RunArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Read the prompt from a file.
     #[arg(long, conflicts_with = "prompt")]
     pub prompt_file: Option<PathBuf>,
@@ -202,6 +206,20 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         tokenizer,
         n_ctx,
     })
+}
+
+/// The `--draft-model` of `spec`, loaded on the device and with the other flags of `target`.
+pub fn load_draft(spec: &SpecArgs, target: &ModelArgs) -> Result<Option<AnyEngine>> {
+    let Some(path) = &spec.draft_model else {
+        return Ok(None);
+    };
+    let args = ModelArgs {
+        model: path.clone(),
+        verbose: false,
+        ..target.clone()
+    };
+    let loaded = load(&args).with_context(|| format!("draft model {path}"))?;
+    Ok(Some(loaded.engine))
 }
 
 /// The model's shape, for `--verbose`.
@@ -364,7 +382,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
         tokenizer: &tokenizer,
         n_ctx,
     };
-    let kv_bytes = on_engine!(&mut engine, |e| run_on(e, &info, &prompt, args))?;
+    args.spec.settings()?;
+    let mut draft = load_draft(&args.spec, &args.model)?;
+    let kv_bytes = on_engine!(&mut engine, |e| run_on(e, &info, &prompt, args, draft.take()))?;
     if args.model.verbose {
         print_gpu_memory(&engine, kv_bytes);
     }
@@ -372,8 +392,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
 }
 
 /// Generates on any backend; returns the bytes the sequence's KV cache held.
-fn run_on<B: Backend>(engine: &mut Engine<B>, loaded: &LoadedInfo, prompt: &str, args: &RunArgs) -> Result<usize> {
+fn run_on<B: EngineBackend>(
+    engine: &mut Engine<B>,
+    loaded: &LoadedInfo,
+    prompt: &str,
+    args: &RunArgs,
+    draft: Option<AnyEngine>,
+) -> Result<usize> {
     let ids = loaded.tokenizer.try_encode(prompt, true, args.special)?;
+    let params = args.sampling.params();
+    let chunk = args.model.prefill_chunk;
+    let mut spec = Speculator::new(&args.spec, engine, draft, loaded.n_ctx, chunk, &params)?;
     let opts = GenerateOptions {
         max_tokens: args.sampling.max_tokens,
         prefill_chunk: args.model.prefill_chunk,
@@ -388,7 +417,7 @@ fn run_on<B: Backend>(engine: &mut Engine<B>, loaded: &LoadedInfo, prompt: &str,
         write!(stdout, "{prompt}")?;
         stdout.flush()?;
     }
-    let (completion, timings) = engine.generate(&mut kv, &ids, &opts, |id| {
+    let (completion, timings) = spec.generate(engine, &mut kv, &ids, &opts, |id| {
         if text_mode {
             let piece = stream.push(id);
             // A closed pipe ends generation rather than the process.
@@ -410,11 +439,15 @@ fn run_on<B: Backend>(engine: &mut Engine<B>, loaded: &LoadedInfo, prompt: &str,
                 "prefill_tok_s": timings.prefill_tok_s(),
                 "decode_tokens": timings.decode_tokens,
                 "decode_tok_s": timings.decode_tok_s(),
-            }
+            },
+            "speculative": spec.enabled().then(|| spec.json()),
         });
         writeln!(stdout, "{out}")?;
     }
     print_timings(&timings);
+    if spec.enabled() {
+        eprintln!("{}", spec.summary());
+    }
     if args.model.verbose {
         print_kv(loaded.n_ctx, &kv);
     }
@@ -427,6 +460,8 @@ pub struct ChatArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// A system message.
     #[arg(long)]
     pub system: Option<String>,
@@ -446,16 +481,22 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
         tokenizer: &tokenizer,
         n_ctx,
     };
-    on_engine!(&mut engine, |e| chat_on(e, &info, &template, args))
+    args.spec.settings()?;
+    let mut draft = load_draft(&args.spec, &args.model)?;
+    on_engine!(&mut engine, |e| chat_on(e, &info, &template, args, draft.take()))
 }
 
-fn chat_on<B: Backend>(
+fn chat_on<B: EngineBackend>(
     engine: &mut Engine<B>,
     loaded: &LoadedInfo,
     template: &ChatTemplate,
     args: &ChatArgs,
+    draft: Option<AnyEngine>,
 ) -> Result<()> {
     let mut messages: Vec<ChatMessage> = args.system.iter().map(ChatMessage::system).collect();
+    let params = args.sampling.params();
+    let chunk = args.model.prefill_chunk;
+    let mut spec = Speculator::new(&args.spec, engine, draft, loaded.n_ctx, chunk, &params)?;
     let mut kv = engine.try_new_sequence(loaded.n_ctx)?;
     let mut cached: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
@@ -486,7 +527,7 @@ fn chat_on<B: Backend>(
         };
         let mut stream = loaded.tokenizer.stream_decoder(false);
         let mut out = std::io::stdout().lock();
-        let (completion, timings) = engine.generate(&mut kv, new, &opts, |id| {
+        let (completion, timings) = spec.generate(engine, &mut kv, new, &opts, |id| {
             let piece = stream.push(id);
             write!(out, "{piece}").and_then(|_| out.flush()).is_ok()
         })?;
@@ -499,6 +540,9 @@ fn chat_on<B: Backend>(
         messages.push(ChatMessage::assistant(reply.trim_end()));
         if args.model.verbose {
             print_timings(&timings);
+            if spec.enabled() {
+                eprintln!("{}", spec.summary());
+            }
             print_kv(loaded.n_ctx, &kv);
         }
     }

@@ -9,6 +9,7 @@ mod registry;
 mod score;
 mod serve;
 mod soak;
+mod spec;
 mod synth;
 mod tokenize;
 

@@ -9,12 +9,14 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_cuda::CudaModel;
 use tandem_engine::serve::{RemotePrefill, ServingConfig};
+use tandem_engine::spec::SpecMode;
 use tandem_model::{Model, ServingBackend};
 use tandem_runtime::{on_model, Device, DeviceModel};
 use tandem_server::{AppState, ServerConfig};
 use tandem_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::generate::{place, print_cuda_memory, print_model, DeviceArg, ExpertArgs};
+use crate::spec::SpecArgs;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -28,6 +30,10 @@ pub struct ServeArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long, short = 't')]
     threads: Option<usize>,
+    /// Speculative decoding for requests that do not set their own `speculative` (the server drafts by
+    /// prompt lookup).
+    #[command(flatten)]
+    spec: SpecArgs,
     /// Context per sequence, in tokens (default: the model's, at most 8192).
     #[arg(long)]
     ctx: Option<usize>,
@@ -192,7 +198,11 @@ fn limit(secs: f64) -> Option<Duration> {
 }
 
 pub fn serve(args: &ServeArgs) -> Result<()> {
-    // Before the model loads (or downloads): a wrong role is known at once.
+    // Before the model loads (or downloads): a wrong role or setting is known at once.
+    let spec = args.spec.settings()?;
+    if spec.mode == SpecMode::Draft {
+        bail!("the server drafts by prompt lookup only: use --spec lookup");
+    }
     if args.role == Role::Decode && args.prefill_peers.is_empty() {
         bail!("--role decode needs at least one --prefill-peer URL");
     }
@@ -274,6 +284,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         kv_send_buffer_bytes: args
             .kv_send_buffer
             .unwrap_or(ServingConfig::default().kv_send_buffer_bytes),
+        spec,
     };
     // The CPU has no kernels to load: one row reads every weight in. The GPU warms each chunk size
     // the scheduler takes (each picks its own cuBLAS kernels), the one-row decode route, and decode
@@ -338,6 +349,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         max_connections: (args.max_connections > 0).then_some(args.max_connections),
         kv_export: kv_identity.filter(|_| args.role == Role::Prefill),
         kv_send_rate: args.kv_send_rate,
+        spec,
         ..ServerConfig::default()
     };
     let mut state = AppState::new(Arc::new(engine), tokenizer, template, config);

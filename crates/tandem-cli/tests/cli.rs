@@ -366,3 +366,101 @@ fn score_has_the_same_bits_at_every_cpu_level() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--spec` on `run` and `bench`: lookup and a draft model (the file drafting for itself) give the
+/// same completion as no drafts, on a llama and a Gemma 3 (rings) file; `bench --prompt-file` reports
+/// the acceptance; wrong combinations are clear errors.
+#[test]
+fn speculative_flags_keep_the_output() {
+    let dir = temp_dir("spec");
+    let prompt = dir.join("prompt.txt");
+    std::fs::write(
+        &prompt,
+        "one two three four one two three four one two three four one two",
+    )
+    .unwrap();
+    let p = prompt.to_str().unwrap();
+    for arch in ["llama", "gemma3"] {
+        let model = synth(&dir, arch, "q8_0", 5, &[]);
+        let m = model.to_str().unwrap();
+        let run = |extra: &[&str]| -> serde_json::Value {
+            let mut args = vec![
+                "run",
+                "-m",
+                m,
+                "-n",
+                "24",
+                "--prompt-file",
+                p,
+                "--output-format",
+                "json",
+            ];
+            args.extend_from_slice(extra);
+            serde_json::from_str(ok(&args).trim()).expect("run prints JSON")
+        };
+        let plain = run(&[]);
+        assert!(plain["speculative"].is_null());
+        for extra in [
+            &["--spec", "lookup"][..],
+            &["--spec", "lookup", "--draft-max", "3", "--draft-fixed"],
+            &["--spec", "draft", "--draft-model", m, "--draft-max", "4"],
+        ] {
+            let got = run(extra);
+            assert_eq!(got["completion_ids"], plain["completion_ids"], "{arch} {extra:?}");
+            assert!(got["speculative"]["steps"].as_u64().unwrap() > 0, "{got}");
+        }
+        let self_draft = run(&[
+            "--spec",
+            "draft",
+            "--draft-model",
+            m,
+            "--draft-fixed",
+            "--draft-max",
+            "4",
+        ]);
+        assert_eq!(
+            self_draft["speculative"]["acceptance"], 1.0,
+            "{arch}: a model agrees with itself: {self_draft}"
+        );
+        let out = ok(&[
+            "bench",
+            "-m",
+            m,
+            "-p",
+            "0",
+            "-n",
+            "16",
+            "-r",
+            "1",
+            "--prompt-file",
+            p,
+            "--spec",
+            "lookup",
+            "--output-format",
+            "json",
+        ]);
+        let rows: serde_json::Value = serde_json::from_str(&out).expect("bench prints JSON");
+        assert_eq!(rows[0]["test"], "tg16 @ prompt.txt spec lookup", "{out}");
+        assert!(rows[0]["tokens_per_step"].as_f64().unwrap() >= 1.0, "{out}");
+    }
+    let m = synth(&dir, "llama", "q8_0", 5, &[]);
+    let m = m.to_str().unwrap();
+    for (args, says) in [
+        (vec!["run", "-m", m, "--spec", "draft", "x"], "--draft-model"),
+        (vec!["run", "-m", m, "--draft-model", m, "x"], "--spec draft"),
+        (
+            vec!["run", "-m", m, "--spec", "lookup", "--draft-max", "0", "x"],
+            "draft length",
+        ),
+        (
+            vec!["run", "-m", m, "--spec", "guess", "x"],
+            "expected off, lookup or draft",
+        ),
+        (vec!["bench", "-m", m, "--spec", "lookup"], "--prompt-file"),
+    ] {
+        let out = tandem(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

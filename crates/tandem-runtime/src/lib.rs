@@ -11,7 +11,7 @@
 use tandem_cuda::{CudaError, CudaModel, CudaOptions, ExpertOffload};
 use tandem_engine::serve::{ServingConfig, ServingEngine};
 use tandem_engine::Engine;
-use tandem_model::Model;
+use tandem_model::{Model, ServingBackend};
 
 /// Where a model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +96,31 @@ impl AnyEngine {
         match self {
             AnyEngine::Cpu(e) => &e.model,
             AnyEngine::Cuda(e) => &e.model.cpu,
+        }
+    }
+}
+
+/// A backend an [`AnyEngine`] can hold: generic code running on one (through [`on_engine!`]) takes a
+/// second engine of the same backend out of an `AnyEngine` with it (a draft model beside its target).
+pub trait EngineBackend: ServingBackend + Sized {
+    /// The engine inside `engine` when it runs on this backend, else `engine` back.
+    fn take_engine(engine: AnyEngine) -> Result<Engine<Self>, AnyEngine>;
+}
+
+impl EngineBackend for Model {
+    fn take_engine(engine: AnyEngine) -> Result<Engine<Model>, AnyEngine> {
+        match engine {
+            AnyEngine::Cpu(e) => Ok(*e),
+            other => Err(other),
+        }
+    }
+}
+
+impl EngineBackend for CudaModel {
+    fn take_engine(engine: AnyEngine) -> Result<Engine<CudaModel>, AnyEngine> {
+        match engine {
+            AnyEngine::Cuda(e) => Ok(*e),
+            other => Err(other),
         }
     }
 }

@@ -37,6 +37,9 @@ pub struct ServerConfig {
     /// A prefill node's cap on the KV stream it sends, in bits per second, so that a fast local
     /// connection stands for a real link. `None`: as fast as the connection takes it.
     pub kv_send_rate: Option<u64>,
+    /// Speculative decoding for requests that do not ask (`--spec`); a request's `speculative` fields
+    /// fill in from it.
+    pub spec: tandem_engine::spec::SpecSettings,
 }
 
 impl Default for ServerConfig {
@@ -60,6 +63,7 @@ impl Default for ServerConfig {
             max_connections: Some(512),
             kv_export: None,
             kv_send_rate: None,
+            spec: Default::default(),
         }
     }
 }

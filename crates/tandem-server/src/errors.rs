@@ -116,6 +116,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::QueueFull { .. } => ApiError::unavailable(message, "queue_full"),
             SubmitError::ShuttingDown => ApiError::unavailable(message, "shutting_down"),
             SubmitError::NoKvExport => ApiError::not_found(message),
+            SubmitError::Speculative(_) => ApiError::invalid("speculative", message),
         }
     }
 }

@@ -27,6 +27,8 @@ pub struct GenParams {
     pub top_logprobs: Option<usize>,
     /// Keep generating past end-of-generation tokens (llama.cpp's `ignore_eos`).
     pub ignore_eos: bool,
+    /// Speculative decoding (`None`: the server's).
+    pub speculative: Option<tandem_engine::spec::SpecSettings>,
 }
 
 /// One generated token's logprob, with the pieces as bytes (a piece may be part of a character).
@@ -135,6 +137,7 @@ impl Generation {
                 state.tokenizer.eog_ids()
             },
             top_logprobs: p.top_logprobs,
+            speculative: p.speculative,
         };
         let submitted = Instant::now();
         let rx = state.engine.submit(request).map_err(|e| {

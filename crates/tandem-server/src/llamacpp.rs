@@ -42,6 +42,11 @@ pub struct CompletionRequest {
     pub n_probs: Option<usize>,
     pub ignore_eos: Option<bool>,
     pub model: Option<String>,
+    /// llama.cpp's most drafted tokens a step (0: no speculation).
+    #[serde(rename = "speculative.n_max")]
+    pub speculative_n_max: Option<i64>,
+    /// Tandem's: speculative decoding for this request.
+    pub speculative: Option<params::SpeculativeField>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }
@@ -187,6 +192,7 @@ pub(crate) async fn completion(
     let stop = params::stop_strings(req.stop)?;
     let n_probs = params::top_logprobs(req.n_probs.unwrap_or(0), "n_probs")?;
     let ignore_eos = req.ignore_eos.unwrap_or(false);
+    let speculative = params::speculative(req.speculative, req.speculative_n_max, state.config.spec)?;
     let prompt = prompt_ids(&state, req.prompt).await?;
     let fin = Final {
         model: state.config.model_name.clone(),
@@ -201,6 +207,7 @@ pub(crate) async fn completion(
         stop,
         top_logprobs: (n_probs > 0).then_some(n_probs),
         ignore_eos,
+        speculative,
     };
     let mut g = Generation::start(&state, gen).await?;
     if req.stream.unwrap_or(false) {
@@ -342,6 +349,14 @@ pub(crate) async fn slots(State(state): State<Arc<AppState>>) -> Json<Value> {
         "prefix_tokens_reused_total": s.prefix_tokens_reused_total,
         "requests_total": s.requests_total,
         "n_ctx": s.n_ctx,
+        "speculative": {
+            "steps": s.spec.steps,
+            "verify_steps": s.spec.verify_steps,
+            "drafted": s.spec.drafted,
+            "accepted": s.spec.accepted,
+            "acceptance": s.spec.acceptance(),
+            "tokens_per_step": s.spec.tokens_per_step(),
+        },
     }))
 }
 

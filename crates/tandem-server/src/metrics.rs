@@ -218,6 +218,20 @@ impl Metrics {
                 "Tokens generated per second over the last minute.",
                 decode,
             ),
+            (
+                "tandem_spec_acceptance_rate",
+                "Accepted over drafted tokens, since start (0 before any draft).",
+                stats.spec.acceptance(),
+            ),
+            (
+                "tandem_spec_tokens_per_step",
+                "Tokens per decode step of speculating requests, since start (0 before any).",
+                if stats.spec.steps == 0 {
+                    0.0
+                } else {
+                    stats.spec.tokens_per_step()
+                },
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
@@ -294,6 +308,31 @@ impl Metrics {
                 "tandem_kv_exports_total",
                 "KV exports a prefill node served.",
                 stats.kv_exports_total,
+            ),
+            (
+                "tandem_spec_decode_steps_total",
+                "Decode steps of speculating requests (each feeds its token and any drafts in one pass).",
+                stats.spec.steps,
+            ),
+            (
+                "tandem_spec_verify_steps_total",
+                "Decode steps that carried drafted tokens.",
+                stats.spec.verify_steps,
+            ),
+            (
+                "tandem_spec_drafted_tokens_total",
+                "Tokens drafted for speculating requests.",
+                stats.spec.drafted,
+            ),
+            (
+                "tandem_spec_accepted_tokens_total",
+                "Drafted tokens the target model accepted.",
+                stats.spec.accepted,
+            ),
+            (
+                "tandem_spec_emitted_tokens_total",
+                "Tokens the decode steps of speculating requests produced.",
+                stats.spec.emitted,
             ),
             (
                 "tandem_kv_exported_rows_total",

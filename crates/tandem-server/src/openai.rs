@@ -30,6 +30,8 @@ pub struct CommonFields {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub stop: Option<StopField>,
+    /// Tandem's: speculative decoding for this request.
+    pub speculative: Option<params::SpeculativeField>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }
@@ -229,6 +231,7 @@ pub(crate) async fn chat(
         state.tokenizer.n_vocab(),
     )?;
     let stop = params::stop_strings(c.stop.clone())?;
+    let speculative = params::speculative(c.speculative.clone(), None, state.config.spec)?;
     let stream = c.stream.unwrap_or(false);
     let include_usage = c.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let prompt = chat_prompt(&state, req.messages).await?;
@@ -239,6 +242,7 @@ pub(crate) async fn chat(
         stop,
         top_logprobs,
         ignore_eos: false,
+        speculative,
     };
     respond::<ChatStream>(&state, gen, stream, include_usage).await
 }
@@ -392,6 +396,7 @@ pub(crate) async fn completions(
         state.tokenizer.n_vocab(),
     )?;
     let stop = params::stop_strings(c.stop.clone())?;
+    let speculative = params::speculative(c.speculative.clone(), None, state.config.spec)?;
     let stream = c.stream.unwrap_or(false);
     let include_usage = c.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let one = |n: usize| {
@@ -419,6 +424,7 @@ pub(crate) async fn completions(
         stop,
         top_logprobs,
         ignore_eos: false,
+        speculative,
     };
     respond::<CompletionStream>(&state, gen, stream, include_usage).await
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
+use tandem_engine::spec::{SpecMode, SpecSettings, MAX_DRAFT};
 use tandem_engine::SamplingParams;
 
 use crate::config::ServerConfig;
@@ -327,4 +328,51 @@ pub fn random_u64() -> u64 {
 /// A response id such as `chatcmpl-3f2a…`.
 pub fn response_id(prefix: &str) -> String {
     format!("{prefix}-{:016x}{:08x}", random_u64(), random_u64() as u32)
+}
+
+/// A request's `speculative` object (both routes): `{"mode": "off" | "lookup", "n_max": K, "adaptive":
+/// bool}`, each field optional.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeField {
+    pub mode: Option<String>,
+    pub n_max: Option<i64>,
+    pub adaptive: Option<bool>,
+}
+
+/// The request's speculative settings, filled in from the server's (`None`: the request did not ask,
+/// and the server's apply). `flat_n_max` is llama.cpp's `speculative.n_max`. A mode left out is the
+/// server's when it speculates, else `lookup`; `n_max` 0 turns speculation off.
+pub fn speculative(
+    field: Option<SpeculativeField>,
+    flat_n_max: Option<i64>,
+    server: SpecSettings,
+) -> Result<Option<SpecSettings>, ApiError> {
+    if field.is_none() && flat_n_max.is_none() {
+        return Ok(None);
+    }
+    let field = field.unwrap_or_default();
+    let mode = match field.mode.as_deref() {
+        Some(m) => m
+            .parse::<SpecMode>()
+            .map_err(|e| ApiError::invalid("speculative.mode", e))?,
+        None if server.mode != SpecMode::Off => server.mode,
+        None => SpecMode::Lookup,
+    };
+    let n_max = match field.n_max.or(flat_n_max) {
+        None => server.draft_max,
+        Some(n) if (0..=MAX_DRAFT as i64).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "speculative.n_max",
+                format!("speculative.n_max {n} is outside 0..={MAX_DRAFT}"),
+            ))
+        }
+    };
+    let settings = SpecSettings {
+        mode: if n_max == 0 { SpecMode::Off } else { mode },
+        draft_max: n_max.max(1),
+        adaptive: field.adaptive.unwrap_or(server.adaptive),
+    };
+    Ok(Some(settings))
 }

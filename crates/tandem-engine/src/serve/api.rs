@@ -8,6 +8,7 @@ use tandem_model::kv::wire::LayerRows;
 use tandem_model::ExpertTraffic;
 use tokio::sync::mpsc;
 
+use crate::spec::{SpecSettings, SpecStats};
 use crate::SamplingParams;
 
 /// One generation request, already tokenized (the server owns the tokenizer and the chat template).
@@ -20,6 +21,8 @@ pub struct GenerationRequest {
     pub stop_ids: Vec<u32>,
     /// Report the chosen token's logprob and this many alternatives per step (`None`: no logprobs).
     pub top_logprobs: Option<usize>,
+    /// Speculative decoding for this request (`None`: the server's `--spec`).
+    pub speculative: Option<SpecSettings>,
 }
 
 /// The log-probability of a token, with the best alternatives when asked for.
@@ -253,6 +256,8 @@ pub enum SubmitError {
     ShuttingDown,
     #[error("this server does not export KV")]
     NoKvExport,
+    #[error("{0}")]
+    Speculative(String),
 }
 
 /// A snapshot of the engine for `/metrics`, `/health` and `/slots`.
@@ -294,6 +299,9 @@ pub struct EngineStats {
     /// KV exports served to decode nodes, and the rows they sent.
     pub kv_exports_total: u64,
     pub kv_exported_rows_total: u64,
+    /// Speculative decoding over all requests: verify passes, drafted and accepted tokens, decode steps
+    /// and the tokens they produced.
+    pub spec: SpecStats,
     /// A mixture's experts in host memory: slot cache hits and copies, streamed and skipped experts,
     /// bytes copied (`None` when every expert is resident).
     pub expert_traffic: Option<ExpertTraffic>,

@@ -2,7 +2,8 @@
 //!
 //! Each turn of the loop grants work in two classes, decode first:
 //! 1. **Decode**: every sequence that has a sampled token waiting advances by one row, all of them in one
-//!    forward pass (one pass over the weights for the whole batch).
+//!    forward pass (one pass over the weights for the whole batch). A sequence that speculates feeds its
+//!    drafted tokens after that row in the same pass (`speculate`): a verify pass is decode work.
 //! 2. **Prefill**: one chunk of prompt rows — `prefill_chunk` (512), or `prefill_chunk_busy` (64) while
 //!    any decoder is running, so a long prompt never holds a decoder back by more than one short chunk.
 //!    The chunk's rows go to the sequences still reading their prompts, least left first, so a short
@@ -51,6 +52,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use super::api::*;
 use super::prefix_cache::{checkpoint_bytes, Conversation, PrefixCache};
+use crate::spec::{SpecMode, SpecSettings};
+
+mod speculate;
 use crate::score::{log_sum_exp, top_k};
 use crate::Sampler;
 
@@ -73,6 +77,8 @@ pub struct ServingConfig {
     /// A KV export's send buffer (`KvBacklog`): the bytes of rows queued for the sender and not yet
     /// handed on, beyond which the engine stops reading that prompt until the sender catches up.
     pub kv_send_buffer_bytes: usize,
+    /// Speculative decoding for requests that do not say (`--spec`).
+    pub spec: SpecSettings,
 }
 
 impl Default for ServingConfig {
@@ -90,6 +96,7 @@ impl Default for ServingConfig {
             // Several 512-row chunks of a small model, one of an 8B model (128 KiB a position): the
             // link stays busy while the next chunk is read, and a slow one holds at most this much.
             kv_send_buffer_bytes: 64 << 20,
+            spec: SpecSettings::default(),
         }
     }
 }
@@ -242,6 +249,14 @@ impl EngineHandle for ServingEngine {
                 limit: self.config.max_tokens_limit,
             });
         }
+        if let Some(spec) = request.speculative {
+            spec.validated().map_err(|e| SubmitError::Speculative(e.to_string()))?;
+            if spec.mode == SpecMode::Draft {
+                return Err(SubmitError::Speculative(
+                    "the server drafts by prompt lookup only: use mode \"lookup\"".into(),
+                ));
+            }
+        }
         let need = self.kv_bytes_for(request.prompt.len() + request.max_tokens);
         if need > self.config.kv_budget_bytes {
             return Err(SubmitError::KvBudget {
@@ -278,6 +293,7 @@ impl EngineHandle for ServingEngine {
             sampling: Default::default(),
             stop_ids: Vec::new(),
             top_logprobs: None,
+            speculative: None,
         };
         let backlog = Arc::new(KvBacklog::new(self.config.kv_send_buffer_bytes, waker(&self.shared)));
         let events = self.enqueue(request, Some((from, backlog.clone())))?;
@@ -352,6 +368,8 @@ struct Sequence<K: ServingCache> {
     done: bool,
     /// A KV export's progress.
     export: Option<Export>,
+    /// Drafting state when the request speculates.
+    spec: Option<speculate::SpecState>,
 }
 
 struct Export {
@@ -694,7 +712,9 @@ impl<B: ServingBackend> Loop<B> {
             backlog,
             shipped: false,
         });
+        let spec = speculate::SpecState::new(p.request.speculative.unwrap_or(self.config.spec));
         self.running.push(Sequence {
+            spec,
             history: p.request.prompt.clone(),
             phase: Phase::Prefill { read },
             request: p.request,
@@ -911,7 +931,8 @@ impl<B: ServingBackend> Loop<B> {
         }
     }
 
-    /// One decode step for every sequence with a token waiting: one forward pass for the whole batch.
+    /// One decode step for every sequence with a token waiting: one forward pass for the whole batch,
+    /// each sequence's waiting token followed by its drafts when it speculates.
     fn decode_step(&mut self) -> bool {
         let decoding: Vec<usize> = (0..self.running.len())
             .filter(|&i| matches!(self.running[i].phase, Phase::Decode { .. }))
@@ -919,12 +940,9 @@ impl<B: ServingBackend> Loop<B> {
         if decoding.is_empty() {
             return false;
         }
-        let tokens: Vec<[u32; 1]> = decoding
+        let rows: Vec<Vec<u32>> = decoding
             .iter()
-            .map(|&i| match self.running[i].phase {
-                Phase::Decode { next } => [next],
-                Phase::Prefill { .. } => unreachable!("filtered above"),
-            })
+            .map(|&i| speculate::step_rows(&mut self.running[i]))
             .collect();
         let mut picked: Vec<&mut Sequence<B::Kv>> = Vec::with_capacity(decoding.len());
         for (i, s) in self.running.iter_mut().enumerate() {
@@ -934,25 +952,34 @@ impl<B: ServingBackend> Loop<B> {
         }
         let mut spans: Vec<Span<B::Kv>> = picked
             .iter_mut()
-            .zip(&tokens)
+            .zip(&rows)
             .map(|(s, t)| Span {
                 kv: &mut s.kv,
                 tokens: t,
-                logits: LogitRows::Last,
+                logits: if t.len() > 1 { LogitRows::All } else { LogitRows::Last },
             })
             .collect();
         let (result, took) = timed_forward(&self.model, &mut self.ws, &mut spans);
         drop(spans);
         match result {
             Ok(logits) => {
-                for ((s, t), l) in picked.into_iter().zip(&tokens).zip(logits) {
-                    s.fed.push(t[0]);
-                    Self::emit_next(s, &l);
+                let n_vocab = self.model.config().n_vocab;
+                let mut emitted = 0;
+                let mut spec = crate::spec::SpecStats::default();
+                for ((s, t), l) in picked.into_iter().zip(&rows).zip(logits) {
+                    if s.spec.is_some() {
+                        emitted += speculate::settle(s, t, &l, n_vocab, took, &mut spec);
+                    } else {
+                        s.fed.push(t[0]);
+                        Self::emit_next(s, &l);
+                        emitted += 1;
+                    }
                 }
                 let mut st = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
-                st.decode_tokens_total += tokens.len() as u64;
+                st.decode_tokens_total += emitted as u64;
                 st.decode_seconds_total += took;
                 st.max_decode_step_seconds = st.max_decode_step_seconds.max(took);
+                st.spec.add(&spec);
             }
             Err(e) => {
                 for s in picked {
@@ -1104,44 +1131,7 @@ impl<B: ServingBackend> Loop<B> {
     /// Samples the next token from `logits`, sends it, and decides whether the sequence goes on.
     fn emit_next(s: &mut Sequence<B::Kv>, logits: &[f32]) {
         let token = s.sampler.sample(logits, &s.history);
-        let logprob = s.request.top_logprobs.map(|k| {
-            let lse = log_sum_exp(logits);
-            TokenLogprob {
-                logprob: (logits[token as usize] as f64 - lse) as f32,
-                top: top_k(logits, k)
-                    .into_iter()
-                    .map(|(id, l)| (id, (l as f64 - lse) as f32))
-                    .collect(),
-            }
-        });
-        let now = Instant::now();
-        s.first_token.get_or_insert(now);
-        s.history.push(token);
-        s.generated += 1;
-        let _ = s.events.send(Event::Token { id: token, logprob });
-        let reason = if s.request.stop_ids.contains(&token) {
-            Some(FinishReason::Stop)
-        } else if s.generated >= s.request.max_tokens {
-            Some(FinishReason::Length)
-        } else if s.kv.len() + 1 > s.kv.n_ctx() {
-            Some(FinishReason::ContextFull)
-        } else {
-            None
-        };
-        match reason {
-            Some(reason) => {
-                let first = s.first_token.unwrap_or(now);
-                let timings = RequestTimings {
-                    queued: s.started - s.submitted,
-                    ttft: first - s.submitted,
-                    decode: now - first,
-                    completion_tokens: s.generated,
-                };
-                let _ = s.events.send(Event::Done { reason, timings });
-                s.done = true;
-            }
-            None => s.phase = Phase::Decode { next: token },
-        }
+        emit(s, token, logits);
     }
 
     /// Finished or failed sequences leave the running set; finished conversations go to the cache.
@@ -1190,5 +1180,48 @@ impl<B: ServingBackend> Loop<B> {
         if broken {
             st.kv_accounting_violations += 1;
         }
+    }
+}
+
+/// Sends `token` (chosen from `logits`, which also give its logprob) and decides whether the sequence
+/// goes on (`Decode { next: token }`) or is done.
+fn emit<K: ServingCache>(s: &mut Sequence<K>, token: u32, logits: &[f32]) {
+    let logprob = s.request.top_logprobs.map(|k| {
+        let lse = log_sum_exp(logits);
+        TokenLogprob {
+            logprob: (logits[token as usize] as f64 - lse) as f32,
+            top: top_k(logits, k)
+                .into_iter()
+                .map(|(id, l)| (id, (l as f64 - lse) as f32))
+                .collect(),
+        }
+    });
+    let now = Instant::now();
+    s.first_token.get_or_insert(now);
+    s.history.push(token);
+    s.generated += 1;
+    let _ = s.events.send(Event::Token { id: token, logprob });
+    let reason = if s.request.stop_ids.contains(&token) {
+        Some(FinishReason::Stop)
+    } else if s.generated >= s.request.max_tokens {
+        Some(FinishReason::Length)
+    } else if s.fed.len() + 1 > s.kv.n_ctx() {
+        Some(FinishReason::ContextFull)
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => {
+            let first = s.first_token.unwrap_or(now);
+            let timings = RequestTimings {
+                queued: s.started - s.submitted,
+                ttft: first - s.submitted,
+                decode: now - first,
+                completion_tokens: s.generated,
+            };
+            let _ = s.events.send(Event::Done { reason, timings });
+            s.done = true;
+        }
+        None => s.phase = Phase::Decode { next: token },
     }
 }

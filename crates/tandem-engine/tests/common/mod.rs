@@ -70,5 +70,6 @@ pub fn greedy_request(prompt: Vec<u32>, max_tokens: usize, top_logprobs: Option<
         },
         stop_ids: vec![],
         top_logprobs,
+        speculative: None,
     }
 }

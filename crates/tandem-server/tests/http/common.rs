@@ -165,6 +165,13 @@ impl EngineHandle for Handle {
             running: self.0.running.load(Ordering::SeqCst),
             kv_bytes_budget: 1 << 20,
             n_ctx: N_CTX,
+            spec: tandem_engine::spec::SpecStats {
+                steps: 10,
+                verify_steps: 4,
+                drafted: 12,
+                accepted: 9,
+                emitted: 19,
+            },
             ..Default::default()
         }
     }

@@ -183,3 +183,17 @@ async fn shutdown_grace_cuts_long_streams() {
     assert!(server.engine.shutdown_called.load(std::sync::atomic::Ordering::SeqCst));
     assert!(eventually(5, || server.engine.cancelled() == 1).await);
 }
+
+/// The engine's speculation counters, and the acceptance rate and tokens per step made from them.
+#[tokio::test]
+async fn speculation_metrics() {
+    let server = TestServer::open().await;
+    let m = server.get("/metrics").await.text();
+    assert_eq!(metric(&m, "tandem_spec_drafted_tokens_total"), 12.0);
+    assert_eq!(metric(&m, "tandem_spec_accepted_tokens_total"), 9.0);
+    assert_eq!(metric(&m, "tandem_spec_verify_steps_total"), 4.0);
+    assert_eq!(metric(&m, "tandem_spec_decode_steps_total"), 10.0);
+    assert_eq!(metric(&m, "tandem_spec_emitted_tokens_total"), 19.0);
+    assert_eq!(metric(&m, "tandem_spec_acceptance_rate"), 0.75);
+    assert_eq!(metric(&m, "tandem_spec_tokens_per_step"), 1.9);
+}

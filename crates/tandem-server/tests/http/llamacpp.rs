@@ -132,3 +132,89 @@ async fn health_is_open_even_with_keys() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json(), json!({"status": "ok"}));
 }
+
+/// Per-request speculative settings: tandem's `speculative` object on both routes and llama.cpp's
+/// `speculative.n_max`, filled in from the server's; bad values are 400s naming the field.
+#[tokio::test]
+async fn speculative_settings_reach_the_engine() {
+    use tandem_engine::spec::{SpecMode, SpecSettings};
+    let server = TestServer::open().await;
+    let lookup = |draft_max, adaptive| {
+        Some(SpecSettings {
+            mode: SpecMode::Lookup,
+            draft_max,
+            adaptive,
+        })
+    };
+    server
+        .post_json("/completion", &json!({"prompt": "Count:", "n_predict": 2}))
+        .await;
+    assert_eq!(
+        server.engine.last_request().speculative,
+        None,
+        "not asked: the server's"
+    );
+    server
+        .post_json(
+            "/completion",
+            &json!({"prompt": "Count:", "n_predict": 2, "speculative.n_max": 5}),
+        )
+        .await;
+    assert_eq!(server.engine.last_request().speculative, lookup(5, true));
+    server
+        .post_json(
+            "/completion",
+            &json!({"prompt": "Count:", "n_predict": 2, "speculative.n_max": 0}),
+        )
+        .await;
+    assert_eq!(
+        server.engine.last_request().speculative.map(|s| s.mode),
+        Some(SpecMode::Off)
+    );
+    let r = server
+        .post_json(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                    "speculative": {"mode": "lookup", "n_max": 12, "adaptive": false}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(server.engine.last_request().speculative, lookup(12, false));
+    server
+        .post_json(
+            "/v1/completions",
+            &json!({"prompt": "Count:", "max_tokens": 2, "speculative": {}}),
+        )
+        .await;
+    assert_eq!(
+        server.engine.last_request().speculative,
+        lookup(8, true),
+        "the defaults"
+    );
+
+    for (route, body, param) in [
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "speculative": {"mode": "psychic"}}),
+            "speculative.mode",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "speculative": {"n_max": 1000}}),
+            "speculative.n_max",
+        ),
+        (
+            "/completion",
+            json!({"prompt": "x", "speculative.n_max": -1}),
+            "speculative.n_max",
+        ),
+    ] {
+        let e = server.post_json(route, &body).await.error(400);
+        assert_eq!(e["param"], param, "{body}");
+    }
+    let e = server
+        .post_json("/v1/completions", &json!({"prompt": "x", "speculative": {"draft": 3}}))
+        .await
+        .error(400);
+    assert!(e["message"].as_str().unwrap().contains("draft"), "{e}");
+}

@@ -1,0 +1,151 @@
+//! Speculative decoding in the serving engine, on both real models: a request with prompt-lookup drafts
+//! sends the same tokens with the same logprobs (bits) as without, alone and batched beside requests
+//! that do not speculate, stops at exactly `max_tokens`, leaves a cached conversation that a follow-up
+//! turn reuses, keeps the KV books balanced, and shows its drafts in the stats. On Gemma 3 the licence
+//! prompt runs past the sliding window, so verify passes wrap the rings and are cut back inside them.
+
+mod common;
+
+use common::*;
+use tandem_engine::serve::{EngineHandle, Event, FinishReason, GenerationRequest, ServingConfig, ServingEngine};
+use tandem_engine::spec::{SpecMode, SpecSettings};
+use tandem_gguf::GgufFile;
+use tandem_model::Model;
+
+fn engine(file: &str) -> ServingEngine {
+    let gguf = GgufFile::open(model_path(file)).unwrap();
+    let config = ServingConfig {
+        n_ctx: 2048,
+        ..Default::default()
+    };
+    ServingEngine::start(Model::from_file(gguf, threads()).unwrap(), config)
+}
+
+fn request(prompt: &[u32], max_tokens: usize, spec: Option<SpecSettings>) -> GenerationRequest {
+    GenerationRequest {
+        speculative: spec,
+        ..greedy_request(prompt.to_vec(), max_tokens, Some(2))
+    }
+}
+
+fn lookup(draft_max: usize, adaptive: bool) -> Option<SpecSettings> {
+    Some(SpecSettings {
+        mode: SpecMode::Lookup,
+        draft_max,
+        adaptive,
+    })
+}
+
+/// Tokens with their logprobs' bits, and the finish reason.
+fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<(u32, u32)>, FinishReason, usize) {
+    let (mut tokens, mut reused) = (vec![], 0);
+    while let Some(e) = rx.blocking_recv() {
+        match e {
+            Event::Started { reused: r, .. } => reused = r,
+            Event::Token { id, logprob } => tokens.push((id, logprob.expect("logprobs asked for").logprob.to_bits())),
+            Event::Done { reason, .. } => return (tokens, reason, reused),
+            Event::Failed(m) => panic!("request failed: {m}"),
+            Event::KvRows(_) => panic!("a generation sent KV rows"),
+        }
+    }
+    panic!("the stream ended without Done")
+}
+
+fn check_model((key, file): (&str, &str)) {
+    let golden = golden();
+    let engine = engine(file);
+    let licence = ids(&prompt(&golden, key, "gpl3-long")["ids"]);
+    let code = ids(&prompt(&golden, key, "code")["ids"]);
+    let n = 40;
+    let plain = |p: &[u32]| {
+        engine.flush_cache();
+        collect(engine.submit(request(p, n, None)).unwrap())
+    };
+    let want_licence = plain(&licence);
+    let want_code = plain(&code);
+
+    for spec in [lookup(4, false), lookup(8, true), lookup(16, false)] {
+        engine.flush_cache();
+        let got = collect(engine.submit(request(&licence, n, spec)).unwrap());
+        assert_eq!(
+            got.0, want_licence.0,
+            "{key} licence {spec:?}: tokens or logprobs differ"
+        );
+        assert_eq!(got.1, FinishReason::Length);
+        assert_eq!(got.0.len(), n, "exactly max_tokens");
+    }
+    let stats = engine.stats();
+    assert!(
+        stats.spec.drafted > 0 && stats.spec.accepted > 0,
+        "{key}: {:?}",
+        stats.spec
+    );
+    assert!(
+        stats.spec.emitted > stats.spec.steps,
+        "{key}: drafts gained tokens: {:?}",
+        stats.spec
+    );
+
+    // Batched: one request speculates, the other does not; each sends what it sends alone.
+    engine.flush_cache();
+    let a = engine.submit(request(&licence, n, lookup(8, false))).unwrap();
+    let b = engine.submit(request(&code, n, None)).unwrap();
+    let (a, b) = (collect(a), collect(b));
+    assert_eq!(a.0, want_licence.0, "{key}: speculating beside a plain request");
+    assert_eq!(b.0, want_code.0, "{key}: plain beside a speculating request");
+
+    // The speculating conversation was cached with only what it fed: a follow-up turn reuses it all.
+    let mut follow = licence.clone();
+    follow.extend(a.0.iter().map(|t| t.0));
+    follow.extend(&code[1..]);
+    let cont = collect(engine.submit(request(&follow, 8, lookup(8, true))).unwrap());
+    assert_eq!(
+        cont.2,
+        licence.len() + n - 1,
+        "{key}: the follow-up reuses the whole first turn"
+    );
+    engine.flush_cache();
+    let fresh = collect(engine.submit(request(&follow, 8, None)).unwrap());
+    assert_eq!(cont.0, fresh.0, "{key}: a follow-up on a speculated conversation");
+
+    // A step never drafts past max_tokens: short requests end exactly there.
+    for max_tokens in [1, 2, 3] {
+        let got = collect(engine.submit(request(&licence, max_tokens, lookup(8, false))).unwrap());
+        assert_eq!(
+            got.0[..],
+            want_licence.0[..max_tokens],
+            "{key}: max_tokens {max_tokens}"
+        );
+    }
+    assert_eq!(engine.stats().kv_accounting_violations, 0);
+}
+
+#[test]
+fn gemma3_speculating_requests_send_the_same_bits() {
+    check_model(GEMMA);
+}
+
+#[test]
+fn smollm2_speculating_requests_send_the_same_bits() {
+    check_model(SMOLLM);
+}
+
+#[test]
+fn draft_model_requests_are_refused_with_a_reason() {
+    let engine = engine(SMOLLM.1);
+    let spec = Some(SpecSettings {
+        mode: SpecMode::Draft,
+        draft_max: 4,
+        adaptive: true,
+    });
+    let err = engine.submit(request(&[1, 2, 3], 4, spec)).unwrap_err();
+    assert!(err.to_string().contains("lookup"), "{err}");
+    let too_long = Some(SpecSettings {
+        draft_max: 10_000,
+        ..lookup(4, true).unwrap()
+    });
+    assert!(engine.submit(request(&[1, 2, 3], 4, too_long)).is_err());
+    // The engine keeps serving.
+    let (tokens, reason, _) = collect(engine.submit(request(&[1, 2, 3], 4, lookup(4, true))).unwrap());
+    assert_eq!((tokens.len(), reason), (4, FinishReason::Length));
+}
