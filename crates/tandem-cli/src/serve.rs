@@ -9,7 +9,6 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem_cuda::CudaModel;
 use tandem_engine::serve::{RemotePrefill, ServingConfig};
-use tandem_engine::spec::SpecMode;
 use tandem_model::{Model, ServingBackend};
 use tandem_runtime::{on_model, Device, DeviceModel};
 use tandem_server::{AppState, ServerConfig};
@@ -30,8 +29,8 @@ pub struct ServeArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long, short = 't')]
     threads: Option<usize>,
-    /// Speculative decoding for requests that do not set their own `speculative` (the server drafts by
-    /// prompt lookup).
+    /// Speculative decoding for requests that do not set their own `speculative`; with `--draft-model`,
+    /// requests may also ask for drafts from it.
     #[command(flatten)]
     spec: SpecArgs,
     /// Context per sequence, in tokens (default: the model's, at most 8192).
@@ -200,9 +199,6 @@ fn limit(secs: f64) -> Option<Duration> {
 pub fn serve(args: &ServeArgs) -> Result<()> {
     // Before the model loads (or downloads): a wrong role or setting is known at once.
     let spec = args.spec.settings()?;
-    if spec.mode == SpecMode::Draft {
-        bail!("the server drafts by prompt lookup only: use --spec lookup");
-    }
     if args.role == Role::Decode && args.prefill_peers.is_empty() {
         bail!("--role decode needs at least one --prefill-peer URL");
     }
@@ -224,6 +220,21 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let template = ChatTemplate::from_gguf(&file)?;
     let model = Model::from_file(file, threads)?;
+    // A draft model (`--spec draft`) serves every request that speculates with one.
+    let draft = match &args.spec.draft_model {
+        Some(m) => {
+            let draft_path = crate::registry::resolve(m)?;
+            let draft = Model::from_file(tandem_gguf::GgufFile::open(&draft_path)?, threads)
+                .with_context(|| format!("draft model {}", draft_path.display()))?;
+            let (want, got) = (model.config.n_vocab, draft.config.n_vocab);
+            if want != got {
+                bail!("the draft model has {got} tokens in its vocabulary, the target {want}: they must share one");
+            }
+            Some(draft)
+        }
+        None => None,
+    };
+    let has_draft = draft.is_some();
     let peers = args
         .prefill_peers
         .iter()
@@ -311,7 +322,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         kv_budget: args.kv_budget,
     };
     // The engine thread places the model: a GPU's context belongs to the thread that made it.
-    let engine = tandem_runtime::start_serving(
+    let engine = tandem_runtime::start_serving_with_draft(
         device,
         move || {
             let placed = place(model, device, gpu.verbose)?;
@@ -319,8 +330,10 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
                 check_gpu(cuda, &gpu)?;
             }
             warm.run(&placed)?;
-            Ok::<_, anyhow::Error>(placed)
+            let draft = draft.map(|d| place(d, device, false)).transpose()?;
+            Ok::<_, anyhow::Error>((placed, draft))
         },
+        has_draft,
         serving,
     )?;
     let device = match device {

@@ -352,3 +352,35 @@ fn serves_a_mixture_of_experts() {
     );
     std::fs::remove_file(&path).ok();
 }
+
+/// `serve --spec draft --draft-model` (the real Gemma 3 drafting for itself): greedy replies equal
+/// a plain server's on every route's spelling of the setting, the drafts show in `/metrics`.
+#[test]
+fn serves_with_a_draft_model() {
+    let plain = start(&[]);
+    let spec = start(&["--spec", "draft", "--draft-model", "gemma3-270m", "--draft-max", "4"]);
+    let prompt = "The GNU General Public License is a free, copyleft license for software and other kinds of \
+                  works. The licenses for most software and other practical works are designed to take away";
+    let (_, want) = post(plain.port, "/v1/completions", greedy(prompt, 24));
+    for body in [
+        greedy(prompt, 24),
+        json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "speculative": {"mode": "lookup"}}),
+        json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "speculative": {"mode": "off"}}),
+    ] {
+        let (status, got) = post(spec.port, "/v1/completions", body.clone());
+        assert_eq!(status, 200, "{got}");
+        assert_eq!(text_of(&got), text_of(&want), "{body}");
+    }
+    assert!(metric(spec.port, "tandem_spec_drafted_tokens_total") > 0.0);
+    assert_eq!(
+        metric(spec.port, "tandem_spec_acceptance_rate"),
+        1.0,
+        "a model agrees with itself"
+    );
+    let (status, reply) = post(
+        plain.port,
+        "/v1/completions",
+        json!({"prompt": prompt, "speculative": {"mode": "draft"}}),
+    );
+    assert_eq!(status, 400, "no draft model: {reply}");
+}

@@ -3,6 +3,7 @@
 //! that do not speculate, stops at exactly `max_tokens`, leaves a cached conversation that a follow-up
 //! turn reuses, keeps the KV books balanced, and shows its drafts in the stats. On Gemma 3 the licence
 //! prompt runs past the sliding window, so verify passes wrap the rings and are cut back inside them.
+//! A server with a draft model drafts with it for the requests that ask.
 
 mod common;
 
@@ -128,6 +129,51 @@ fn gemma3_speculating_requests_send_the_same_bits() {
 #[test]
 fn smollm2_speculating_requests_send_the_same_bits() {
     check_model(SMOLLM);
+}
+
+/// A server with a draft model (here the target itself, which agrees with every greedy draft): requests
+/// that draft with it send the same bits as plain ones, alone and two at a time, past Gemma 3's window.
+#[test]
+fn a_draft_model_drafts_for_requests() {
+    let golden = golden();
+    let (key, file) = GEMMA;
+    let load = || Model::from_file(GgufFile::open(model_path(file)).unwrap(), threads()).unwrap();
+    let config = ServingConfig {
+        n_ctx: 2048,
+        ..Default::default()
+    };
+    let engine = ServingEngine::start_with_draft(
+        move || Ok::<_, std::convert::Infallible>((load(), Some(load()))),
+        true,
+        config,
+    )
+    .unwrap_or_else(|e| match e {});
+    let licence = ids(&prompt(&golden, key, "gpl3-long")["ids"]);
+    let code = ids(&prompt(&golden, key, "code")["ids"]);
+    let n = 24;
+    let draft = Some(SpecSettings {
+        mode: SpecMode::Draft,
+        draft_max: 6,
+        adaptive: false,
+    });
+    let want: Vec<_> = [&licence, &code]
+        .iter()
+        .map(|p| {
+            engine.flush_cache();
+            collect(engine.submit(request(p, n, None)).unwrap()).0
+        })
+        .collect();
+    engine.flush_cache();
+    let got = collect(engine.submit(request(&licence, n, draft)).unwrap());
+    assert_eq!(got.0, want[0], "drafted by the model itself");
+    let s = engine.stats().spec;
+    assert!(s.drafted > 0 && s.accepted == s.drafted, "{s:?}");
+    engine.flush_cache();
+    let a = engine.submit(request(&licence, n, draft)).unwrap();
+    let b = engine.submit(request(&code, n, draft)).unwrap();
+    assert_eq!(collect(a).0, want[0], "two drafting requests at once");
+    assert_eq!(collect(b).0, want[1], "two drafting requests at once");
+    assert_eq!(engine.stats().kv_accounting_violations, 0);
 }
 
 #[test]

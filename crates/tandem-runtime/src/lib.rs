@@ -183,20 +183,41 @@ pub fn start_serving<E: From<Misplaced> + Send + 'static>(
     load: impl FnOnce() -> Result<DeviceModel, E> + Send + 'static,
     config: ServingConfig,
 ) -> Result<ServingEngine, E> {
+    start_serving_with_draft(device, move || Ok((load()?, None)), false, config)
+}
+
+/// `start_serving`, where `load` also places a draft model on the same device (`has_draft`: it will)
+/// for requests that speculate with one.
+pub fn start_serving_with_draft<E: From<Misplaced> + Send + 'static>(
+    device: Device,
+    load: impl FnOnce() -> Result<(DeviceModel, Option<DeviceModel>), E> + Send + 'static,
+    has_draft: bool,
+    config: ServingConfig,
+) -> Result<ServingEngine, E> {
     let misplaced = move || E::from(Misplaced { asked: device });
     match device {
-        Device::Cpu => ServingEngine::start_with(
-            move || match load()? {
-                DeviceModel::Cpu(m) => Ok(*m),
-                DeviceModel::Cuda(_) => Err(misplaced()),
+        Device::Cpu => ServingEngine::start_with_draft(
+            move || {
+                let cpu = |m: DeviceModel| match m {
+                    DeviceModel::Cpu(m) => Ok(*m),
+                    DeviceModel::Cuda(_) => Err(misplaced()),
+                };
+                let (model, draft) = load()?;
+                Ok((cpu(model)?, draft.map(cpu).transpose()?))
             },
+            has_draft,
             config,
         ),
-        Device::Cuda { .. } => ServingEngine::start_with(
-            move || match load()? {
-                DeviceModel::Cuda(m) => Ok(*m),
-                DeviceModel::Cpu(_) => Err(misplaced()),
+        Device::Cuda { .. } => ServingEngine::start_with_draft(
+            move || {
+                let cuda = |m: DeviceModel| match m {
+                    DeviceModel::Cuda(m) => Ok(*m),
+                    DeviceModel::Cpu(_) => Err(misplaced()),
+                };
+                let (model, draft) = load()?;
+                Ok((cuda(model)?, draft.map(cuda).transpose()?))
             },
+            has_draft,
             config,
         ),
     }

@@ -330,8 +330,8 @@ pub fn response_id(prefix: &str) -> String {
     format!("{prefix}-{:016x}{:08x}", random_u64(), random_u64() as u32)
 }
 
-/// A request's `speculative` object (both routes): `{"mode": "off" | "lookup", "n_max": K, "adaptive":
-/// bool}`, each field optional.
+/// A request's `speculative` object (both routes): `{"mode": "off" | "lookup" | "draft", "n_max": K,
+/// "adaptive": bool}`, each field optional (`draft` needs a server started with `--draft-model`).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeField {

@@ -128,6 +128,8 @@ pub struct ServingEngine {
     /// Sizes a request's KV need (`bytes_at`) without the model.
     sizing: KvSizing,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// A draft model runs beside the target (`start_with_draft`).
+    has_draft: bool,
 }
 
 impl ServingEngine {
@@ -141,6 +143,22 @@ impl ServingEngine {
     /// error comes back here. KV for all sequences (running and cached) is capped at `kv_budget_bytes`.
     pub fn start_with<B, E>(
         load: impl FnOnce() -> Result<B, E> + Send + 'static,
+        config: ServingConfig,
+    ) -> Result<Self, E>
+    where
+        B: ServingBackend + 'static,
+        E: Send + 'static,
+    {
+        Self::start_with_draft(move || load().map(|model| (model, None)), false, config)
+    }
+
+    /// `start_with`, where `load` also makes a draft model (sharing the target's vocabulary) for
+    /// requests that speculate with one (`has_draft` says whether it will). The draft's caches come
+    /// from a pool of its own, capped at `kv_budget_bytes` too; a request whose draft finds no room
+    /// decodes without drafts.
+    pub fn start_with_draft<B, E>(
+        load: impl FnOnce() -> Result<(B, Option<B>), E> + Send + 'static,
+        has_draft: bool,
         config: ServingConfig,
     ) -> Result<Self, E>
     where
@@ -165,8 +183,8 @@ impl ServingEngine {
         let thread = std::thread::Builder::new()
             .name("tandem-engine".into())
             .spawn(move || {
-                let mut model = match load() {
-                    Ok(model) => model,
+                let (mut model, draft) = match load() {
+                    Ok(models) => models,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
                         return;
@@ -174,9 +192,18 @@ impl ServingEngine {
                 };
                 model.set_kv_budget(loop_config.kv_budget_bytes);
                 model.set_ring_slack(RING_SLACK);
+                let draft = draft.map(|mut d| {
+                    d.set_kv_budget(loop_config.kv_budget_bytes);
+                    d.set_ring_slack(RING_SLACK);
+                    speculate::DraftRunner {
+                        engine: crate::Engine::new(d),
+                        n_ctx: loop_config.n_ctx,
+                        prefill_chunk: loop_config.prefill_chunk,
+                    }
+                });
                 let sizing = model.kv_sizing(loop_config.n_ctx);
                 if ready_tx.send(Ok(sizing.clone())).is_ok() {
-                    Loop::new(model, sizing, loop_config, loop_shared).run();
+                    Loop::new(model, draft, sizing, loop_config, loop_shared).run();
                 }
             })
             .expect("spawning the engine thread");
@@ -199,6 +226,7 @@ impl ServingEngine {
             config,
             sizing,
             thread: Mutex::new(Some(thread)),
+            has_draft,
         })
     }
 
@@ -251,9 +279,9 @@ impl EngineHandle for ServingEngine {
         }
         if let Some(spec) = request.speculative {
             spec.validated().map_err(|e| SubmitError::Speculative(e.to_string()))?;
-            if spec.mode == SpecMode::Draft {
+            if spec.mode == SpecMode::Draft && !self.has_draft {
                 return Err(SubmitError::Speculative(
-                    "the server drafts by prompt lookup only: use mode \"lookup\"".into(),
+                    "this server has no draft model (serve --draft-model): use mode \"lookup\"".into(),
                 ));
             }
         }
@@ -369,7 +397,7 @@ struct Sequence<K: ServingCache> {
     /// A KV export's progress.
     export: Option<Export>,
     /// Drafting state when the request speculates.
-    spec: Option<speculate::SpecState>,
+    spec: Option<speculate::SpecState<K>>,
 }
 
 struct Export {
@@ -431,13 +459,22 @@ struct Loop<B: ServingBackend> {
     sizing: KvSizing,
     /// Remote prefills under way (invisible to the decode and prefill steps).
     remote: Vec<RemoteFill<B::Kv>>,
+    /// The draft model of requests that speculate with one.
+    draft: Option<speculate::DraftRunner<B>>,
 }
 
 impl<B: ServingBackend> Loop<B> {
-    fn new(model: B, sizing: KvSizing, config: ServingConfig, shared: Arc<Shared>) -> Self {
+    fn new(
+        model: B,
+        draft: Option<speculate::DraftRunner<B>>,
+        sizing: KvSizing,
+        config: ServingConfig,
+        shared: Arc<Shared>,
+    ) -> Self {
         Loop {
             sizing,
             model,
+            draft,
             config,
             shared,
             ws: B::Scratch::default(),
@@ -712,7 +749,8 @@ impl<B: ServingBackend> Loop<B> {
             backlog,
             shipped: false,
         });
-        let spec = speculate::SpecState::new(p.request.speculative.unwrap_or(self.config.spec));
+        let settings = p.request.speculative.unwrap_or(self.config.spec);
+        let spec = speculate::SpecState::new(settings, &p.request.sampling);
         self.running.push(Sequence {
             spec,
             history: p.request.prompt.clone(),
@@ -942,7 +980,7 @@ impl<B: ServingBackend> Loop<B> {
         }
         let rows: Vec<Vec<u32>> = decoding
             .iter()
-            .map(|&i| speculate::step_rows(&mut self.running[i]))
+            .map(|&i| speculate::step_rows(&mut self.running[i], self.draft.as_mut()))
             .collect();
         let mut picked: Vec<&mut Sequence<B::Kv>> = Vec::with_capacity(decoding.len());
         for (i, s) in self.running.iter_mut().enumerate() {

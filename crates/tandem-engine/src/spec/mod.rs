@@ -25,7 +25,7 @@ use crate::sampling::Distribution;
 use crate::EngineError;
 
 pub use accept::{verify, Verdict};
-pub use draft_model::DraftModel;
+pub use draft_model::{DraftCache, DraftModel};
 pub use length::DraftLength;
 pub use lookup::PromptLookup;
 

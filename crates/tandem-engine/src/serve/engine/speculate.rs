@@ -1,55 +1,103 @@
 //! Speculative decode steps in the serving loop. A sequence that speculates feeds its waiting token and
-//! up to `k` tokens drafted by prompt lookup as `k + 1` rows of the batch's decode pass; afterwards the
-//! target's logits judge the drafts (`spec::verify`), the kept drafts and one more token are sent in
-//! order, and the cache is cut back past the rest. The draft length follows the sequence's own
-//! acceptance rate and the pass times (`DraftLength`), and never takes the sequence past its
-//! `max_tokens` (so past its KV reservation), its context, or what its rings can be cut back from
-//! (`ServingCache::rewind_room`).
+//! up to `k` drafted tokens as `k + 1` rows of the batch's decode pass; afterwards the target's logits
+//! judge the drafts (`spec::verify`), the kept drafts and one more token are sent in order, and the
+//! cache is cut back past the rest. Drafts come from prompt lookup or from the server's draft model
+//! (`--draft-model`: one engine shared by every request, a cache of its own per sequence, made on its
+//! first draft). The draft length follows the sequence's own acceptance rate and the pass times
+//! (`DraftLength`), and never takes the sequence past its `max_tokens` (so past its KV reservation),
+//! its context, or what its rings can be cut back from (`ServingCache::rewind_room`).
+//!
+//! The draft model's caches come from its own pool, capped like the target's; a sequence whose draft
+//! cannot get one (or whose draft pass fails) goes on without drafts, never fails for it.
 
-use tandem_model::ServingCache;
+use tandem_model::{SequenceCache, ServingBackend, ServingCache};
 
 use super::{emit, Phase, Sequence};
-use crate::spec::{verify, DraftLength, PromptLookup, Proposer, SpecMode, SpecSettings, SpecStats};
+use crate::sampling::{Distribution, Sampler, SamplingParams};
+use crate::spec::draft_model::draft_sampling;
+use crate::spec::{verify, DraftCache, DraftLength, PromptLookup, Proposer, SpecMode, SpecSettings, SpecStats};
+use crate::Engine;
 
-/// A speculating sequence's drafter and draft-length estimates.
-pub(super) struct SpecState {
-    lookup: PromptLookup,
-    length: DraftLength,
+/// The server's draft model.
+pub(super) struct DraftRunner<B: ServingBackend> {
+    pub engine: Engine<B>,
+    pub n_ctx: usize,
+    pub prefill_chunk: usize,
 }
 
-impl SpecState {
-    /// The state `settings` ask for (`None`: no speculation). The serving engine drafts by lookup only
-    /// (requests for a draft model are refused at submission).
-    pub(super) fn new(settings: SpecSettings) -> Option<Self> {
-        (settings.mode == SpecMode::Lookup).then(|| SpecState {
-            lookup: PromptLookup::default(),
+enum Source<K> {
+    Lookup(PromptLookup),
+    Draft { cache: DraftCache<K>, sampler: Sampler },
+}
+
+/// A speculating sequence's drafter, draft-length estimates, and the distributions of the drafts now
+/// in flight (a sampling draft model's).
+pub(super) struct SpecState<K> {
+    source: Source<K>,
+    length: DraftLength,
+    dists: Option<Vec<Distribution>>,
+}
+
+impl<K: ServingCache> SpecState<K> {
+    /// The state `settings` ask for (`None`: no speculation); a draft model samples with the request's
+    /// settings and draws of its own.
+    pub(super) fn new(settings: SpecSettings, sampling: &SamplingParams) -> Option<Self> {
+        let source = match settings.mode {
+            SpecMode::Off => return None,
+            SpecMode::Lookup => Source::Lookup(PromptLookup::default()),
+            SpecMode::Draft => Source::Draft {
+                cache: DraftCache::default(),
+                sampler: Sampler::new(draft_sampling(sampling.clone())),
+            },
+        };
+        Some(SpecState {
+            source,
             length: DraftLength::new(settings.draft_max, settings.adaptive),
+            dists: None,
         })
     }
 }
 
 /// The rows sequence `s` (decoding) feeds this step: its waiting token, then its drafts.
-pub(super) fn step_rows<K: ServingCache>(s: &mut Sequence<K>) -> Vec<u32> {
+pub(super) fn step_rows<B: ServingBackend>(s: &mut Sequence<B::Kv>, draft: Option<&mut DraftRunner<B>>) -> Vec<u32> {
     let Phase::Decode { next } = s.phase else {
         unreachable!("only decoding sequences take a decode step")
     };
     let mut rows = vec![next];
-    if let Some(spec) = &mut s.spec {
-        // The step sends up to k + 1 tokens: within max_tokens, and its rows within the context.
-        let left = s.request.max_tokens.saturating_sub(s.generated);
-        let room = s.kv.n_ctx().saturating_sub(s.kv.len() + 1);
-        let k = spec
-            .length
-            .choose()
-            .min(left.saturating_sub(1))
-            .min(room)
-            .min(s.kv.rewind_room());
-        if k > 0 {
-            // Lookup cannot fail; a proposer that did would only cost this step its drafts.
-            if let Ok(draft) = spec.lookup.propose(&s.history, k) {
-                rows.extend(draft.tokens.iter().take(k));
-            }
+    let Some(spec) = &mut s.spec else {
+        return rows;
+    };
+    // The step sends up to k + 1 tokens: within max_tokens, and its rows within the context.
+    let left = s.request.max_tokens.saturating_sub(s.generated);
+    let room = s.kv.n_ctx().saturating_sub(s.kv.len() + 1);
+    let k = spec
+        .length
+        .choose()
+        .min(left.saturating_sub(1))
+        .min(room)
+        .min(s.kv.rewind_room());
+    spec.dists = None;
+    if k == 0 {
+        return rows;
+    }
+    let drafted = match (&mut spec.source, draft) {
+        (Source::Lookup(lookup), _) => lookup.propose(&s.history, k),
+        (Source::Draft { cache, sampler }, Some(d)) => {
+            cache.propose(&mut d.engine, sampler, &s.history, k, d.n_ctx, d.prefill_chunk)
         }
+        (Source::Draft { .. }, None) => unreachable!("draft requests are refused without a draft model"),
+    };
+    match drafted {
+        Ok(draft) => {
+            let n = draft.tokens.len().min(k);
+            rows.extend_from_slice(&draft.tokens[..n]);
+            spec.dists = draft.dists.map(|mut d| {
+                d.truncate(n);
+                d
+            });
+        }
+        // No room for the draft's cache, or its pass failed: this sequence goes on without drafts.
+        Err(_) => s.spec = None,
     }
     rows
 }
@@ -66,7 +114,8 @@ pub(super) fn settle<K: ServingCache>(
     stats: &mut SpecStats,
 ) -> usize {
     let drafts = &rows[1..];
-    let verdict = verify(&mut s.sampler, logits, n_vocab, &s.history, drafts, None);
+    let dists = s.spec.as_mut().and_then(|spec| spec.dists.take());
+    let verdict = verify(&mut s.sampler, logits, n_vocab, &s.history, drafts, dists.as_deref());
     if let Some(spec) = &mut s.spec {
         spec.length.record(drafts.len(), verdict.accepted, took);
     }
