@@ -150,7 +150,7 @@ impl ServingCache for SequenceKv {
     fn rewind_room(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| l.placement.rewind_room(l.window))
+            .map(|l| l.placement.rewind_room(l.window, self.n_ctx))
             .min()
             .unwrap_or(usize::MAX)
     }

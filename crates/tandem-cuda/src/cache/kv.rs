@@ -147,7 +147,7 @@ impl ServingCache for GpuSequenceKv {
     fn rewind_room(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| l.placement.rewind_room(l.window))
+            .map(|l| l.placement.rewind_room(l.window, self.n_ctx()))
             .min()
             .unwrap_or(usize::MAX)
     }

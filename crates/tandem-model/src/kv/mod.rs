@@ -613,6 +613,9 @@ mod tests {
                 layer.store_and_attend(&k, &k, t, staging, |_| {}).unwrap();
             }
         };
+        // A ring as long as the context never wraps: nothing limits a pass.
+        let pool = KvPool::new(width, None);
+        assert_eq!(SequenceKv::new(&config, 400, 0, &pool).rewind_room(), usize::MAX);
         for slack in [0, 8, RING_SLACK] {
             let pool = KvPool::new(width, None);
             assert_eq!(SequenceKv::new(&config, 4096, slack, &pool).rewind_room(), slack);

@@ -59,11 +59,15 @@ impl RingPlacement {
     }
 
     /// Rows a pass may write past the end and still be cut back to any position after the end
-    /// (`window`: the layer's). A ring keeps `capacity - window` rows past its window, and a pass of
-    /// that many rows overwrites only rows older than any later query sees; a layer that keeps every
-    /// key has no limit.
-    pub fn rewind_room(&self, window: Option<usize>) -> usize {
-        window.map_or(usize::MAX, |w| self.capacity.saturating_sub(w))
+    /// (`window`: the layer's; `n_ctx`: the most positions the sequence holds). A ring keeps
+    /// `capacity - window` rows past its window, and a pass of that many rows overwrites only rows
+    /// older than any later query sees; a layer that keeps every key, or a ring as long as the
+    /// context (it never wraps), has no limit.
+    pub fn rewind_room(&self, window: Option<usize>, n_ctx: usize) -> usize {
+        match window {
+            Some(w) if self.capacity < n_ctx => self.capacity.saturating_sub(w),
+            _ => usize::MAX,
+        }
     }
 
     /// Drops every position from `pos` on (checked with `can_truncate` first).
