@@ -112,7 +112,7 @@ def main():
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=1)
     print("| model | text | Tandem tok/s off / lookup | gain | acceptance, tokens/step | "
-          "llama.cpp tok/s simple / lookup | gain | acceptance | Tandem lookup / llama.cpp lookup |")
+          "llama.cpp tok/s no drafts / lookup | gain | acceptance | Tandem lookup / llama.cpp lookup |")
     print("|---|---|---|---:|---|---|---:|---:|---:|")
     for r in rows:
         m = r["median_tok_s"]
