@@ -512,12 +512,12 @@ fn chat_on<B: EngineBackend>(
         let ids = loaded.tokenizer.try_encode(&prompt, true, true)?;
         // Strip the BOS the template may have written besides the tokenizer's own.
         let ids = dedup_bos(loaded.tokenizer, ids);
-        let new = if ids.starts_with(&cached) && cached.len() < ids.len() {
-            &ids[cached.len()..]
+        let (earlier, new) = if ids.starts_with(&cached) && cached.len() < ids.len() {
+            ids.split_at(cached.len())
         } else {
             kv = engine.try_new_sequence(loaded.n_ctx)?;
             cached.clear();
-            &ids[..]
+            (&[][..], &ids[..])
         };
         let opts = GenerateOptions {
             max_tokens: args.sampling.max_tokens,
@@ -527,7 +527,7 @@ fn chat_on<B: EngineBackend>(
         };
         let mut stream = loaded.tokenizer.stream_decoder(false);
         let mut out = std::io::stdout().lock();
-        let (completion, timings) = spec.generate(engine, &mut kv, new, &opts, |id| {
+        let (completion, timings) = spec.generate_after(earlier, engine, &mut kv, new, &opts, |id| {
             let piece = stream.push(id);
             write!(out, "{piece}").and_then(|_| out.flush()).is_ok()
         })?;

@@ -123,6 +123,20 @@ impl<B: EngineBackend> Speculator<B> {
         opts: &GenerateOptions,
         on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, Timings)> {
+        self.generate_after(&[], engine, kv, prompt, opts, on_token)
+    }
+
+    /// `generate` on a cache that holds `earlier` already (a chat's previous turns), which the drafts
+    /// are drawn from too.
+    pub fn generate_after(
+        &mut self,
+        earlier: &[u32],
+        engine: &mut Engine<B>,
+        kv: &mut B::Kv,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, Timings)> {
         let proposer: &mut dyn tandem_engine::spec::Proposer = match &mut self.source {
             Source::Off => return Ok(engine.generate(kv, prompt, opts, on_token)?),
             Source::Lookup(lookup) => lookup,
@@ -132,7 +146,7 @@ impl<B: EngineBackend> Speculator<B> {
             }
         };
         let (completion, timings, stats) =
-            engine.generate_speculative(kv, prompt, opts, proposer, &mut self.length, on_token)?;
+            engine.generate_speculative_after(earlier, kv, prompt, opts, proposer, &mut self.length, on_token)?;
         self.stats.add(&stats);
         Ok((completion, timings))
     }

@@ -29,6 +29,23 @@ where
         opts: &GenerateOptions,
         proposer: &mut dyn Proposer,
         length: &mut DraftLength,
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, Timings, SpecStats), EngineError> {
+        self.generate_speculative_after(&[], kv, prompt, opts, proposer, length, on_token)
+    }
+
+    /// `generate_speculative` on a cache that already holds `earlier` (a conversation's previous
+    /// turns): the proposer sees them before `prompt`, so it drafts from the whole conversation; the
+    /// sampler's history is `prompt` on, as `generate`'s is.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_speculative_after(
+        &mut self,
+        earlier: &[u32],
+        kv: &mut B::Kv,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        proposer: &mut dyn Proposer,
+        length: &mut DraftLength,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, Timings, SpecStats), EngineError> {
         if opts.max_tokens == 0 {
@@ -45,6 +62,8 @@ where
         let mut sampler = Sampler::new(opts.sampling.clone());
         let mut stats = SpecStats::default();
         let mut history = prompt.to_vec();
+        // What the proposer sees: the earlier turns, then `history`.
+        let mut context = [earlier, prompt].concat();
         let mut completion = Vec::new();
         // The first token comes from the prompt's logits, as without drafts.
         let first = sampler.sample(&logits, &history);
@@ -61,6 +80,7 @@ where
             for (i, &token) in pending.iter().enumerate() {
                 completion.push(token);
                 history.push(token);
+                context.push(token);
                 fed_through = i;
                 let full = base + i >= kv.n_ctx();
                 if !on_token(token) || opts.stop_ids.contains(&token) || completion.len() >= opts.max_tokens || full {
@@ -87,7 +107,7 @@ where
                 .min(room)
                 .min(kv.rewind_room());
             let draft = if k > 0 {
-                proposer.propose(&history, k)?
+                proposer.propose(&context, k)?
             } else {
                 Default::default()
             };
