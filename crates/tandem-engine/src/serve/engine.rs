@@ -198,7 +198,10 @@ impl ServingEngine {
                     speculate::DraftRunner {
                         engine: crate::Engine::new(d),
                         n_ctx: loop_config.n_ctx,
-                        prefill_chunk: loop_config.prefill_chunk,
+                        read: crate::spec::draft_model::DraftRead {
+                            chunk: loop_config.prefill_chunk_busy.max(1),
+                            most: loop_config.prefill_chunk_busy.max(1),
+                        },
                     }
                 });
                 let sizing = model.kv_sizing(loop_config.n_ctx);

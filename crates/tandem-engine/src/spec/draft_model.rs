@@ -35,7 +35,9 @@ impl<K: ServingCache> DraftCache<K> {
     /// Up to `k` tokens after `history` from the draft model `engine`, picked by `sampler` (whose
     /// distributions come along unless it is greedy). The cache keeps what it shares with `history`
     /// (all but its last token, read again for its logits), from scratch when a ring cannot go back
-    /// that far; it holds up to `n_ctx` positions and reads new history in chunks of `prefill_chunk`.
+    /// that far; it holds up to `n_ctx` positions and reads new history in chunks of `read.chunk`.
+    /// When more than `read.most` tokens are new, it reads that many and drafts nothing this time (a
+    /// serving step stays short while a request's draft catches up with its prompt).
     pub fn propose<B: Backend<Kv = K>>(
         &mut self,
         engine: &mut Engine<B>,
@@ -43,7 +45,7 @@ impl<K: ServingCache> DraftCache<K> {
         history: &[u32],
         k: usize,
         n_ctx: usize,
-        prefill_chunk: usize,
+        read: DraftRead,
     ) -> Result<Draft, EngineError> {
         // The history and every draft but the last (never fed) must fit the draft's context.
         let k = k.min((n_ctx + 1).saturating_sub(history.len()));
@@ -72,7 +74,15 @@ impl<K: ServingCache> DraftCache<K> {
         };
         let kv = self.kv.insert(kv);
         let from = self.fed.len();
-        let mut logits = engine.prefill(kv, &history[from..], prefill_chunk)?;
+        if history.len() - from > read.most {
+            let part = &history[from..from + read.most];
+            for piece in part.chunks(read.chunk.max(1)) {
+                engine.forward(kv, piece, LogitRows::None)?;
+            }
+            self.fed.extend_from_slice(part);
+            return Ok(Draft::default());
+        }
+        let mut logits = engine.prefill(kv, &history[from..], read.chunk)?;
         self.fed.extend_from_slice(&history[from..]);
         let mut seen = history.to_vec();
         let greedy = sampler.params().temperature <= 0.0;
@@ -96,6 +106,14 @@ impl<K: ServingCache> DraftCache<K> {
             dists: (!greedy).then_some(dists),
         })
     }
+}
+
+/// How a draft cache reads the history it has not seen: in chunks of `chunk` rows, at most `most` rows
+/// a proposal.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftRead {
+    pub chunk: usize,
+    pub most: usize,
 }
 
 /// The draft model's seed: varied from the request's so the draft does not mirror the target's
@@ -152,13 +170,11 @@ impl<B: ServingBackend> DraftModel<B> {
 
 impl<B: ServingBackend> Proposer for DraftModel<B> {
     fn propose(&mut self, history: &[u32], k: usize) -> Result<Draft, EngineError> {
-        self.cache.propose(
-            &mut self.engine,
-            &mut self.sampler,
-            history,
-            k,
-            self.n_ctx,
-            self.prefill_chunk,
-        )
+        let read = DraftRead {
+            chunk: self.prefill_chunk,
+            most: usize::MAX,
+        };
+        self.cache
+            .propose(&mut self.engine, &mut self.sampler, history, k, self.n_ctx, read)
     }
 }

@@ -14,7 +14,7 @@ use tandem_model::{SequenceCache, ServingBackend, ServingCache};
 
 use super::{emit, Phase, Sequence};
 use crate::sampling::{Distribution, Sampler, SamplingParams};
-use crate::spec::draft_model::draft_sampling;
+use crate::spec::draft_model::{draft_sampling, DraftRead};
 use crate::spec::{verify, DraftCache, DraftLength, PromptLookup, Proposer, SpecMode, SpecSettings, SpecStats};
 use crate::Engine;
 
@@ -22,7 +22,9 @@ use crate::Engine;
 pub(super) struct DraftRunner<B: ServingBackend> {
     pub engine: Engine<B>,
     pub n_ctx: usize,
-    pub prefill_chunk: usize,
+    /// How a request's draft cache catches up with its history: at most a busy prefill chunk a step,
+    /// so a decode step with a fresh draft cache is not held up by reading a whole prompt.
+    pub read: DraftRead,
 }
 
 enum Source<K> {
@@ -83,7 +85,7 @@ pub(super) fn step_rows<B: ServingBackend>(s: &mut Sequence<B::Kv>, draft: Optio
     let drafted = match (&mut spec.source, draft) {
         (Source::Lookup(lookup), _) => lookup.propose(&s.history, k),
         (Source::Draft { cache, sampler }, Some(d)) => {
-            cache.propose(&mut d.engine, sampler, &s.history, k, d.n_ctx, d.prefill_chunk)
+            cache.propose(&mut d.engine, sampler, &s.history, k, d.n_ctx, d.read)
         }
         (Source::Draft { .. }, None) => unreachable!("draft requests are refused without a draft model"),
     };
