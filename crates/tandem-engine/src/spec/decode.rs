@@ -99,13 +99,7 @@ where
                 break;
             }
             let token = *completion.last().unwrap_or(&first);
-            let left = opts.max_tokens - completion.len();
-            let room = kv.n_ctx().saturating_sub(kv.len() + 1);
-            let k = length
-                .choose()
-                .min(left.saturating_sub(1))
-                .min(room)
-                .min(kv.rewind_room());
+            let k = length.choose_within(opts.max_tokens - completion.len(), kv);
             let draft = if k > 0 {
                 proposer.propose(&context, k)?
             } else {
@@ -126,11 +120,7 @@ where
             let seconds = t0.elapsed().as_secs_f64();
             let verdict = verify(&mut sampler, &logits, n_vocab, &history, drafts, draft.dists.as_deref());
             length.record(drafts.len(), verdict.accepted, seconds);
-            stats.steps += 1;
-            stats.verify_steps += u64::from(!drafts.is_empty());
-            stats.drafted += drafts.len() as u64;
-            stats.accepted += verdict.accepted as u64;
-            stats.emitted += verdict.tokens.len() as u64;
+            stats.record_step(drafts.len(), verdict.accepted, verdict.tokens.len());
             pending = verdict.tokens;
         }
         timings.decode = first_token_at.elapsed();

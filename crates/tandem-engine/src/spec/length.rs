@@ -10,6 +10,8 @@
 //! before the next (up to `MAX_BACKOFF` steps), which bounds what probing costs on text where drafts
 //! never hold.
 
+use tandem_model::ServingCache;
+
 /// The running estimates behind the draft length.
 #[derive(Clone, Debug)]
 pub struct DraftLength {
@@ -53,6 +55,18 @@ impl DraftLength {
     /// The estimated acceptance rate.
     pub fn acceptance(&self) -> f64 {
         self.acceptance
+    }
+
+    /// Tokens to draft in a step that may still send `tokens_left` tokens (the fed token's successor
+    /// and the drafts' among them) on `kv`: the chosen length, capped so the step stays within
+    /// `max_tokens`, its rows within the context, and the cache can be cut back past them
+    /// (`ServingCache::rewind_room`).
+    pub fn choose_within<K: ServingCache>(&mut self, tokens_left: usize, kv: &K) -> usize {
+        let room = kv.n_ctx().saturating_sub(kv.len() + 1);
+        self.choose()
+            .min(tokens_left.saturating_sub(1))
+            .min(room)
+            .min(kv.rewind_room())
     }
 
     /// Tokens to draft in the next step (0: a plain step).

@@ -130,6 +130,16 @@ impl SpecStats {
         self.emitted as f64 / self.steps.max(1) as f64
     }
 
+    /// Counts one decode step: `drafted` tokens fed after its token, `accepted` of them kept, `emitted`
+    /// tokens sent.
+    pub fn record_step(&mut self, drafted: usize, accepted: usize, emitted: usize) {
+        self.steps += 1;
+        self.verify_steps += u64::from(drafted > 0);
+        self.drafted += drafted as u64;
+        self.accepted += accepted as u64;
+        self.emitted += emitted as u64;
+    }
+
     pub fn add(&mut self, other: &SpecStats) {
         self.verify_steps += other.verify_steps;
         self.steps += other.steps;

@@ -550,20 +550,26 @@ mod tests {
         assert!(kv.check_room(1).is_err(), "the context is full");
     }
 
-    #[test]
-    fn truncate_and_checkpoints() {
-        let config = ModelConfig {
+    /// Gemma 3 270M's first six layers: five sliding-window layers and a global one.
+    fn six_gemma_layers() -> ModelConfig {
+        ModelConfig {
             layers: gemma3_270m().layers[..6].to_vec(),
             ..gemma3_270m()
-        };
-        let width = config.kv_width();
+        }
+    }
+
+    /// Stores `t` rows of ones in every layer of `kv`, as one chunk.
+    fn fill(kv: &mut SequenceKv, t: usize, staging: &mut StagingBuffers) {
+        let k = vec![1.0f32; t * kv.layers[0].width];
+        for layer in &mut kv.layers {
+            layer.store_and_attend(&k, &k, t, staging, |_| {}).unwrap();
+        }
+    }
+
+    #[test]
+    fn truncate_and_checkpoints() {
+        let config = six_gemma_layers();
         let mut staging = StagingBuffers::default();
-        let fill = |kv: &mut SequenceKv, t: usize, staging: &mut StagingBuffers| {
-            let k = vec![1.0f32; t * width];
-            for layer in &mut kv.layers {
-                layer.store_and_attend(&k, &k, t, staging, |_| {}).unwrap();
-            }
-        };
         let mut kv = SequenceKv::new(&config, 4096, RING_SLACK, &KvPool::new(config.kv_width(), None));
         fill(&mut kv, 300, &mut staging);
         assert!(kv.truncate(200), "rings have not wrapped: any point works");
@@ -601,18 +607,9 @@ mod tests {
     #[test]
     fn a_pass_within_the_rewind_room_can_be_cut_back() {
         use crate::ServingCache;
-        let config = ModelConfig {
-            layers: gemma3_270m().layers[..6].to_vec(),
-            ..gemma3_270m()
-        };
+        let config = six_gemma_layers();
         let width = config.kv_width();
         let mut staging = StagingBuffers::default();
-        let fill = |kv: &mut SequenceKv, t: usize, staging: &mut StagingBuffers| {
-            let k = vec![1.0f32; t * width];
-            for layer in &mut kv.layers {
-                layer.store_and_attend(&k, &k, t, staging, |_| {}).unwrap();
-            }
-        };
         // A ring as long as the context never wraps: nothing limits a pass.
         let pool = KvPool::new(width, None);
         assert_eq!(SequenceKv::new(&config, 400, 0, &pool).rewind_room(), usize::MAX);

@@ -10,7 +10,7 @@
 //! The draft model's caches come from its own pool, capped like the target's; a sequence whose draft
 //! cannot get one (or whose draft pass fails) goes on without drafts, never fails for it.
 
-use tandem_model::{SequenceCache, ServingBackend, ServingCache};
+use tandem_model::{ServingBackend, ServingCache};
 
 use super::{emit, Phase, Sequence};
 use crate::sampling::{Distribution, Sampler, SamplingParams};
@@ -69,15 +69,9 @@ pub(super) fn step_rows<B: ServingBackend>(s: &mut Sequence<B::Kv>, draft: Optio
     let Some(spec) = &mut s.spec else {
         return rows;
     };
-    // The step sends up to k + 1 tokens: within max_tokens, and its rows within the context.
-    let left = s.request.max_tokens.saturating_sub(s.generated);
-    let room = s.kv.n_ctx().saturating_sub(s.kv.len() + 1);
     let k = spec
         .length
-        .choose()
-        .min(left.saturating_sub(1))
-        .min(room)
-        .min(s.kv.rewind_room());
+        .choose_within(s.request.max_tokens.saturating_sub(s.generated), &s.kv);
     spec.dists = None;
     if k == 0 {
         return rows;
@@ -121,10 +115,6 @@ pub(super) fn settle<K: ServingCache>(
     if let Some(spec) = &mut s.spec {
         spec.length.record(drafts.len(), verdict.accepted, took);
     }
-    stats.steps += 1;
-    stats.verify_steps += u64::from(!drafts.is_empty());
-    stats.drafted += drafts.len() as u64;
-    stats.accepted += verdict.accepted as u64;
     s.fed.push(rows[0]);
     let mut sent = 0;
     for (j, &token) in verdict.tokens.iter().enumerate() {
@@ -138,7 +128,7 @@ pub(super) fn settle<K: ServingCache>(
             break;
         }
     }
-    stats.emitted += sent as u64;
+    stats.record_step(drafts.len(), verdict.accepted, sent);
     if s.kv.len() > s.fed.len() && !s.kv.truncate(s.fed.len()) {
         // Not reachable: drafts are capped at what the rings can be cut back from. Were it reached,
         // the cache would hold rejected rows, so the sequence stops rather than decode from them.
