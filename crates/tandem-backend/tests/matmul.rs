@@ -352,3 +352,47 @@ fn single_row_kernels_agree_with_matmul() {
         }
     }
 }
+
+/// Nibble types at their largest products: every quant at its top value (15, or 31 with the fifth
+/// bit) against activations at ±127, where the AVX2 row kernels add eight products in i16 lanes
+/// before widening. Every level and batch of up to four rows gives the scalar bits.
+#[test]
+fn largest_nibble_products_are_exact() {
+    let scalar = ThreadPool::with_isa(1, Isa::Scalar);
+    let levels: Vec<ThreadPool> = Isa::available()
+        .into_iter()
+        .map(|isa| ThreadPool::with_isa(2, isa))
+        .collect();
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1] {
+        let (rows, cols) = (9, 128);
+        let mut data = vec![0xFFu8; rows * cols / ty.block_elems() * ty.block_bytes()];
+        let one = half::f16::from_f32(1.0).to_le_bytes();
+        for block in data.chunks_exact_mut(ty.block_bytes()) {
+            block[..2].copy_from_slice(&one);
+            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                block[2..4].fill(0);
+            }
+        }
+        let w = WeightMatrix {
+            ty,
+            data: &data,
+            rows,
+            cols,
+        };
+        for sign in [1.0f32, -1.0] {
+            let x = vec![sign; 4 * cols];
+            for t in 1..=4 {
+                let want = run(&scalar, &w, &x, t);
+                assert_eq!(want[0], want[rows - 1], "{ty}");
+                for pool in &levels {
+                    assert_eq!(
+                        bits(&run(pool, &w, &x, t)),
+                        bits(&want),
+                        "{ty} {:?} t={t} sign={sign}",
+                        pool.isa()
+                    );
+                }
+            }
+        }
+    }
+}

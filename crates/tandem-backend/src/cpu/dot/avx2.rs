@@ -91,17 +91,17 @@ fn legacy_block_q<T: Legacy>(blk: &[u8]) -> __m256i {
     }
 }
 
-/// The 8 partial sums of one block's exact products: `Σ q·a` for Q8_0, `Σ (q + OFFSET)·a` (the
-/// unsigned quants) for nibble types.
+/// Lane `r`: the exact `Σ q·a` of nibble quants `q[r]` (< 32) against one Q8 block `av`
+/// (|a| <= 127). The i16 pair sums of `maddubs` are added across the four rows with `hadd_epi16`
+/// before widening: two levels add eight products (at most 8·31·127 = 31,496, within i16), so one
+/// `madd` widens all four rows where `reduce4` needs one a row and three `hadd_epi32`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn legacy_isums<T: Legacy>(q: __m256i, av: __m256i) -> __m256i {
-    if T::BYTE_QUANTS {
-        dot_i8(q, av)
-    } else {
-        // Nibbles (< 32) times activations (|a| <= 127): pair sums fit i16.
-        _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), _mm256_set1_epi16(1))
-    }
+fn nibble_isums4(q: &[__m256i; 4], av: __m256i) -> __m128i {
+    let p: [__m256i; 4] = std::array::from_fn(|r| _mm256_maddubs_epi16(q[r], av));
+    let h = _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
+    let w = _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+    _mm_add_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256::<1>(w))
 }
 
 /// Four legacy-type rows against `N` Q8 rows in the canonical order of the AVX-512 kernels
@@ -146,11 +146,11 @@ pub(crate) unsafe fn dot4xn_legacy<T: Legacy, const N: usize>(w: [&[u8]; 4], a: 
                     *a[n].s.get_unchecked(b),
                 )
             };
-            let mut p = [_mm256_setzero_si256(); 4];
-            for r in 0..4 {
-                p[r] = legacy_isums::<T>(q[r], av);
-            }
-            let mut isum = reduce4(p);
+            let mut isum = if T::BYTE_QUANTS {
+                reduce4(std::array::from_fn(|r| dot_i8(q[r], av)))
+            } else {
+                nibble_isums4(&q, av)
+            };
             if !T::BYTE_QUANTS && T::OFFSET != 0 {
                 isum = _mm_sub_epi32(isum, _mm_set1_epi32(sum << T::SHIFT));
             }
