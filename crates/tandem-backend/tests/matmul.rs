@@ -48,7 +48,7 @@ fn results_do_not_depend_on_batch_threads_or_route() {
                 );
                 // Two to eight rows take the row kernels (legacy types and K-quants at AVX2 and
                 // AVX-512 two, three and four activation rows a pass), nine the AVX-512 GEMM (the
-                // AVX2 GEMM takes 16 rows on, as t = 64 does here), with the same bits.
+                // AVX2 GEMM takes 16 rows on, as t = 64 does here, but for Q8_0), with the same bits.
                 for t in 2..=9 {
                     assert_eq!(
                         bits(&run(pool, &w, &x, t)),

@@ -12,8 +12,9 @@
 //!   weights then go through 4 × 4 register tiles of weight rows × activation rows at AVX-512, and
 //!   legacy types and K-quants at AVX2 and AVX-512 take activation rows four, three or two at a
 //!   time, each decoded weight block serving them all: `dot_rows_batch`).
-//! * **GEMM route** (AVX-512 VNNI or AVX2, quantized weights, `t >= GEMM_MIN_T_*`): tasks are (chunk
-//!   of weight rows) × (span of activation groups); a task decodes its weight rows once and runs
+//! * **GEMM route** (AVX-512 VNNI or AVX2, quantized weights but Q8_0 at AVX2, `t >=
+//!   GEMM_MIN_T_*`): tasks are (chunk of weight rows) × (span of activation groups); a task
+//!   decodes its weight rows once and runs
 //!   the register-tiled microkernels of `dot::gemm_avx512` or `dot::gemm_avx2` over them (each
 //!   decoded weight byte is reused for `NR·16` or `NR·8` activation rows straight from registers).
 //!

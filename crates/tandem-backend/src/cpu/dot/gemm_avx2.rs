@@ -5,8 +5,8 @@
 //! load gives 4 consecutive quants of each of the 8 rows; the matching 4 weight bytes are
 //! broadcast, and `vpmaddubsw` + `vpmaddwd` (unsigned weight bytes × signed activation bytes, in
 //! pairs to i16, then pairs to i32) advance 8 dot products by 4 elements. The i16 pair sums are
-//! exact for quants below 64 (|a| <= 128, and 63·128·2 < 2^15); Q8_0's unsigned bytes (up to 255)
-//! are split into high and low nibbles, two such products recombined as `16·hi + lo`. Each lane
+//! exact for quants below 64 (|a| <= 128, and 63·128·2 < 2^15), which is every legacy type but
+//! Q8_0 (its bytes take the row kernels at this level: `dot::gemm` says why) and every K-quant. Each lane
 //! ends a block with the exact integer sum of its own (weight row, activation row) pair, so the
 //! float combination that follows is, lane by lane, the canonical chain of every other level
 //! (`avx512` module docs): every output is bit-identical to the row kernels' and other levels'.
@@ -172,8 +172,6 @@ unsafe fn tile_legacy<T: Legacy, const NRT: usize>(
     dst: &OutTile,
 ) {
     let zero = _mm256_setzero_si256();
-    let nibble = _mm256_set1_epi8(0x0F);
-    let sixteen = _mm256_set1_epi16(16);
     let mut facc = [[_mm256_setzero_ps(); NRT]; MR];
     let mut ab = a;
     for b in 0..nb {
@@ -197,19 +195,8 @@ unsafe fn tile_legacy<T: Legacy, const NRT: usize>(
                 }
                 for r in 0..MR {
                     let wb = bcast_u32(q[r].add(32 * b + 4 * s));
-                    if T::BYTE_QUANTS {
-                        // Bytes up to 255 would saturate the i16 pair sums: 16·hi + lo.
-                        let lo = _mm256_and_si256(wb, nibble);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(wb), nibble);
-                        for n in 0..NRT {
-                            let h = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, av[n]), sixteen);
-                            let p = _mm256_add_epi32(h, dot4(lo, av[n]));
-                            iacc[r][n] = _mm256_add_epi32(iacc[r][n], p);
-                        }
-                    } else {
-                        for n in 0..NRT {
-                            iacc[r][n] = _mm256_add_epi32(iacc[r][n], dot4(wb, av[n]));
-                        }
+                    for n in 0..NRT {
+                        iacc[r][n] = _mm256_add_epi32(iacc[r][n], dot4(wb, av[n]));
                     }
                 }
             }
@@ -320,6 +307,8 @@ unsafe fn tile_kquant<T: KDecode, const SUB: usize, const NRT: usize>(
 /// output tiles accessed by no one else.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn task_legacy<T: Legacy>(spec: &TaskSpec, panel: &mut Panel, out: OutTile) {
+    // Byte quants would saturate `dot4`'s i16 pair sums; `dot::gemm` offers none at this level.
+    assert!(!T::BYTE_QUANTS, "Q8_0 has no AVX2 GEMM");
     let (k, nb) = (spec.k, spec.k / 32);
     // SAFETY: features per contract.
     unsafe { decode_legacy::<T>(spec.rows, k, panel) };

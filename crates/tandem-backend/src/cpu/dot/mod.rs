@@ -374,6 +374,12 @@ pub(crate) fn gemm(isa: Isa, ty: GgmlType) -> Option<Gemm> {
     }
     Some(match isa.or_scalar() {
         Isa::Avx512 => tasks!(gemm_avx512),
+        // Q8_0's bytes would saturate the AVX2 tile's i16 pair sums unless split into nibbles, two
+        // products each, and so split its GEMM lost to the row kernels (four activation rows a
+        // pass) at every batch measured: 2 threads, Gemma 3's 640 × 262,144 head and SmolLM2's 576
+        // × 49,152, 84-90 against 126 GFLOP/s at t = 16 and 32; one thread, 640 × 16,384, 45-46
+        // against 64 from t = 16 to 64.
+        Isa::Avx2 if ty == GgmlType::Q8_0 => return None,
         Isa::Avx2 => tasks!(gemm_avx2),
         Isa::Scalar => return None,
     })
