@@ -168,18 +168,25 @@ pub(crate) unsafe fn dot4xn_legacy<T: Legacy, const N: usize>(w: [&[u8]; 4], a: 
     out
 }
 
-/// The exact integer parts of a K-quant super-block against a Q8_K block:
-/// `sumi = Σ_j scale_j·Σ (q - OFFSET)·a` and `summ = Σ_j min_j·bsum_j`.
+/// The scales of a K-quant super-block as `k_scaled_sums` takes them: each 128-bit half of the 16
+/// i16 sub-block scales broadcast to both halves of a vector.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn k_ints<T: KDecode>(q: &[__m256i; 8], kb: &KScales, qa: &[u8], bsums: &[i16]) -> (i32, i32) {
-    assert!(qa.len() >= 256 && bsums.len() >= 16);
-    // Chunk i (32 elements) covers sub-blocks 2i and 2i + 1: i16 lanes 0..8 and 8..16 of the
-    // maddubs result. Broadcast each 128-bit half of the scales, then pick the pair per chunk.
-    let sc = [
+fn k_scale_halves(kb: &KScales) -> [__m256i; 2] {
+    [
         _mm256_permute2x128_si256::<0x00>(kb.scales, kb.scales),
         _mm256_permute2x128_si256::<0x11>(kb.scales, kb.scales),
-    ];
+    ]
+}
+
+/// The 8 partial sums (lanes) of `Σ_j scale_j·Σ q·a` over a super-block of unsigned quants `q`
+/// against a Q8_K block `qa`; their sum is exact.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k_scaled_sums(q: &[__m256i; 8], sc: &[__m256i; 2], qa: &[u8]) -> __m256i {
+    assert!(qa.len() >= 256);
+    // Chunk i (32 elements) covers sub-blocks 2i and 2i + 1: i16 lanes 0..8 and 8..16 of the
+    // maddubs result, so each takes its pair of scales from the matching half.
     let pick = |i: usize| {
         let (lo, hi) = ((4 * i) as i8, (4 * i + 2) as i8);
         _mm256_setr_epi8(
@@ -224,6 +231,16 @@ pub(crate) fn k_ints<T: KDecode>(q: &[__m256i; 8], kb: &KScales, qa: &[u8], bsum
         let scv = _mm256_shuffle_epi8(sc[i / 4], pick(i % 4));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(p, scv));
     }
+    s
+}
+
+/// The exact integer parts of a K-quant super-block against a Q8_K block:
+/// `sumi = Σ_j scale_j·Σ (q - OFFSET)·a` and `summ = Σ_j min_j·bsum_j`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn k_ints<T: KDecode>(q: &[__m256i; 8], kb: &KScales, qa: &[u8], bsums: &[i16]) -> (i32, i32) {
+    assert!(bsums.len() >= 16);
+    let s = k_scaled_sums(q, &k_scale_halves(kb), qa);
     // SAFETY: 16 i16 are in bounds.
     let bs = unsafe { _mm256_loadu_si256(bsums.as_ptr() as *const __m256i) };
     let mut sumi = hsum_i32(s);
@@ -276,8 +293,13 @@ pub(crate) unsafe fn dot4xn_kquant<T: KDecode, const N: usize>(w: [&[u8]; 4], a:
         .iter()
         .all(|a| a.d.len() == nb && a.qs.len() >= 256 * nb && a.bsums.len() >= 16 * nb));
     let mut acc = [_mm_setzero_ps(); N];
+    let zero = _mm256_setzero_si256();
     for b in 0..nb {
-        let (mut sumi, mut summ) = ([[0i32; 4]; N], [[0i32; 4]; N]);
+        // Per activation row and weight row, the unreduced lanes of the scaled sums; reduced four
+        // weight rows at a time below (with the offset and min terms), so each output's integers
+        // are those of `k_ints`.
+        let mut sums = [[zero; 4]; N];
+        let (mut scales, mut mins) = ([zero; 4], [zero; 4]);
         let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
         for r in 0..4 {
             // SAFETY (all slices): block b of weight row r and of every activation row is in
@@ -288,26 +310,27 @@ pub(crate) unsafe fn dot4xn_kquant<T: KDecode, const N: usize>(w: [&[u8]; 4], a:
             }
             // SAFETY: features per the function contract; a whole block.
             let (kb, q) = unsafe { (T::scales(blk), T::quants(blk)) };
+            let sc = k_scale_halves(&kb);
             for n in 0..N {
-                let (qa, bs) = unsafe {
-                    (
-                        std::slice::from_raw_parts(a[n].qs.as_ptr().add(256 * b) as *const u8, 256),
-                        std::slice::from_raw_parts(a[n].bsums.as_ptr().add(16 * b), 16),
-                    )
-                };
-                (sumi[n][r], summ[n][r]) = k_ints::<T>(&q, &kb, qa, bs);
+                let qa = unsafe { std::slice::from_raw_parts(a[n].qs.as_ptr().add(256 * b) as *const u8, 256) };
+                sums[n][r] = k_scaled_sums(&q, &sc, qa);
             }
-            (d[r], dmin[r]) = (kb.d, kb.dmin);
+            (scales[r], mins[r], d[r], dmin[r]) = (kb.scales, kb.mins, kb.d, kb.dmin);
         }
         // SAFETY (all loads): four lanes each.
         let (dv, dminv) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr())) };
         for n in 0..N {
-            // SAFETY: as above.
+            // SAFETY (both): as above.
+            let bs = unsafe { _mm256_loadu_si256(a[n].bsums.as_ptr().add(16 * b) as *const __m256i) };
             let da = _mm_set1_ps(unsafe { *a[n].d.get_unchecked(b) });
-            let si = unsafe { _mm_loadu_si128(sumi[n].as_ptr() as *const __m128i) };
+            let mut si = reduce4(sums[n]);
+            if T::OFFSET != 0 {
+                let offs = reduce4(std::array::from_fn(|r| _mm256_madd_epi16(scales[r], bs)));
+                si = _mm_sub_epi32(si, _mm_mullo_epi32(offs, _mm_set1_epi32(T::OFFSET as i32)));
+            }
             acc[n] = _mm_fmadd_ps(_mm_mul_ps(dv, da), _mm_cvtepi32_ps(si), acc[n]);
             if T::HAS_MIN {
-                let sm = unsafe { _mm_loadu_si128(summ[n].as_ptr() as *const __m128i) };
+                let sm = reduce4(std::array::from_fn(|r| _mm256_madd_epi16(mins[r], bs)));
                 acc[n] = _mm_fnmadd_ps(_mm_mul_ps(dminv, da), _mm_cvtepi32_ps(sm), acc[n]);
             }
         }
