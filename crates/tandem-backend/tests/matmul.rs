@@ -20,6 +20,14 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
 
+/// A 2-thread pool at every instruction-set level this CPU has.
+fn level_pools() -> Vec<ThreadPool> {
+    Isa::available()
+        .into_iter()
+        .map(|isa| ThreadPool::with_isa(2, isa))
+        .collect()
+}
+
 /// Every output of a 64-row batch equals the same row computed alone, in a batch of 7, and
 /// with 1, 2 or 3 threads — on every ISA level and type.
 #[test]
@@ -76,10 +84,7 @@ fn results_do_not_depend_on_batch_threads_or_route() {
 fn every_isa_level_gives_the_scalar_bits() {
     let mut rng = Rng(14);
     let scalar = ThreadPool::with_isa(2, Isa::Scalar);
-    let levels: Vec<ThreadPool> = Isa::available()
-        .into_iter()
-        .map(|isa| ThreadPool::with_isa(2, isa))
-        .collect();
+    let levels = level_pools();
     for ty in all_types() {
         for base in [40, 640] {
             let (rows, cols) = (29, cols_for(ty, base));
@@ -359,10 +364,7 @@ fn single_row_kernels_agree_with_matmul() {
 #[test]
 fn largest_nibble_products_are_exact() {
     let scalar = ThreadPool::with_isa(1, Isa::Scalar);
-    let levels: Vec<ThreadPool> = Isa::available()
-        .into_iter()
-        .map(|isa| ThreadPool::with_isa(2, isa))
-        .collect();
+    let levels = level_pools();
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1] {
         let (rows, cols) = (9, 128);
         let mut data = vec![0xFFu8; rows * cols / ty.block_elems() * ty.block_bytes()];

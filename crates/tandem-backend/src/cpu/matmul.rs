@@ -14,9 +14,9 @@
 //!   time, each decoded weight block serving them all: `dot_rows_batch`).
 //! * **GEMM route** (AVX-512 VNNI or AVX2, quantized weights but Q8_0 at AVX2, `t >=
 //!   GEMM_MIN_T_*`): tasks are (chunk of weight rows) × (span of activation groups); a task
-//!   decodes its weight rows once and runs
-//!   the register-tiled microkernels of `dot::gemm_avx512` or `dot::gemm_avx2` over them (each
-//!   decoded weight byte is reused for `NR·16` or `NR·8` activation rows straight from registers).
+//!   decodes its weight rows once and runs the register-tiled microkernels of `dot::gemm_avx512` or
+//!   `dot::gemm_avx2` over them (each decoded weight byte is reused for `NR·16` or `NR·8` activation
+//!   rows straight from registers).
 //!
 //! Exactness: every route and every ISA level computes an output element with the same float
 //! operations in the same order (`dot::avx512` documents the canonical order), so `out[r][j]` is

@@ -5,11 +5,11 @@
 //! load gives 4 consecutive quants of each of the 8 rows; the matching 4 weight bytes are
 //! broadcast, and `vpmaddubsw` + `vpmaddwd` (unsigned weight bytes × signed activation bytes, in
 //! pairs to i16, then pairs to i32) advance 8 dot products by 4 elements. The i16 pair sums are
-//! exact for quants below 64 (|a| <= 128, and 63·128·2 < 2^15), which is every legacy type but
-//! Q8_0 (its bytes take the row kernels at this level: `dot::gemm` says why) and every K-quant. Each lane
-//! ends a block with the exact integer sum of its own (weight row, activation row) pair, so the
-//! float combination that follows is, lane by lane, the canonical chain of every other level
-//! (`avx512` module docs): every output is bit-identical to the row kernels' and other levels'.
+//! exact for quants below 64 (|a| <= 128, and 63·128·2 < 2^15): every K-quant and every legacy type
+//! but Q8_0, whose bytes take the row kernels at this level (`dot::gemm` says why). Each lane ends a
+//! block with the exact integer sum of its own (weight row, activation row) pair, so the float
+//! combination that follows is, lane by lane, the canonical chain of every other level (`avx512`
+//! module docs): every output is bit-identical to the row kernels' and other levels'.
 //!
 //! Register budget of a tile (`MR = 4`, `NRT <= 2`): 8 i32 block accumulators, 2 activation
 //! vectors, a broadcast weight word and constants; the f32 output accumulators are touched once
