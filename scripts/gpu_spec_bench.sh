@@ -5,7 +5,7 @@
 #    270M shape on the licence (its sliding-window rings wrap), with and without
 #    --deterministic (identity is promised under --deterministic; the other line says whether the
 #    default routes keep it too).
-# 2. What a verify pass costs: `tandem bench -p 1,2,3,5,9,17 -u 32 -d 1024`, both modes.
+# 2. What a verify pass costs: `tandem bench -p 1,2,3,5,8,9,17 -u 32 -d 1024`, both modes.
 # 3. Tandem lookup against no drafts, A B B A under --deterministic, on the three texts.
 # 4. llama.cpp's llama-lookup (`--spec-draft-n-max 0|8`, `-ngl 99 -fa on`) on the same file and texts,
 #    built in the background from the sdist (`scripts/llamacpp_cuda_build.sh`) while 1-3 run.
@@ -44,8 +44,8 @@ for case in "8b $M code" "g270m $G licence"; do
   done
 done
 echo "== $(date +%T) pass costs ($((SECONDS - T0)) s)"
-$B bench -m $M --device cuda --deterministic -p 1,2,3,5,9,17 -u 32 -n 0 -d 1024 -r 3 2>&1 | tee $OUT/costs-det.md | tail -7
-left $((BUDGET * 33 / 100)) && $B bench -m $M --device cuda -p 1,2,3,5,9,17 -u 32 -n 0 -d 1024 -r 3 2>&1 | tee $OUT/costs.md | tail -7
+$B bench -m $M --device cuda --deterministic -p 1,2,3,5,8,9,17 -u 32 -n 0 -d 1024 -r 3 2>&1 | tee $OUT/costs-det.md | tail -8
+left $((BUDGET * 33 / 100)) && $B bench -m $M --device cuda -p 1,2,3,5,8,9,17 -u 32 -n 0 -d 1024 -r 3 2>&1 | tee $OUT/costs.md | tail -8
 echo "== $(date +%T) tandem A B B A ($((SECONDS - T0)) s)"
 for f in code story licence; do
   left $((BUDGET * 58 / 100)) || break
@@ -82,7 +82,7 @@ if [ -x $L/llama-lookup ]; then
   for f in code story licence; do
     for n in 0 8; do
       left $((BUDGET * 81 / 100)) || break 2
-      timeout 45 $L/llama-lookup -m $M -ngl 99 -fa on -c 4096 -n 128 -f bench/spec/$f.txt --spec-draft-n-max $n --temp 0 > $OUT/ll-$f-$n.log 2>&1
+      timeout 45 $L/llama-lookup -m $M -ngl 99 -fa on -c 8192 -n 128 -f bench/spec/$f.txt --spec-draft-n-max $n --temp 0 > $OUT/ll-$f-$n.log 2>&1
       echo "llama-lookup $f n_max=$n: $(grep -E 'decoded' $OUT/ll-$f-$n.log | tail -1) $(grep -E 'accept' $OUT/ll-$f-$n.log | tail -1)"
     done
   done

@@ -1,8 +1,14 @@
 //! How many tokens to draft. With acceptance rate `a` per draft, a step drafting `k` tokens yields on
-//! average `(1 - a^(k+1)) / (1 - a)` tokens, and costs a one-row step plus `k` extra rows. Both are
-//! measured as decoding goes: `a` as a moving average over drafted tokens, the step costs as moving
-//! averages of the passes' times (one-row steps, and the extra seconds a drafted row adds). The length
-//! chosen maximises tokens per second; when no length beats a plain step, none is drafted, so text where
+//! average `(1 - a^(k+1)) / (1 - a)` tokens, and costs a one-row step plus what its `k` extra rows
+//! add. Both are measured as decoding goes: `a` as a moving average over drafted tokens, the costs as
+//! moving averages of the passes' times: of one-row steps, of the extra seconds a drafted row adds
+//! (over every verify pass), and of each draft width's own passes. A width's own average, once it has
+//! one, wins over the per-row figure, since the cost of a wider pass is far from linear in its rows on
+//! a GPU (the 8B shape on an H100: a 9-row pass costs 1.9x a one-row step, a 17-row one 2.2x; where the
+//! deterministic matvecs take 8 rows a launch, 9 rows cost what 8 and 1 do). A width's first pass is
+//! left out of its own average: it may have paid for a warm-up (a GPU captures a graph) that no later
+//! pass pays, and a width that looked dear would never run again to show otherwise. The length chosen
+//! maximises tokens per second; when no length beats a plain step, none is drafted, so text where
 //! drafts fail decodes at the plain speed.
 //!
 //! A rate estimated low would stop drafting for good, and with it the measurements that could raise it,
@@ -22,6 +28,10 @@ pub struct DraftLength {
     /// Seconds of a one-row step, and extra seconds per drafted row in a verify pass.
     step_seconds: Option<f64>,
     row_seconds: Option<f64>,
+    /// Seconds of a verify pass by its drafted rows (index 0 unused), from its second pass on; and
+    /// which widths have run at all.
+    width_seconds: Vec<Option<f64>>,
+    width_ran: Vec<bool>,
     /// Plain steps since the last drafted one, and how many to wait before probing.
     plain_steps: usize,
     backoff: usize,
@@ -35,7 +45,7 @@ const PRIOR: f64 = 0.6;
 /// Plain steps before the first probe, and the longest wait between probes.
 const FIRST_BACKOFF: usize = 8;
 const MAX_BACKOFF: usize = 256;
-/// Extra cost of a drafted row relative to a one-row step, until it is measured.
+/// Extra cost of a drafted row relative to a one-row step, until a drafted pass is measured.
 const ROW_COST_PRIOR: f64 = 0.15;
 
 impl DraftLength {
@@ -46,6 +56,8 @@ impl DraftLength {
             acceptance: PRIOR,
             step_seconds: None,
             row_seconds: None,
+            width_seconds: vec![None; max + 1],
+            width_ran: vec![false; max + 1],
             plain_steps: 0,
             backoff: FIRST_BACKOFF,
             probing: false,
@@ -83,17 +95,25 @@ impl DraftLength {
         }
     }
 
+    /// The estimated cost of a pass drafting `k` rows, relative to a plain step.
+    fn relative_cost(&self, k: usize) -> f64 {
+        let Some(step) = self.step_seconds.filter(|&s| s > 0.0) else {
+            return 1.0 + ROW_COST_PRIOR * k as f64;
+        };
+        if let Some(own) = self.width_seconds.get(k).copied().flatten() {
+            return own / step;
+        }
+        let row = self.row_seconds.map_or(ROW_COST_PRIOR, |r| (r / step).max(0.0));
+        1.0 + row * k as f64
+    }
+
     /// The length the estimates favour.
     fn best(&self) -> usize {
-        let relative_row = match (self.step_seconds, self.row_seconds) {
-            (Some(step), Some(row)) if step > 0.0 => (row / step).max(0.0),
-            _ => ROW_COST_PRIOR,
-        };
         let a = self.acceptance.clamp(0.0, 0.999);
         let mut best = (1.0, 0);
         for k in 1..=self.max {
             let tokens = (1.0 - a.powi(k as i32 + 1)) / (1.0 - a);
-            let rate = tokens / (1.0 + relative_row * k as f64);
+            let rate = tokens / self.relative_cost(k).max(f64::MIN_POSITIVE);
             // Only a clear gain justifies the wider pass (the estimates are noisy).
             if rate > best.0 * 1.02 && rate > best.0 {
                 best = (rate, k);
@@ -128,6 +148,12 @@ impl DraftLength {
         if let Some(step) = self.step_seconds {
             let extra = (seconds - step) / drafted as f64;
             self.row_seconds = Some(blend(self.row_seconds, extra));
+        }
+        // (Widths past `max`, which `choose` never asks for, get no average of their own.)
+        if let (Some(ran), Some(own)) = (self.width_ran.get_mut(drafted), self.width_seconds.get_mut(drafted)) {
+            if std::mem::replace(ran, true) {
+                *own = Some(blend(*own, seconds));
+            }
         }
     }
 }
@@ -202,5 +228,59 @@ mod tests {
             cheap.choose(),
             dear.choose()
         );
+    }
+
+    /// Runs steps of every width from 0 to `max`, each kept whole, timed by `cost`.
+    fn measured(max: usize, cost: impl Fn(usize) -> f64) -> DraftLength {
+        let mut l = DraftLength::new(max, true);
+        for _ in 0..3 {
+            for k in 0..=max {
+                l.record(k, k, cost(k));
+            }
+        }
+        l
+    }
+
+    #[test]
+    fn cheap_wide_passes_take_long_drafts_though_the_first_rows_are_dear() {
+        // A GPU's concave costs (the 8B shape: 2.9 ms for one row, 3.7 for two, 5.5 for nine): the
+        // first drafted row is dear, the rest nearly free.
+        let l = measured(8, |k| if k == 0 { 2.9e-3 } else { 3.7e-3 + 0.23e-3 * (k - 1) as f64 });
+        assert_eq!(l.best(), 8);
+    }
+
+    #[test]
+    fn a_width_that_costs_a_second_launch_is_passed_over() {
+        // Eight rows a launch: the ninth row (a draft of 8) costs a second one.
+        let l = measured(8, |k| if k < 8 { 3.0e-3 + 0.3e-3 * k as f64 } else { 8.0e-3 });
+        assert_eq!(l.best(), 7);
+    }
+
+    #[test]
+    fn widths_not_yet_run_twice_cost_the_per_row_average() {
+        let mut l = DraftLength::new(8, true);
+        l.record(0, 0, 1.0);
+        for _ in 0..2 {
+            l.record(2, 2, 1.2);
+        }
+        l.record(6, 6, 1.6);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(close(l.relative_cost(2), 1.2), "its own passes");
+        assert!(close(l.relative_cost(1), 1.1), "{}", l.relative_cost(1));
+        assert!(close(l.relative_cost(6), 1.6), "one pass: the per-row average, which it agrees with");
+    }
+
+    #[test]
+    fn the_first_pass_of_a_width_is_left_out_of_its_own_average() {
+        let mut l = DraftLength::new(4, true);
+        l.record(0, 0, 0.010);
+        // A warm-up: the first 4-draft pass took a second; later ones 14 ms.
+        l.record(4, 4, 1.0);
+        for _ in 0..40 {
+            l.record(0, 0, 0.010);
+            l.record(4, 4, 0.014);
+        }
+        assert!((l.relative_cost(4) - 1.4).abs() < 1e-6, "{}", l.relative_cost(4));
+        assert_eq!(l.choose(), 4);
     }
 }

@@ -3,6 +3,11 @@
 //! their latest earlier occurrence are the draft. Code, quoted documents and repeated clauses are
 //! continued this way for free; where nothing matches, no draft is made and the step is a plain one.
 //! (llama.cpp's lookup decoding and vLLM's n-gram proposer work alike.)
+//!
+//! A match less than `k` tokens before the end says the text repeats with that period (a run of one
+//! token, a short loop); its continuation runs into the end of the sequence, so the draft goes on
+//! through the tokens it has just drafted, as the repetition would, rather than stopping short.
+//! (llama.cpp's n-gram cache drafts such runs in full too.)
 
 use super::{Draft, Proposer};
 use crate::EngineError;
@@ -24,7 +29,8 @@ impl Default for PromptLookup {
 
 impl PromptLookup {
     /// The tokens after the latest earlier occurrence of `history`'s longest matching suffix, at most
-    /// `k` of them.
+    /// `k` of them, the repetition carried on past the end of `history` where the match is that close
+    /// to it.
     pub fn lookup(&self, history: &[u32], k: usize) -> Vec<u32> {
         if k == 0 {
             return Vec::new();
@@ -38,9 +44,19 @@ impl PromptLookup {
             // Latest start before the suffix itself, scanning backwards.
             for start in (0..len - n).rev() {
                 if &history[start..start + n] == pattern {
-                    let from = start + n;
-                    let to = (from + k).min(len);
-                    return history[from..to].to_vec();
+                    // Token i of the draft is the one `period` tokens before it, in the history or
+                    // among the draft's own earlier tokens.
+                    let period = len - (start + n);
+                    let mut draft = Vec::with_capacity(k);
+                    for i in 0..k {
+                        let token = if i < period {
+                            history[len - period + i]
+                        } else {
+                            draft[i - period]
+                        };
+                        draft.push(token);
+                    }
+                    return draft;
                 }
             }
         }
@@ -67,7 +83,7 @@ mod tests {
         // "1 2 3" appears twice before the end; the later one is followed by 9 9.
         let h = [1, 2, 3, 4, 5, 1, 2, 3, 9, 9, 7, 1, 2, 3];
         assert_eq!(l.lookup(&h, 2), vec![9, 9]);
-        assert_eq!(l.lookup(&h, 10), vec![9, 9, 7, 1, 2, 3]);
+        assert_eq!(l.lookup(&h, 6), vec![9, 9, 7, 1, 2, 3]);
         // Only a 2-gram matches.
         let h = [5, 6, 7, 8, 0, 7, 8];
         assert_eq!(l.lookup(&h, 3), vec![0, 7, 8]);
@@ -84,6 +100,20 @@ mod tests {
         assert!(l.lookup(&[1, 1], 0).is_empty());
         // A single repeated token is no 2-gram match below min_ngram 2 until it repeats twice.
         assert!(l.lookup(&[3, 1, 3], 2).is_empty());
-        assert_eq!(l.lookup(&[3, 3, 3], 2), vec![3]);
+        assert_eq!(l.lookup(&[3, 3, 3], 2), vec![3, 3]);
+    }
+
+    #[test]
+    fn a_match_near_the_end_continues_its_repetition() {
+        let l = PromptLookup::default();
+        // A run of one token drafts that token k times.
+        assert_eq!(l.lookup(&[5, 3, 3, 3, 3], 6), vec![3; 6]);
+        // A loop of period 3 ("1 2 3", suffix "2 3" last seen 3 tokens back) goes on round the loop.
+        let h = [9, 1, 2, 3, 1, 2, 3];
+        assert_eq!(l.lookup(&h, 8), vec![1, 2, 3, 1, 2, 3, 1, 2]);
+        // The period is the distance to the latest match: here "1 2 3" is followed by "9 9 7 1 2 3",
+        // and the draft then goes round that.
+        let h = [1, 2, 3, 9, 9, 7, 1, 2, 3];
+        assert_eq!(l.lookup(&h, 8), vec![9, 9, 7, 1, 2, 3, 9, 9]);
     }
 }
