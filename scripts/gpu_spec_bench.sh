@@ -79,7 +79,7 @@ while kill -0 $build 2>/dev/null && left $((BUDGET * 65 / 100)); do sleep 5; don
 cat $W/build.status 2>/dev/null || echo "llama.cpp build not finished"
 L=$W/lcb/bin
 if [ -x $L/llama-lookup ]; then
-  for f in code story licence; do
+  for f in licence code story; do
     for n in 0 8; do
       left $((BUDGET * 81 / 100)) || break 2
       timeout 45 $L/llama-lookup -m $M -ngl 99 -fa on -c 8192 -n 128 -f bench/spec/$f.txt --spec-draft-n-max $n --temp 0 > $OUT/ll-$f-$n.log 2>&1
