@@ -14,7 +14,8 @@
 #   BUDGET=520 bash scripts/gpu_spec_bench.sh
 #
 # Environment: TANDEM (default .gpu/tandem), WORK (default .gpu-bin/w: an ignored folder, so a warm
-# machine keeps the model and the llama.cpp build for the next call), BUDGET.
+# machine keeps the model and the llama.cpp build for the next call), BUDGET, TEXTS (step 3's texts,
+# default "code story licence"), ANCHORS (0: no llama.cpp build or runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export WORK=${WORK:-$PWD/.gpu-bin/w}; W=$WORK; mkdir -p "$W"
@@ -24,7 +25,8 @@ export TANDEM_KERNEL_CACHE=$W/kernels
 B=${TANDEM:-.gpu/tandem}; T0=$SECONDS; BUDGET=${BUDGET:-520}
 left() { [ $((SECONDS - T0)) -lt "$1" ]; }
 echo "commit $(cat .gpu/COMMIT 2>/dev/null || git rev-parse --short HEAD)"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-LLAMA_TARGETS="llama-lookup llama-bench" BUILD_JOBS=12 bash scripts/llamacpp_cuda_build.sh >/dev/null 2>&1 & build=$!
+build=
+[ "${ANCHORS:-1}" = 0 ] || { LLAMA_TARGETS="llama-lookup llama-bench" BUILD_JOBS=12 bash scripts/llamacpp_cuda_build.sh >/dev/null 2>&1 & build=$!; }
 M=$W/8b.gguf
 [ -s $M ] || $B synth --arch llama --shape llama3-8b --quant q4_k_m --seed 1 -o $M 2>&1 | tail -1
 G=$W/g270m.gguf
@@ -47,7 +49,7 @@ echo "== $(date +%T) pass costs ($((SECONDS - T0)) s)"
 $B bench -m $M --device cuda --deterministic -p 1,2,3,5,8,9,17 -u 32 -n 0 -d 1024 -r 3 2>&1 | tee $OUT/costs-det.md | tail -8
 left $((BUDGET * 33 / 100)) && $B bench -m $M --device cuda -p 1,2,3,5,8,9,17 -u 32 -n 0 -d 1024 -r 3 2>&1 | tee $OUT/costs.md | tail -8
 echo "== $(date +%T) tandem A B B A ($((SECONDS - T0)) s)"
-for f in code story licence; do
+for f in ${TEXTS:-code story licence}; do
   left $((BUDGET * 58 / 100)) || break
   i=0
   for arm in off lookup lookup off; do
@@ -74,6 +76,7 @@ for f in ("code", "story", "licence"):
     gain = statistics.median([on[0] / off[0], on[1] / off[1]])
     print(f"| {f} | {statistics.median(off):.1f} | {statistics.median(on):.1f} | {gain:.2f}x | {runs[2].get('acceptance', 0):.2f} | {runs[2].get('tokens_per_step', 0):.2f} |")
 PY
+[ -n "$build" ] || { echo "== $(date +%T) end ($((SECONDS - T0)) s)"; exit 0; }
 echo "== $(date +%T) llama.cpp ($((SECONDS - T0)) s)"
 while kill -0 $build 2>/dev/null && left $((BUDGET * 65 / 100)); do sleep 5; done
 cat $W/build.status 2>/dev/null || echo "llama.cpp build not finished"
