@@ -245,7 +245,13 @@ mod tests {
     fn cheap_wide_passes_take_long_drafts_though_the_first_rows_are_dear() {
         // A GPU's concave costs (the 8B shape: 2.9 ms for one row, 3.7 for two, 5.5 for nine): the
         // first drafted row is dear, the rest nearly free.
-        let l = measured(8, |k| if k == 0 { 2.9e-3 } else { 3.7e-3 + 0.23e-3 * (k - 1) as f64 });
+        let l = measured(8, |k| {
+            if k == 0 {
+                2.9e-3
+            } else {
+                3.7e-3 + 0.23e-3 * (k - 1) as f64
+            }
+        });
         assert_eq!(l.best(), 8);
     }
 
@@ -267,7 +273,10 @@ mod tests {
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
         assert!(close(l.relative_cost(2), 1.2), "its own passes");
         assert!(close(l.relative_cost(1), 1.1), "{}", l.relative_cost(1));
-        assert!(close(l.relative_cost(6), 1.6), "one pass: the per-row average, which it agrees with");
+        assert!(
+            close(l.relative_cost(6), 1.6),
+            "one pass: the per-row average, which it agrees with"
+        );
     }
 
     #[test]
