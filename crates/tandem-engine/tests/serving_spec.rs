@@ -133,7 +133,8 @@ fn smollm2_speculating_requests_send_the_same_bits() {
 
 /// A server with a draft model (here the target itself, which agrees with every greedy draft): requests
 /// that draft with it send the same bits as plain ones, alone and two at a time, past Gemma 3's window,
-/// their draft caches reading the prompt a busy chunk a step first.
+/// their draft caches reading the prompt a busy chunk a step first; a follow-up turn's draft continues
+/// from the finished turn's draft cache.
 #[test]
 fn a_draft_model_drafts_for_requests() {
     let golden = golden();
@@ -178,7 +179,28 @@ fn a_draft_model_drafts_for_requests() {
     let b = engine.submit(request(&code, n, draft)).unwrap();
     assert_eq!(collect(a).0, want[0], "two drafting requests at once");
     assert_eq!(collect(b).0, want[1], "two drafting requests at once");
-    assert_eq!(engine.stats().kv_accounting_violations, 0);
+    // A follow-up turn: its draft continues from the licence request's kept draft cache (drafting
+    // from its first step) and sends the bits of a plain request.
+    let reused = engine.stats().draft_prefix_tokens_reused_total;
+    let answer = want[0].iter().map(|&(token, _)| token);
+    let follow: Vec<u32> = licence
+        .iter()
+        .copied()
+        .chain(answer)
+        .chain(code[1..20].iter().copied())
+        .collect();
+    let plain = collect(engine.submit(request(&follow, 16, None)).unwrap()).0;
+    let drafted = collect(engine.submit(request(&follow, 16, draft)).unwrap()).0;
+    assert_eq!(drafted, plain, "a follow-up turn drafting from a kept draft cache");
+    collect(engine.submit(request(&code, 1, None)).unwrap());
+    let s = engine.stats();
+    assert!(
+        s.draft_prefix_tokens_reused_total >= reused + licence.len() as u64,
+        "the follow-up's draft took over the licence's: {} then {}",
+        reused,
+        s.draft_prefix_tokens_reused_total
+    );
+    assert_eq!(s.kv_accounting_violations, 0);
 }
 
 #[test]
@@ -199,4 +221,54 @@ fn draft_model_requests_are_refused_with_a_reason() {
     // The engine keeps serving.
     let (tokens, reason, _) = collect(engine.submit(request(&[1, 2, 3], 4, lookup(4, true))).unwrap());
     assert_eq!((tokens.len(), reason), (4, FinishReason::Length));
+}
+
+/// Kept draft caches give way to new requests: with a KV budget of about two requests, drafting
+/// requests one after another each still draft (the kept caches of earlier ones given back when the
+/// draft pool is full) and send the bits of plain requests.
+#[test]
+fn kept_draft_caches_give_way_when_the_draft_pool_is_full() {
+    use tandem_model::ServingBackend;
+    let golden = golden();
+    let (key, file) = SMOLLM;
+    let load = || Model::from_file(GgufFile::open(model_path(file)).unwrap(), threads()).unwrap();
+    let (n_ctx, prompt_len, n) = (512, 240, 12);
+    let budget = 2 * load().kv_sizing(n_ctx).bytes_at(prompt_len + n);
+    let config = ServingConfig {
+        n_ctx,
+        kv_budget_bytes: budget,
+        cache_budget_bytes: budget,
+        ..Default::default()
+    };
+    let engine = ServingEngine::start_with_draft(
+        move || Ok::<_, std::convert::Infallible>((load(), Some(load()))),
+        true,
+        config,
+    )
+    .unwrap_or_else(|e| match e {});
+    let licence = ids(&prompt(&golden, key, "gpl3-long")["ids"]);
+    let prompts: Vec<&[u32]> = licence.chunks_exact(prompt_len).take(4).collect();
+    assert_eq!(prompts.len(), 4, "the licence holds four prompts");
+    let want: Vec<_> = prompts
+        .iter()
+        .map(|p| collect(engine.submit(request(p, n, None)).unwrap()).0)
+        .collect();
+    engine.flush_cache();
+    let draft = Some(SpecSettings {
+        mode: SpecMode::Draft,
+        draft_max: 4,
+        adaptive: false,
+    });
+    for (i, p) in prompts.iter().enumerate() {
+        let before = engine.stats().spec.drafted;
+        assert_eq!(
+            collect(engine.submit(request(p, n, draft)).unwrap()).0,
+            want[i],
+            "request {i}"
+        );
+        // A later request's tokens come after the earlier step's stats are published.
+        collect(engine.submit(request(&p[..8], 1, None)).unwrap());
+        assert!(engine.stats().spec.drafted > before, "request {i} drafted");
+    }
+    assert_eq!(engine.stats().kv_accounting_violations, 0);
 }

@@ -335,6 +335,11 @@ impl Metrics {
                 stats.spec.emitted,
             ),
             (
+                "tandem_spec_draft_prefix_tokens_reused_total",
+                "Tokens new draft-model caches took over from finished requests' draft caches.",
+                stats.draft_prefix_tokens_reused_total,
+            ),
+            (
                 "tandem_kv_exported_rows_total",
                 "Layer rows a prefill node sent.",
                 stats.kv_exported_rows_total,

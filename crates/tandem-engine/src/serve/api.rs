@@ -279,6 +279,8 @@ pub struct EngineStats {
     pub decode_tokens_total: u64,
     pub prefix_hits_total: u64,
     pub prefix_tokens_reused_total: u64,
+    /// Tokens request draft caches took over from finished requests' (a draft model's prefix reuse).
+    pub draft_prefix_tokens_reused_total: u64,
     pub requests_total: u64,
     pub n_ctx: usize,
     /// Seconds spent in prefill chunks and in decode steps (for tokens/s).

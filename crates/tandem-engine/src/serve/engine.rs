@@ -202,6 +202,8 @@ impl ServingEngine {
                             chunk: loop_config.prefill_chunk_busy.max(1),
                             most: loop_config.prefill_chunk_busy.max(1),
                         },
+                        kept: Vec::new(),
+                        reused_tokens: 0,
                     }
                 });
                 let sizing = model.kv_sizing(loop_config.n_ctx);
@@ -538,6 +540,9 @@ impl<B: ServingBackend> Loop<B> {
     fn handle_flush(&mut self) {
         let reply = self.shared.flush.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(reply) = reply {
+            if let Some(d) = &mut self.draft {
+                d.kept.clear();
+            }
             let _ = reply.send(self.cache.clear());
         }
     }
@@ -1180,8 +1185,14 @@ impl<B: ServingBackend> Loop<B> {
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].done {
-                let s = self.running.swap_remove(i);
+                let mut s = self.running.swap_remove(i);
                 self.reserved -= s.reserved;
+                if let (Some(d), Some(cache)) = (
+                    self.draft.as_mut(),
+                    s.spec.take().and_then(speculate::SpecState::into_draft_cache),
+                ) {
+                    d.keep(cache);
+                }
                 // Its storage, within its reservation, moves to the cache: the sum does not grow.
                 if !s.failed {
                     let conversation = Conversation {
@@ -1218,6 +1229,7 @@ impl<B: ServingBackend> Loop<B> {
         st.kv_bytes_cached = committed - self.reserved;
         st.cached_sequences = self.cache.len();
         st.expert_traffic = self.model.expert_traffic();
+        st.draft_prefix_tokens_reused_total = self.draft.as_ref().map_or(0, |d| d.reused_tokens);
         if broken {
             st.kv_accounting_violations += 1;
         }

@@ -32,6 +32,16 @@ impl<K> Default for DraftCache<K> {
 }
 
 impl<K: ServingCache> DraftCache<K> {
+    /// Tokens whose K/V the cache holds (none before its first proposal).
+    pub fn tokens(&self) -> &[u32] {
+        &self.fed
+    }
+
+    /// Whether the cache has been made (by a proposal).
+    pub fn is_made(&self) -> bool {
+        self.kv.is_some()
+    }
+
     /// Up to `k` tokens after `history` from the draft model `engine`, picked by `sampler` (whose
     /// distributions come along unless it is greedy). The cache keeps what it shares with `history`
     /// (all but its last token, read again for its logits), from scratch when a ring cannot go back

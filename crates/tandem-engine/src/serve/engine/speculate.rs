@@ -9,14 +9,24 @@
 //!
 //! The draft model's caches come from its own pool, capped like the target's; a sequence whose draft
 //! cannot get one (or whose draft pass fails) goes on without drafts, never fails for it.
+//!
+//! A finished request's draft cache is kept (`DraftRunner::keep`), as its target cache is kept for
+//! prefix reuse: a follow-up turn's draft starts from the kept cache that shares the longest prefix
+//! with its conversation and drafts from its first step, rather than reading the conversation again a
+//! busy chunk a step. Kept caches are given back oldest first when the draft pool is full, and past
+//! `MAX_KEPT_DRAFTS`.
 
-use tandem_model::{ServingBackend, ServingCache};
+use tandem_model::{ModelError, ServingBackend, ServingCache};
 
 use super::{emit, Phase, Sequence};
 use crate::sampling::{Distribution, Sampler, SamplingParams};
+use crate::serve::prefix_cache::{common_prefix, MIN_REUSE};
 use crate::spec::draft_model::{draft_sampling, DraftRead};
-use crate::spec::{verify, DraftCache, DraftLength, PromptLookup, Proposer, SpecMode, SpecSettings, SpecStats};
-use crate::Engine;
+use crate::spec::{verify, Draft, DraftCache, DraftLength, PromptLookup, Proposer, SpecMode, SpecSettings, SpecStats};
+use crate::{Engine, EngineError};
+
+/// Finished requests' draft caches kept at most.
+const MAX_KEPT_DRAFTS: usize = 16;
 
 /// The server's draft model.
 pub(super) struct DraftRunner<B: ServingBackend> {
@@ -25,6 +35,54 @@ pub(super) struct DraftRunner<B: ServingBackend> {
     /// How a request's draft cache catches up with its history: at most a busy prefill chunk a step,
     /// so a decode step with a fresh draft cache is not held up by reading a whole prompt.
     pub read: DraftRead,
+    /// Finished requests' draft caches, oldest first.
+    pub kept: Vec<DraftCache<B::Kv>>,
+    /// Tokens new draft caches took over from kept ones, since the start.
+    pub reused_tokens: u64,
+}
+
+impl<B: ServingBackend> DraftRunner<B> {
+    /// Keeps a finished request's draft cache for a later turn to continue from.
+    pub fn keep(&mut self, cache: DraftCache<B::Kv>) {
+        if cache.is_made() {
+            self.kept.push(cache);
+            if self.kept.len() > MAX_KEPT_DRAFTS {
+                self.kept.remove(0);
+            }
+        }
+    }
+
+    /// Up to `k` drafts after `history` into `cache`. A cache not yet made starts as the kept one
+    /// sharing the longest prefix with `history` (at least `MIN_REUSE` tokens); when the draft pool is
+    /// full, kept caches are given back, oldest first, and the proposal is tried again.
+    fn propose(
+        &mut self,
+        cache: &mut DraftCache<B::Kv>,
+        sampler: &mut Sampler,
+        history: &[u32],
+        k: usize,
+    ) -> Result<Draft, EngineError> {
+        if !cache.is_made() {
+            let best = self
+                .kept
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (common_prefix(c.tokens(), history), i))
+                .max();
+            if let Some((shared, i)) = best.filter(|&(shared, _)| shared >= MIN_REUSE) {
+                *cache = self.kept.remove(i);
+                self.reused_tokens += shared as u64;
+            }
+        }
+        loop {
+            match cache.propose(&mut self.engine, sampler, history, k, self.n_ctx, self.read) {
+                Err(EngineError::Model(ModelError::KvFull { .. })) if !self.kept.is_empty() => {
+                    self.kept.remove(0);
+                }
+                outcome => return outcome,
+            }
+        }
+    }
 }
 
 enum Source<K> {
@@ -58,6 +116,14 @@ impl<K: ServingCache> SpecState<K> {
             dists: None,
         })
     }
+
+    /// The draft model's cache, when the sequence drafts with one.
+    pub(super) fn into_draft_cache(self) -> Option<DraftCache<K>> {
+        match self.source {
+            Source::Draft { cache, .. } => Some(cache),
+            Source::Lookup(_) => None,
+        }
+    }
 }
 
 /// The rows sequence `s` (decoding) feeds this step: its waiting token, then its drafts.
@@ -78,9 +144,7 @@ pub(super) fn step_rows<B: ServingBackend>(s: &mut Sequence<B::Kv>, draft: Optio
     }
     let drafted = match (&mut spec.source, draft) {
         (Source::Lookup(lookup), _) => lookup.propose(&s.history, k),
-        (Source::Draft { cache, sampler }, Some(d)) => {
-            cache.propose(&mut d.engine, sampler, &s.history, k, d.n_ctx, d.read)
-        }
+        (Source::Draft { cache, sampler }, Some(d)) => d.propose(cache, sampler, &s.history, k),
         (Source::Draft { .. }, None) => unreachable!("draft requests are refused without a draft model"),
     };
     match drafted {
