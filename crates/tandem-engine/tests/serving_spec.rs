@@ -13,13 +13,16 @@ use tandem_engine::spec::{SpecMode, SpecSettings};
 use tandem_gguf::GgufFile;
 use tandem_model::Model;
 
+fn load(file: &str) -> Model {
+    Model::from_file(GgufFile::open(model_path(file)).unwrap(), threads()).unwrap()
+}
+
 fn engine(file: &str) -> ServingEngine {
-    let gguf = GgufFile::open(model_path(file)).unwrap();
     let config = ServingConfig {
         n_ctx: 2048,
         ..Default::default()
     };
-    ServingEngine::start(Model::from_file(gguf, threads()).unwrap(), config)
+    ServingEngine::start(load(file), config)
 }
 
 fn request(prompt: &[u32], max_tokens: usize, spec: Option<SpecSettings>) -> GenerationRequest {
@@ -131,6 +134,16 @@ fn smollm2_speculating_requests_send_the_same_bits() {
     check_model(SMOLLM);
 }
 
+/// A server whose draft model is the target itself (which agrees with every greedy draft).
+fn drafting_engine(file: &'static str, config: ServingConfig) -> ServingEngine {
+    ServingEngine::start_with_draft(
+        move || Ok::<_, std::convert::Infallible>((load(file), Some(load(file)))),
+        true,
+        config,
+    )
+    .unwrap_or_else(|e| match e {})
+}
+
 /// A server with a draft model (here the target itself, which agrees with every greedy draft): requests
 /// that draft with it send the same bits as plain ones, alone and two at a time, past Gemma 3's window,
 /// their draft caches reading the prompt a busy chunk a step first; a follow-up turn's draft continues
@@ -139,17 +152,11 @@ fn smollm2_speculating_requests_send_the_same_bits() {
 fn a_draft_model_drafts_for_requests() {
     let golden = golden();
     let (key, file) = GEMMA;
-    let load = || Model::from_file(GgufFile::open(model_path(file)).unwrap(), threads()).unwrap();
     let config = ServingConfig {
         n_ctx: 2048,
         ..Default::default()
     };
-    let engine = ServingEngine::start_with_draft(
-        move || Ok::<_, std::convert::Infallible>((load(), Some(load()))),
-        true,
-        config,
-    )
-    .unwrap_or_else(|e| match e {});
+    let engine = drafting_engine(file, config);
     let licence = ids(&prompt(&golden, key, "gpl3-long")["ids"]);
     let code = ids(&prompt(&golden, key, "code")["ids"]);
     // The licence is 1,138 tokens: its draft cache catches up 64 rows a step (no drafts meanwhile),
@@ -231,21 +238,15 @@ fn kept_draft_caches_give_way_when_the_draft_pool_is_full() {
     use tandem_model::ServingBackend;
     let golden = golden();
     let (key, file) = SMOLLM;
-    let load = || Model::from_file(GgufFile::open(model_path(file)).unwrap(), threads()).unwrap();
     let (n_ctx, prompt_len, n) = (512, 240, 12);
-    let budget = 2 * load().kv_sizing(n_ctx).bytes_at(prompt_len + n);
+    let budget = 2 * load(file).kv_sizing(n_ctx).bytes_at(prompt_len + n);
     let config = ServingConfig {
         n_ctx,
         kv_budget_bytes: budget,
         cache_budget_bytes: budget,
         ..Default::default()
     };
-    let engine = ServingEngine::start_with_draft(
-        move || Ok::<_, std::convert::Infallible>((load(), Some(load()))),
-        true,
-        config,
-    )
-    .unwrap_or_else(|e| match e {});
+    let engine = drafting_engine(file, config);
     let licence = ids(&prompt(&golden, key, "gpl3-long")["ids"]);
     let prompts: Vec<&[u32]> = licence.chunks_exact(prompt_len).take(4).collect();
     assert_eq!(prompts.len(), 4, "the licence holds four prompts");
